@@ -1,0 +1,176 @@
+"""Drop-in recurrent modules with torch.nn.LSTM's interface: LSTM, Mogrifier LSTM, multiplicative LSTM.
+
+Each is a :class:`~moglm.stack.RecurrentStack` of one cell type. LSTM parameters carry torch.nn.LSTM's
+exact names, so ``moglm.LSTM(...).load_state_dict(nn_lstm.state_dict())`` works (and so does a
+``MogrifierLSTM`` with ``rounds=0``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .cells.lstm import LSTMCell
+from .cells.mogrifier import MogrifierLSTMCell, reset_mogrifier_parameters, round_matrices
+from .cells.multiplicative_lstm import MultiplicativeLSTMCell
+from .stack import RecurrentStack, check_num_layers
+
+
+def _layer_input_size(layer: int, input_size: int, hidden_size: int) -> int:
+    return input_size if layer == 0 else hidden_size
+
+
+class LSTM(RecurrentStack):
+    """Multi-layer LSTM, a drop-in for torch.nn.LSTM (unidirectional, no projection).
+
+    Args beyond torch.nn.LSTM's: ``state_dropout`` (variational dropout on h_prev), ``capped_input_gate``
+    (the paper's ``c = f*c + min(1-f, i)*j``), ``init`` (``"paper"``: NOTES.md's truncated normals;
+    ``"torch"``: torch.nn.LSTM's uniform) and ``backend`` (see :mod:`moglm.recurrence`).
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bias: bool = True,
+        batch_first: bool = False,
+        dropout: float = 0.0,
+        state_dropout: float = 0.0,
+        capped_input_gate: bool = False,
+        init: str = "paper",
+        backend: str = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        cells = [
+            LSTMCell(_layer_input_size(k, input_size, hidden_size), hidden_size, bias, capped_input_gate, init)
+            for k in range(check_num_layers(num_layers))
+        ]
+        super().__init__(cells, batch_first, dropout, state_dropout, backend, device, dtype)
+
+
+class MultiplicativeLSTM(RecurrentStack):
+    """Multi-layer multiplicative LSTM (Krause et al. 2016): ``m = (W_mx x) * (W_mh h_prev)`` replaces h_prev.
+
+    Not xLSTM's matrix-memory "mLSTM". Arguments as :class:`LSTM`.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bias: bool = True,
+        batch_first: bool = False,
+        dropout: float = 0.0,
+        state_dropout: float = 0.0,
+        capped_input_gate: bool = False,
+        init: str = "paper",
+        backend: str = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        cells = [
+            MultiplicativeLSTMCell(
+                _layer_input_size(k, input_size, hidden_size), hidden_size, bias, capped_input_gate, init
+            )
+            for k in range(check_num_layers(num_layers))
+        ]
+        super().__init__(cells, batch_first, dropout, state_dropout, backend, device, dtype)
+
+
+class MogrifierLSTM(RecurrentStack):
+    """Multi-layer Mogrifier LSTM (Melis et al. 2020).
+
+    Args:
+        rounds: mogrifier rounds r >= 0 (0 is exactly an LSTM).
+        rank: rank k of each Q_i / R_i; k <= 0 means full rank.
+        zigzag: ``False`` gives the paper's no-zigzag ablation (every round sees the original x and h).
+        other arguments: as :class:`LSTM`.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        rounds: int = 5,
+        rank: int = 40,
+        bias: bool = True,
+        batch_first: bool = False,
+        dropout: float = 0.0,
+        state_dropout: float = 0.0,
+        zigzag: bool = True,
+        capped_input_gate: bool = False,
+        init: str = "paper",
+        backend: str = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        cells = [
+            MogrifierLSTMCell(
+                _layer_input_size(k, input_size, hidden_size),
+                hidden_size,
+                bias,
+                rounds,
+                rank,
+                zigzag,
+                capped_input_gate,
+                init,
+            )
+            for k in range(check_num_layers(num_layers))
+        ]
+        super().__init__(cells, batch_first, dropout, state_dropout, backend, device, dtype)
+        self.rounds = rounds
+        self.rank = cells[0].rank
+        self.zigzag = cells[0].zigzag
+
+    def _repr_options(self) -> list[tuple[str, object]]:
+        return [("rounds", None), ("rank", None), ("zigzag", True), ("capped_input_gate", False)]
+
+    @classmethod
+    def from_lstm(cls, lstm: nn.Module, rounds: int = 5, rank: int = 40, **kwargs) -> "MogrifierLSTM":
+        """Warm start from a trained torch.nn.LSTM (or plain :class:`moglm.LSTM`).
+
+        The LSTM weights are copied and every mogrifier gate starts at exactly 1 (zero left factors /
+        zero full-rank matrices, zero biases), so the new model computes what the LSTM computed. The
+        right factors are random, so gradients reach the mogrifier and it can learn.
+        """
+        if getattr(lstm, "bidirectional", False) or getattr(lstm, "proj_size", 0):
+            raise ValueError("lstm: bidirectional or projected LSTMs cannot be converted")
+        if not all(hasattr(lstm, a) for a in ("input_size", "hidden_size", "num_layers", "weight_ih_l0")):
+            raise ValueError(f"lstm must be a torch.nn.LSTM or moglm.LSTM, got {type(lstm).__name__}")
+        weight = lstm.weight_ih_l0
+        options = dict(
+            bias=lstm.bias,
+            batch_first=lstm.batch_first,
+            dropout=float(lstm.dropout),
+            capped_input_gate=any(getattr(c, "capped_input_gate", False) for c in getattr(lstm, "cells", [])),
+            state_dropout=getattr(lstm, "state_dropout", 0.0),
+            device=weight.device,
+            dtype=weight.dtype,
+        )
+        options.update(kwargs)
+        model = cls(lstm.input_size, lstm.hidden_size, lstm.num_layers, rounds, rank, **options)
+        with torch.no_grad():
+            for name, tensor in lstm.state_dict().items():
+                getattr(model, name).copy_(tensor)
+            for k in range(model.num_layers):
+                reset_mogrifier_parameters(model.layer_parameters(k), model.rank, identity=True)
+        return model
+
+    def mogrify(self, x: Tensor, h: Tensor, layer: int = 0) -> tuple[Tensor, Tensor]:
+        """One step's rounds at ``layer`` (for analysis): ``x`` ``[B, m]``, ``h`` ``[B, H]`` -> ``(x_up, h_up)``."""
+        params = self.layer_parameters(layer)  # raises on a bad layer index
+        cell = self.cells[layer]
+        if x.shape[-1] != cell.input_size:
+            raise ValueError(f"x: last dimension must be {cell.input_size} at layer {layer}, got {x.shape[-1]}")
+        if h.shape[-1] != cell.hidden_size:
+            raise ValueError(f"h: last dimension must be {cell.hidden_size}, got {h.shape[-1]}")
+        return cell.mogrify(params, x, h)
+
+    def round_matrices(self, layer: int = 0) -> list[Tensor]:
+        """Dense Q_1, R_2, Q_3, ... of ``layer`` in round order. Q_i is ``[layer input size, hidden]`` (gates
+        x from h), R_i is ``[hidden, layer input size]`` (gates h from x)."""
+        return round_matrices(self.layer_parameters(layer), self.rounds)
