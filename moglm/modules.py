@@ -174,3 +174,12 @@ class MogrifierLSTM(RecurrentStack):
         """Dense Q_1, R_2, Q_3, ... of ``layer`` in round order. Q_i is ``[layer input size, hidden]`` (gates
         x from h), R_i is ``[hidden, layer input size]`` (gates h from x)."""
         return round_matrices(self.layer_parameters(layer), self.rounds)
+
+
+#: Architecture name (as used in configs) -> module class. Every class takes
+#: ``(input_size, hidden_size, num_layers, *, dropout, state_dropout, batch_first, ...options)``.
+ARCHITECTURES: dict[str, type[RecurrentStack]] = {
+    "lstm": LSTM,
+    "mogrifier": MogrifierLSTM,
+    "multiplicative_lstm": MultiplicativeLSTM,
+}
