@@ -13,6 +13,16 @@ from torch import Tensor, nn
 from .cells.lstm import LSTMCell
 from .cells.mogrifier import MogrifierLSTMCell, reset_mogrifier_parameters, round_matrices
 from .cells.multiplicative_lstm import MultiplicativeLSTMCell
+from .modules_rnn import (
+    GRU,
+    RNN,
+    DyckRNN,
+    MogrifierGRU,
+    MogrifierRNN,
+    MultiMatrixLSTM,
+    MultiMatrixRNN,
+    MultiplicativeRNN,
+)
 from .stack import RecurrentStack, check_num_layers
 
 
@@ -182,4 +192,12 @@ ARCHITECTURES: dict[str, type[RecurrentStack]] = {
     "lstm": LSTM,
     "mogrifier": MogrifierLSTM,
     "multiplicative_lstm": MultiplicativeLSTM,
+    "rnn": RNN,
+    "multiplicative_rnn": MultiplicativeRNN,
+    "mmrnn": MultiMatrixRNN,
+    "mmlstm": MultiMatrixLSTM,
+    "dyck_rnn": DyckRNN,
+    "gru": GRU,
+    "mogrifier_gru": MogrifierGRU,
+    "mogrifier_rnn": MogrifierRNN,
 }

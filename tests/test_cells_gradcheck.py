@@ -5,7 +5,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moglm.cells import LSTMCell, MogrifierLSTMCell, MultiplicativeLSTMCell
+from moglm.cells import (
+    DyckRNNCell,
+    GRUCell,
+    LSTMCell,
+    MogrifierGRUCell,
+    MogrifierLSTMCell,
+    MogrifierRNNCell,
+    MultiMatrixLSTMCell,
+    MultiMatrixRNNCell,
+    MultiplicativeLSTMCell,
+    MultiplicativeRNNCell,
+    RNNCell,
+)
 
 D = torch.float64
 
@@ -18,6 +30,20 @@ CELLS = {
     "mogrifier_no_zigzag": lambda: MogrifierLSTMCell(4, 3, rounds=6, rank=2, zigzag=False),
     "mogrifier_capped": lambda: MogrifierLSTMCell(4, 3, rounds=3, rank=0, capped_input_gate=True),
     "multiplicative_lstm": lambda: MultiplicativeLSTMCell(4, 3),
+    "rnn": lambda: RNNCell(4, 3),
+    "rnn_relu_no_bias": lambda: RNNCell(4, 3, bias=False, nonlinearity="relu"),
+    "multiplicative_rnn": lambda: MultiplicativeRNNCell(4, 3),
+    "mmrnn": lambda: MultiMatrixRNNCell(4, 3, num_matrices=3),
+    "mmrnn_no_bias": lambda: MultiMatrixRNNCell(4, 3, bias=False, num_matrices=2),
+    "mmlstm": lambda: MultiMatrixLSTMCell(4, 3, num_matrices=3),
+    "mmlstm_capped": lambda: MultiMatrixLSTMCell(4, 3, num_matrices=2, capped_input_gate=True),
+    "dyck_rnn": lambda: DyckRNNCell(4, 3),
+    "dyck_rnn_no_bias": lambda: DyckRNNCell(2, 1, bias=False),
+    "gru": lambda: GRUCell(4, 3),
+    "gru_no_bias": lambda: GRUCell(4, 3, bias=False),
+    "mogrifier_gru": lambda: MogrifierGRUCell(4, 3, rounds=5, rank=2),
+    "mogrifier_gru_full_no_zigzag": lambda: MogrifierGRUCell(4, 3, rounds=4, rank=0, zigzag=False),
+    "mogrifier_rnn": lambda: MogrifierRNNCell(4, 3, rounds=3, rank=2),
 }
 
 
