@@ -113,6 +113,12 @@ class RecurrentStack(nn.Module):
                 raise ValueError(f"hx[{j}] ({self.state_names[j]}_0) has dtype {t.dtype}, expected {like.dtype}")
         return [tuple(t[k] for t in tensors) for k in range(self.num_layers)]
 
+    def zero_state(self, batch: int) -> StackState:
+        """The default initial state for ``batch`` rows (zeros, ``[num_layers, batch, *]``), on the
+        parameters' device and dtype."""
+        like = next(self.parameters())
+        return self._join_state([cell.zero_state(batch, like) for cell in self.cells])
+
     def _join_state(self, states: list[State]) -> StackState:
         joined = tuple(torch.stack([s[j] for s in states]) for j in range(len(self.state_names)))  # each [L, B, *]
         return joined[0] if len(joined) == 1 else joined

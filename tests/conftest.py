@@ -23,3 +23,50 @@ def assert_close_all(actual, expected, **kw):
         assert (a is None) == (e is None), f"item {i}: one gradient is missing"
         if a is not None:
             torch.testing.assert_close(a, e, **kw, msg=lambda m: f"item {i}: {m}")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    """Corpus caches of tests go to a per-session temporary folder, never to ~/.cache."""
+    monkeypatch.setenv("MOGLM_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "moglm-cache"))
+
+
+def write_tiny_corpus(directory, lines_per_split=(400, 40, 40), seed=0):
+    """A small word-level corpus with learnable structure: 'the <noun> <verb> the <noun> .' sentences."""
+    import random
+
+    rng = random.Random(seed)
+    nouns = ["cat", "dog", "bird", "fish", "cow", "owl"]
+    verbs = ["sees", "likes", "eats", "hears"]
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n in zip(("train", "valid", "test"), lines_per_split):
+        lines = []
+        for _ in range(n):
+            a, b = rng.choice(nouns), rng.choice(nouns)
+            lines.append(f"the {a} {rng.choice(verbs)} the {b} .")
+        (directory / f"{split}.txt").write_text("\n".join(lines) + "\n")
+    return directory
+
+
+@pytest.fixture
+def tiny_corpus(tmp_path):
+    return write_tiny_corpus(tmp_path / "tiny")
+
+
+def tiny_config(corpus_dir, **sections):
+    """A RunConfig for a tiny model on ``corpus_dir`` that trains in a second or two."""
+    from moglm.train.config import validate
+
+    data = {
+        "name": "tiny",
+        "data": {"path": str(corpus_dir), "format": "word"},
+        "model": {"architecture": "mogrifier", "num_layers": 2, "hidden_size": 24, "cell": {"rounds": 3, "rank": 4},
+                  "input_dropout": 0.1, "state_dropout": 0.1, "output_dropout": 0.1},
+        "train": {"batch_size": 4, "bptt": 10, "max_steps": 12, "eval_every": 4, "learning_rate": 0.01,
+                  "eval_batch_size": 2, "device": "cpu", "averaging_patience": 1},
+        "evaluation": {"temperature_tokens": 200, "batch_size": 1},
+        "sample": {"num_tokens": 5},
+    }
+    for section, values in sections.items():
+        data.setdefault(section, {}).update(values)
+    return validate(data)

@@ -1,0 +1,156 @@
+"""The ``moglm`` command line (typer): train, evaluate, sample, and the commands later work adds.
+
+Every user error is one line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Optional
+
+try:
+    import typer
+except ImportError:  # pragma: no cover - exercised only without the extra
+    typer = None
+
+from .errors import MoglmError
+
+EXTRA_HINT = "moglm's command line needs its optional dependencies: pip install 'moglm[all]'"
+
+
+def _build_app():
+    app = typer.Typer(
+        name="moglm",
+        help="Mogrifier LSTM and other input-dependent recurrent language models.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+
+    @app.command()
+    def train(
+        config: Optional[str] = typer.Argument(None, help="Config file (TOML/YAML) or shipped config name [default]."),
+        set_: list[str] = typer.Option([], "--set", "-s", help="Override a config key: section.key=value."),
+        run_dir: Optional[Path] = typer.Option(None, help="Run directory [default: runs/<config name>]."),
+        restart: bool = typer.Option(False, help="Discard an existing run in the run directory."),
+        progress: bool = typer.Option(True, help="Show progress bars."),
+        help_config: bool = typer.Option(False, "--help-config", help="Describe every config field and exit."),
+    ) -> None:
+        """Train a language model (rerun the same command to resume), evaluate it and print a sample."""
+        from .train.config import describe, load_config
+        from .train.final_evaluation import evaluate_run, headline
+        from .train.run_directory import RunDirectory
+        from .train.trainer import Trainer
+
+        if help_config:
+            typer.echo(describe())
+            return
+        cfg = load_config(config or "default", set_)
+        path = run_dir or Path("runs") / (cfg.name or "default")
+        if restart and path.exists():
+            shutil.rmtree(path)
+        trainer = Trainer(cfg, path, progress=progress, log=typer.echo)
+        trainer.train()
+        run = RunDirectory(path)
+        results = evaluate_run(run, progress=progress, log=typer.echo)
+        typer.echo(headline(results, "valid"))
+        if cfg.sample.num_tokens:
+            text = _sample(run, cfg.sample.prompt, cfg.sample.num_tokens, cfg.sample.temperature, cfg.sample.top_k,
+                           cfg.train.seed)
+            run.sample_path.write_text(text + "\n")
+            typer.echo(f"--- sample ---\n{text}\n--------------")
+        typer.echo(f"run directory: {path}")
+
+    @app.command()
+    def evaluate(
+        run_dir: Path = typer.Argument(..., help="A run directory made by `moglm train`."),
+        split: list[str] = typer.Option([], help="Split(s) to evaluate [default: the config's]."),
+        batch_size: Optional[int] = typer.Option(None, help="Streams (1: one continuous stream)."),
+        temperature: Optional[float] = typer.Option(None, help="Logit factor (default: searched on valid)."),
+        mc_samples: Optional[int] = typer.Option(None, help="MC-dropout samples (0: off)."),
+        mc_dropout_multiplier: Optional[float] = typer.Option(None, help="MC dropout: rates are multiplied by this."),
+        checkpoint: str = typer.Option("best", help="best or last."),
+        device: Optional[str] = typer.Option(None, help="cpu, cuda, ... [default: the run's]."),
+        progress: bool = typer.Option(True, help="Show progress bars."),
+    ) -> None:
+        """Evaluate a trained run (perplexity, bits per character/word) and write results.json."""
+        from .train.final_evaluation import evaluate_run
+        from .train.run_directory import RunDirectory
+
+        for s in split:
+            if s not in ("train", "valid", "test"):
+                raise MoglmError(f"--split must be train, valid or test, got {s!r}")
+        if checkpoint not in ("best", "last"):
+            raise MoglmError(f"--checkpoint must be best or last, got {checkpoint!r}")
+        evaluate_run(RunDirectory(run_dir), split or None, batch_size, temperature, mc_samples,
+                     mc_dropout_multiplier, checkpoint, device, progress, typer.echo,
+                     write=(not split and checkpoint == "best"))
+
+    @app.command()
+    def sample(
+        run_dir: Path = typer.Argument(..., help="A run directory made by `moglm train`."),
+        prompt: str = typer.Option("", help="Text to continue."),
+        tokens: int = typer.Option(200, min=0, help="Tokens to sample."),
+        temperature: float = typer.Option(1.0, help="Sampling temperature (> 0)."),
+        top_k: Optional[int] = typer.Option(None, help="Sample among the k most likely tokens."),
+        seed: Optional[int] = typer.Option(None, help="Random seed."),
+        checkpoint: str = typer.Option("best", help="best or last."),
+    ) -> None:
+        """Sample text from a trained run."""
+        from .train.run_directory import RunDirectory
+
+        typer.echo(_sample(RunDirectory(run_dir), prompt, tokens, temperature, top_k, seed, checkpoint))
+
+    @app.command()
+    def configs() -> None:
+        """List the configs that ship with moglm."""
+        from .train.config import read_mapping, shipped_configs
+
+        for name, path in shipped_configs().items():
+            typer.echo(f"{name:32s} {read_mapping(path).get('description', '')}")
+
+    return app
+
+
+def _sample(run, prompt, tokens, temperature, top_k, seed, checkpoint: str = "best") -> str:
+    import torch
+
+    from .sampling import sample
+
+    model, _, vocab = run.load_model(checkpoint)
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    return sample(model, vocab, prompt, tokens, temperature, top_k, generator)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``moglm`` script."""
+    if typer is None:
+        print(f"error: {EXTRA_HINT}", file=sys.stderr)
+        return 2
+    app = _build_app()
+    try:
+        app(args=argv, standalone_mode=False)
+    except MoglmError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 130 if type(e).__name__ == "TrainingInterrupted" else 1
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except typer.Exit as e:
+        return e.exit_code
+    except (typer.Abort,):
+        return 1
+    except Exception as e:  # click usage errors
+        import click
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            return e.exit_code
+        raise
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,5 @@
+"""The user-facing error type: the CLI prints it as one line (no traceback) and exits non-zero."""
+
+
+class MoglmError(Exception):
+    """Bad input from the user (files, configs, arguments): the message names the culprit."""

@@ -1,0 +1,55 @@
+"""Monte-Carlo dropout evaluation (Gal & Ghahramani 2016; the paper's "MC" rows; NOTES.md "Evaluation").
+
+S passes with every dropout rate multiplied by ``multiplier``, each with its own stochastic state; the
+per-token probability is the arithmetic mean over samples. The S passes over one stream run at once,
+as S rows of a batch with independent masks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ..data.batching import StreamBatches
+from ..model.language_model import LanguageModel
+from ..progress import progress_bar
+from .scores import Scores
+
+
+@torch.no_grad()
+def evaluate_mc_dropout(
+    model: LanguageModel,
+    ids: np.ndarray,
+    samples: int = 200,
+    multiplier: float = 0.75,
+    bptt: int = 70,
+    factor: float = 1.0,
+    max_tokens: int | None = None,
+    words: int | None = None,
+    progress: bool = False,
+) -> Scores:
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    was_training = model.training
+    device = next(model.parameters()).device
+    stream = np.asarray(ids if max_tokens is None else ids[: max_tokens + 1])
+    batches = StreamBatches(stream, 1, bptt)
+    total, count, state = 0.0, 0, None
+    bar = progress_bar(len(batches), "mc-dropout", tokens_per_step=bptt, enabled=progress)
+    model.train()
+    try:
+        with model.dropout_scaled(multiplier):
+            for batch in batches:
+                inputs = batch.inputs.to(device).expand(-1, samples)  # [T, S]: one stream, S samples
+                targets = batch.targets.to(device).expand(-1, samples)
+                nll, state = model.nll(inputs, targets, state, factor)  # [T, S]
+                log_p = torch.logsumexp(-nll.double(), dim=1) - math.log(samples)  # [T] log mean prob
+                total -= float(log_p.sum())
+                count += log_p.numel()
+                bar.update(1)
+    finally:
+        bar.close()
+        model.train(was_training)
+    return Scores(total, count, words if max_tokens is None else None)

@@ -1,0 +1,45 @@
+"""Progress bars for long loops: tokens per second and ETA (tqdm)."""
+
+from __future__ import annotations
+
+import sys
+
+from tqdm.auto import tqdm
+
+
+class _Silent:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix_str(self, s: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class TokenBar:
+    """A tqdm bar over steps whose postfix shows tokens/s (the ETA comes from tqdm's rate)."""
+
+    def __init__(self, total: int, desc: str, tokens_per_step: int, initial: int = 0) -> None:
+        self.bar = tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True,
+                        file=sys.stderr, leave=False, mininterval=0.5)
+        self.tokens_per_step = tokens_per_step
+        self.extra = ""
+
+    def update(self, n: int = 1) -> None:
+        self.bar.update(n)
+        rate = self.bar.format_dict.get("rate")
+        if rate:
+            self.bar.set_postfix_str(f"{rate * self.tokens_per_step:,.0f} tok/s{self.extra}", refresh=False)
+
+    def set_postfix_str(self, s: str) -> None:
+        self.extra = f", {s}" if s else ""
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def progress_bar(total: int, desc: str, tokens_per_step: int, enabled: bool = True, initial: int = 0):
+    """A :class:`TokenBar`, or a silent stand-in when ``enabled`` is false."""
+    return TokenBar(total, desc, tokens_per_step, initial) if enabled else _Silent()

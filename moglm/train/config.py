@@ -1,0 +1,266 @@
+"""The run configuration: typed, documented, versioned.
+
+A config is a TOML or YAML file with the sections below; every field has a type, a default and a
+description (``moglm train --help-config`` prints them). Command-line overrides use dotted keys
+(``train.learning_rate=0.002``). The resolved config is written to the run directory with
+``format_version``, so a run can always be reproduced and resumed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+import tomli_w
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..errors import MoglmError
+from ..modules import ARCHITECTURES
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+FORMAT_VERSION = 1
+SHIPPED = Path(__file__).resolve().parent.parent / "configs"
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(Section):
+    path: str | None = Field(
+        None,
+        description="Corpus: a directory with train/valid/test files, one file (split 90/5/5), or null for the "
+        "Python documentation shipped with the interpreter. Relative paths are also looked up in $MOGLM_DATA "
+        "and in shared/data beside the checkout.",
+    )
+    format: Literal["word", "ptb_char", "char", "byte"] = Field(
+        "char",
+        description="word: whitespace tokens + <eos> per line; ptb_char: Mikolov's space-separated characters; "
+        "char: one token per character; byte: one token per byte.",
+    )
+    files: dict[str, str] | None = Field(None, description="Explicit split files {train, valid, test}, relative to path.")
+    split_fractions: tuple[float, float, float] = Field(
+        (0.9, 0.05, 0.05), description="Train/valid/test fractions when path is a single file."
+    )
+    episodic: bool = Field(
+        False, description="One sequence per line, padded and masked, zero state per batch (instead of one stream)."
+    )
+    max_length: int | None = Field(None, ge=1, description="Episodic mode: truncate sequences to this many tokens.")
+
+
+class ModelConfig(Section):
+    architecture: str = Field("mogrifier", description=f"Recurrent cell: one of {sorted(ARCHITECTURES)}.")
+    num_layers: int = Field(2, ge=1, description="Recurrent layers.")
+    hidden_size: int | None = Field(
+        None, ge=1, description="Hidden units per layer; null to choose the largest that fits num_params."
+    )
+    num_params: int | None = Field(
+        None, ge=1, description="Parameter budget: the hidden size is the largest whose model fits (paper protocol)."
+    )
+    input_embedding_ratio: float = Field(
+        1.0, ge=0.0, description="Embedding size = round(min(ratio, 1) * hidden); below 1 adds a down-projection."
+    )
+    tie_embeddings: bool = Field(True, description="Share the input embedding with the output softmax.")
+    skip_sum: bool = Field(True, description="Output is the sum of all layers' outputs (else the last layer's).")
+    mos_components: int = Field(1, ge=1, description="Mixture-of-softmaxes components (1: a plain softmax).")
+    cell: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Options of the architecture's module, e.g. {rounds = 5, rank = 40, capped_input_gate = true}.",
+    )
+    input_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the embeddings into layer 1.")
+    inter_layer_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the inputs of layers >= 2.")
+    state_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Variational dropout on h_prev, one mask per sequence.")
+    output_dropout: float = Field(
+        0.0, ge=0.0, lt=1.0, description="Dropout on the stack output (and on the down-projection / MoS components)."
+    )
+    backend: Literal["auto", "reference", "fused"] = Field(
+        "auto", description="Time-loop implementation: auto (fused where supported), reference or fused."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelConfig":
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture must be one of {sorted(ARCHITECTURES)}, got {self.architecture!r}")
+        if (self.hidden_size is None) == (self.num_params is None):
+            raise ValueError("set exactly one of hidden_size and num_params")
+        params = inspect.signature(ARCHITECTURES[self.architecture].__init__).parameters
+        reserved = {"self", "input_size", "hidden_size", "num_layers", "dropout", "state_dropout", "backend",
+                    "batch_first", "device", "dtype"}
+        for key in self.cell:
+            if key not in params or key in reserved:
+                allowed = sorted(set(params) - reserved)
+                raise ValueError(f"cell.{key}: unknown option for {self.architecture} (allowed: {allowed})")
+        return self
+
+
+class TrainConfig(Section):
+    batch_size: int = Field(64, ge=1, description="Streams (stripes) per batch.")
+    bptt: int = Field(70, ge=1, description="Truncated-BPTT window length in tokens.")
+    max_steps: int = Field(1000, ge=1, description="Optimizer steps in total.")
+    max_tokens: int | None = Field(
+        None, ge=1, description="If set, training tokens in total (overrides max_steps: steps = tokens / (batch*bptt))."
+    )
+    learning_rate: float = Field(0.003, gt=0.0, description="Adam learning rate (constant).")
+    adam_beta2: float = Field(0.999, gt=0.0, lt=1.0, description="Adam beta2 (beta1 is 0, as in the paper).")
+    adam_eps: float = Field(1e-8, gt=0.0, description="Adam epsilon.")
+    l2_penalty: float = Field(0.0, ge=0.0, description="l2_penalty * 0.5 * sum(w^2) added to the window's summed loss.")
+    clip_norm: float = Field(10.0, gt=0.0, description="Global gradient-norm clip of the summed loss's gradient.")
+    state_reset_probability: float = Field(
+        0.01, ge=0.0, le=1.0, description="Per-row probability of zeroing the carried state before a window."
+    )
+    eval_every: int = Field(200, ge=1, description="Evaluate on validation (and checkpoint) every this many steps.")
+    eval_tokens: int | None = Field(
+        None, ge=1, description="Validation tokens used during training (null: the whole split)."
+    )
+    eval_batch_size: int = Field(16, ge=1, description="Streams for validation during training.")
+    averaging_patience: int | None = Field(
+        3, ge=1, description="Start weight averaging after this many evaluations without improvement (null: never)."
+    )
+    averaging_start: float | None = Field(
+        0.8, ge=0.0, le=1.0, description="Start weight averaging at this fraction of training at the latest (null: off)."
+    )
+    early_stopping_patience: int | None = Field(
+        None, ge=1, description="Stop after this many evaluations without improvement (null: never)."
+    )
+    seed: int = Field(1, description="Random seed (weights, dropout masks, state resets, episode order).")
+    device: str = Field("auto", description="auto (CUDA when available), cpu, cuda or cuda:N.")
+    threads: int | None = Field(None, ge=1, description="CPU threads for torch (null: torch's default).")
+
+
+class EvaluationConfig(Section):
+    temperature_search: bool = Field(True, description="Search the softmax temperature factor on validation.")
+    temperature_tokens: int = Field(50_000, ge=1, description="Validation tokens used by the temperature search.")
+    batch_size: int = Field(1, ge=1, description="Streams for the final evaluation (1: one continuous stream).")
+    mc_samples: int = Field(0, ge=0, description="MC-dropout samples for the final evaluation (0: off).")
+    mc_dropout_multiplier: float = Field(0.75, gt=0.0, le=1.0, description="Dropout rates are multiplied by this.")
+    splits: list[Literal["valid", "test"]] = Field(["valid", "test"], description="Splits evaluated at the end.")
+
+
+class SampleConfig(Section):
+    num_tokens: int = Field(200, ge=0, description="Tokens sampled at the end of training (0: none).")
+    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature.")
+    top_k: int | None = Field(None, ge=1, description="Sample among the k most likely tokens only.")
+    prompt: str = Field("", description="Text the sample continues.")
+
+
+class RunConfig(Section):
+    format_version: int = Field(FORMAT_VERSION, description="Config format version.")
+    name: str | None = Field(None, description="Run name (default: the config file's name).")
+    description: str | None = Field(None, description="What this config is for (shown by `moglm configs`).")
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=lambda: ModelConfig(hidden_size=256))
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    sample: SampleConfig = Field(default_factory=SampleConfig)
+
+    @model_validator(mode="after")
+    def _check_version(self) -> "RunConfig":
+        if self.format_version != FORMAT_VERSION:
+            raise ValueError(f"format_version {self.format_version} is not supported (this moglm reads {FORMAT_VERSION})")
+        return self
+
+    def to_toml(self) -> str:
+        return dump_toml(self.model_dump(mode="json", exclude_none=True))
+
+
+# -- reading, overriding, writing --------------------------------------------------------------------
+def read_mapping(path: str | Path) -> dict[str, Any]:
+    """The raw mapping in a TOML or YAML file."""
+    p = Path(path)
+    if not p.is_file():
+        raise MoglmError(f"{p}: no such config file")
+    text = p.read_text()
+    if not text.strip():
+        raise MoglmError(f"{p}: config file is empty")
+    try:
+        data = tomllib.loads(text) if p.suffix == ".toml" else yaml.safe_load(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
+        raise MoglmError(f"{p}: not valid {'TOML' if p.suffix == '.toml' else 'YAML'}: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise MoglmError(f"{p}: expected a mapping of sections at the top level")
+    return data
+
+
+def shipped_configs() -> dict[str, Path]:
+    """Configs that ship with moglm, by name."""
+    return {p.stem: p for p in sorted(SHIPPED.glob("*.toml"))}
+
+
+def locate(config: str | Path) -> Path:
+    """A path, or the name of a shipped config."""
+    p = Path(config)
+    if p.is_file():
+        return p
+    shipped = shipped_configs()
+    if str(config) in shipped:
+        return shipped[str(config)]
+    raise MoglmError(f"{config}: no such config file or shipped config (shipped: {', '.join(shipped)})")
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``section.key=value`` assignments; values are parsed as YAML scalars/lists (``0.1``, ``true``, ``[1, 2]``)."""
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise MoglmError(f"override {item!r}: expected key=value, e.g. train.learning_rate=0.002")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise MoglmError(f"override {item!r}: {part} is not a section")
+        node[parts[-1]] = value
+    return data
+
+
+def validate(data: dict[str, Any], source: str = "config") -> RunConfig:
+    """Validate a mapping; the first problem becomes a one-line :class:`MoglmError` naming the key."""
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            raise MoglmError(f"{source}: unknown key {where!r}") from None
+        msg = err["msg"].removeprefix("Value error, ")
+        raise MoglmError(f"{source}: {where}: {msg}") from None
+
+
+def load_config(config: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """The resolved config: defaults <- file (path or shipped name) <- overrides."""
+    data: dict[str, Any] = {}
+    source = "config"
+    if config is not None:
+        path = locate(config)
+        data = read_mapping(path)
+        source = str(path)
+        data.setdefault("name", path.stem)
+    return validate(apply_overrides(data, list(overrides or [])), source)
+
+
+def dump_toml(data: dict[str, Any]) -> str:
+    return tomli_w.dumps(data)
+
+
+def describe() -> str:
+    """Every field with its type, default and meaning (``--help-config``)."""
+    lines = [f"moglm run config, format_version {FORMAT_VERSION}"]
+    for section, model in (("data", DataConfig), ("model", ModelConfig), ("train", TrainConfig),
+                           ("evaluation", EvaluationConfig), ("sample", SampleConfig)):
+        lines.append(f"\n[{section}]")
+        for name, f in model.model_fields.items():
+            default = f.default_factory() if f.default_factory else f.default
+            lines.append(f"  {name} = {default!r}\n      {f.description}")
+    return "\n".join(lines)
+

@@ -1,0 +1,86 @@
+"""The final evaluation of a run (NOTES.md "Evaluation"): the best checkpoint, a softmax temperature
+searched on validation, each split as one continuous stream from a zero state, and optionally MC
+dropout. Results go to ``results.json`` in the run directory."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from ..evaluation.mc_dropout import evaluate_mc_dropout
+from ..evaluation.scores import Scores
+from ..evaluation.stream import evaluate_episodes, evaluate_stream
+from ..evaluation.temperature import search_temperature
+from .build import load_data
+from .checkpoint import atomic_write_text
+from .run_directory import RunDirectory
+from .trainer import resolve_device, separator_id
+
+
+def evaluate_run(
+    run: RunDirectory,
+    splits: list[str] | None = None,
+    batch_size: int | None = None,
+    temperature: float | None = None,
+    mc_samples: int | None = None,
+    mc_dropout_multiplier: float | None = None,
+    which: str = "best",
+    device: str | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+    write: bool = True,
+) -> dict[str, Any]:
+    """Evaluate a run's checkpoint; arguments left ``None`` come from the run's ``[evaluation]`` config.
+    ``temperature=None`` with ``temperature_search`` on searches the factor on validation."""
+    cfg = run.load_config()
+    ev = cfg.evaluation
+    dev = resolve_device(device or cfg.train.device)
+    model, _, _ = run.load_model(which, dev)
+    corpus = load_data(cfg.data)
+    splits = list(splits or ev.splits)
+    batch_size = batch_size or ev.batch_size
+    mc_samples = ev.mc_samples if mc_samples is None else mc_samples
+    multiplier = mc_dropout_multiplier or ev.mc_dropout_multiplier
+    pointer = run.checkpoints.pointer(which)
+    results: dict[str, Any] = {"checkpoint": {"which": which, "step": pointer["step"],
+                                              "weights": pointer.get("weights", "model")}}
+    factor = 1.0
+    if temperature is not None:
+        factor = temperature
+    elif ev.temperature_search and not cfg.data.episodic:
+        factor, tried = search_temperature(model, corpus["valid"], ev.temperature_tokens,
+                                           cfg.train.eval_batch_size, cfg.train.bptt)
+        results["temperature_search"] = {str(k): v for k, v in tried.items()}
+        log(f"softmax temperature factor {factor:.2f} (searched on {ev.temperature_tokens:,} validation tokens)")
+    results["temperature"] = factor
+    results["batch_size"] = batch_size
+    results["splits"] = {}
+    for split in splits:
+        if cfg.data.episodic:
+            scores = evaluate_episodes(model, corpus[split], separator_id(corpus), batch_size, factor=factor)
+        else:
+            scores = evaluate_stream(model, corpus[split], batch_size, cfg.train.bptt, factor,
+                                     words=corpus.words.get(split), progress=progress, desc=split)
+        results["splits"][split] = scores.as_dict()
+        log(f"{split}: {scores.headline(corpus.format)}")
+    if mc_samples:
+        results["mc_dropout"] = {"samples": mc_samples, "multiplier": multiplier, "splits": {}}
+        for split in splits:
+            scores: Scores = evaluate_mc_dropout(model, corpus[split], mc_samples, multiplier, cfg.train.bptt,
+                                                 factor, words=corpus.words.get(split), progress=progress)
+            results["mc_dropout"]["splits"][split] = scores.as_dict()
+            log(f"{split} (MC dropout, {mc_samples} samples): {scores.headline(corpus.format)}")
+    results["level"] = corpus.format
+    if write:
+        atomic_write_text(run.results_path, json.dumps(results, indent=1))
+    return results
+
+
+def headline(results: dict[str, Any], split: str = "valid") -> str:
+    """'valid 1.234 bpc' / 'valid ppl 56.7' from a results dict."""
+    s = results["splits"][split]
+    if results.get("level") == "word":
+        return f"{split} perplexity {s['perplexity']:.2f}"
+    unit = "bits per byte" if results.get("level") == "byte" else "bits per character"
+    return f"{split} {s['bits_per_token']:.4f} {unit}"
+

@@ -1,0 +1,86 @@
+"""Configs: every shipped config loads and builds; unknown keys, wrong types and bad files get one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moglm.errors import MoglmError
+from moglm.model import count_parameters
+from moglm.train.build import build_model, resolve_hidden_size
+from moglm.train.config import apply_overrides, describe, load_config, shipped_configs, validate
+
+# vocabulary sizes of the corpora the shipped configs name (so they build without reading the data)
+VOCAB = {"ptb": 10_000, "ptb-char": 50, "wikitext-2": 33_278, None: 103}
+
+
+@pytest.mark.parametrize("name", sorted(shipped_configs()))
+def test_every_shipped_config_loads_and_builds(name):
+    cfg = load_config(name)
+    vocab = VOCAB[cfg.data.path]
+    hidden = resolve_hidden_size(cfg.model, vocab)
+    with torch.device("meta"):
+        model = build_model(cfg.model, vocab, hidden)
+    if cfg.model.num_params:
+        assert count_parameters(model) <= cfg.model.num_params
+        assert cfg.model.num_params - count_parameters(model) < 0.01 * cfg.model.num_params
+    assert validate(cfg.model_dump(mode="json")) == cfg  # the resolved form round-trips
+    assert cfg.description
+
+
+def test_there_are_paper_and_cpu_budget_configs_for_each_corpus_and_model():
+    names = set(shipped_configs())
+    for corpus in ("ptb-word", "ptb-char", "wikitext-2"):
+        for model in ("lstm", "mogrifier"):
+            for budget in ("paper", "cpu"):
+                assert f"{corpus}-{model}-{budget}" in names
+
+
+def test_overrides_use_dotted_keys_and_yaml_values():
+    cfg = load_config("default", ["train.learning_rate=0.002", "model.cell={rounds: 2, rank: 8}", "data.path=ptb"])
+    assert cfg.train.learning_rate == 0.002 and cfg.model.cell == {"rounds": 2, "rank": 8} and cfg.data.path == "ptb"
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["train.learning_rat=0.1"], "unknown key 'train.learning_rat'"),
+        (["bogus.x=1"], "unknown key 'bogus'"),
+        (["train.batch_size=many"], "train.batch_size: Input should be a valid integer"),
+        (["model.state_dropout=1.5"], "model.state_dropout"),
+        (["model.cell.rounds=2", "model.cell.ranks=3"], "cell.ranks: unknown option for mogrifier"),
+        (["model.architecture=gpt"], "architecture must be one of"),
+        (["model.num_params=1000"], "set exactly one of hidden_size and num_params"),
+        (["format_version=99"], "format_version 99 is not supported"),
+        (["nonsense"], "expected key=value"),
+    ],
+)
+def test_bad_config_values_give_one_line_errors_naming_the_key(overrides, message):
+    with pytest.raises(MoglmError, match=message) as e:
+        load_config("default", overrides)
+    assert "\n" not in str(e.value)
+
+
+def test_config_files_in_toml_and_yaml_and_their_errors(tmp_path):
+    (tmp_path / "a.toml").write_text('[train]\nlearning_rate = 0.001\n')
+    (tmp_path / "b.yaml").write_text("train:\n  learning_rate: 0.001\n")
+    assert load_config(tmp_path / "a.toml").train.learning_rate == load_config(tmp_path / "b.yaml").train.learning_rate
+    assert load_config(tmp_path / "a.toml").name == "a"
+    (tmp_path / "empty.toml").write_text("")
+    (tmp_path / "broken.toml").write_text("[train\n")
+    (tmp_path / "typo.toml").write_text('[train]\nlearnig_rate = 0.1\n')
+    for path, message in [("empty.toml", "config file is empty"), ("broken.toml", "not valid TOML"),
+                          ("missing.toml", "no such config file"), ("typo.toml", "unknown key 'train.learnig_rate'")]:
+        with pytest.raises(MoglmError, match=message):
+            load_config(tmp_path / path)
+
+
+def test_every_field_is_documented():
+    text = describe()
+    assert "learning_rate" in text and "None\n" not in text.replace("= None\n", "")
+    assert all(line.strip() for line in text.splitlines()[1:] if line.startswith("      "))
+
+
+def test_apply_overrides_refuses_to_descend_into_a_value():
+    with pytest.raises(MoglmError, match="not a section"):
+        apply_overrides({"train": 3}, ["train.x=1"])

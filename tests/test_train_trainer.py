@@ -1,0 +1,155 @@
+"""Training: the loss drops; killed runs resume bit for bit; checkpoints are atomic; NaN stops cleanly;
+weight averaging averages."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import tiny_config
+from moglm.errors import MoglmError
+from moglm.train import RunDirectory, Trainer, TrainingDiverged, TrainingInterrupted
+from moglm.train import checkpoint as checkpoint_module
+
+
+class Killed(Exception):
+    """Stands in for SIGKILL: nothing is saved on the way out."""
+
+
+def _train(cfg, run_dir, on_step=None):
+    return Trainer(cfg, run_dir, progress=False, log=lambda s: None, on_step=on_step).train()
+
+
+def _losses(run_dir):
+    return [(r["step"], r["xent"]) for r in RunDirectory(run_dir).read_metrics() if r["kind"] in ("train", "valid")]
+
+
+def _weights(run_dir, which="last"):
+    pointer = RunDirectory(run_dir).checkpoints.pointer(which)
+    return load_file(str(pointer["path"] / f"{pointer.get('weights', 'model')}.safetensors"))
+
+
+def test_a_tiny_model_lowers_its_loss_by_a_clear_margin(tiny_corpus, tmp_path):
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 60, "eval_every": 10, "averaging_patience": None,
+                                         "averaging_start": None})
+    _train(cfg, tmp_path / "run")
+    valid = [r["xent"] for r in RunDirectory(tmp_path / "run").read_metrics() if r["kind"] == "valid"]
+    # log(13) = 2.56 is a uniform guess; the corpus' own entropy is (2 log 6 + log 4) / 7 = 0.71 nats/token
+    assert valid[0] > valid[-1] + 0.5  # from step 10 to step 60
+    assert valid[-1] < 0.9
+
+
+@pytest.mark.parametrize("episodic", [False, True])
+def test_kill_and_rerun_continues_exactly_like_an_uninterrupted_run(tiny_corpus, tmp_path, episodic):
+    cfg = tiny_config(tiny_corpus, data={"episodic": episodic}, train={"max_steps": 14, "eval_every": 4,
+                                                                        "averaging_patience": 1})
+    _train(cfg, tmp_path / "straight")
+
+    def kill_at_7(step):
+        if step == 7:
+            raise Killed
+
+    with pytest.raises(Killed):
+        _train(cfg, tmp_path / "killed", on_step=kill_at_7)
+    assert RunDirectory(tmp_path / "killed").checkpoints.pointer("last")["step"] == 4
+    _train(cfg, tmp_path / "killed")  # the same command again: resumes from step 4
+    assert _losses(tmp_path / "killed") == _losses(tmp_path / "straight")
+    for which in ("last", "best"):
+        a, b = _weights(tmp_path / "straight", which), _weights(tmp_path / "killed", which)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_ctrl_c_saves_a_checkpoint_at_the_current_step_and_resume_is_exact(tiny_corpus, tmp_path):
+    cfg = tiny_config(tiny_corpus)
+    _train(cfg, tmp_path / "straight")
+
+    def ctrl_c_at_6(step):
+        if step == 6:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(TrainingInterrupted, match="interrupted at step 6"):
+        _train(cfg, tmp_path / "interrupted", on_step=ctrl_c_at_6)
+    assert RunDirectory(tmp_path / "interrupted").checkpoints.pointer("last")["step"] == 6
+    _train(cfg, tmp_path / "interrupted")
+    assert _losses(tmp_path / "interrupted") == _losses(tmp_path / "straight")
+
+
+def test_a_kill_during_a_checkpoint_write_leaves_the_previous_checkpoint_valid(tiny_corpus, tmp_path, monkeypatch):
+    cfg = tiny_config(tiny_corpus)
+    real_save = checkpoint_module.save_file
+    calls = {"n": 0}
+
+    def dying_save(tensors, path):
+        real_save(tensors, path)
+        if "step-00000008" in path:
+            calls["n"] += 1
+            if calls["n"] == 2:  # the step-8 checkpoint dies after writing two of its files
+                raise Killed
+
+    monkeypatch.setattr(checkpoint_module, "save_file", dying_save)
+    with pytest.raises(Killed):
+        _train(cfg, tmp_path / "run")
+    monkeypatch.undo()
+    run = RunDirectory(tmp_path / "run")
+    pointer = run.checkpoints.pointer("last")
+    assert pointer["step"] == 4
+    assert not (run.checkpoints.root / "step-00000008").exists()
+    model, _, _ = run.load_model("last")  # loadable
+    _train(cfg, tmp_path / "run")
+    _train(cfg, tmp_path / "straight")
+    assert _losses(tmp_path / "run") == _losses(tmp_path / "straight")
+
+
+def test_a_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tiny_corpus, tmp_path, monkeypatch):
+    cfg = tiny_config(tiny_corpus)
+    trainer = Trainer(cfg, tmp_path / "run", progress=False, log=lambda s: None)
+    original = Trainer._step
+
+    def poisoned(self, step):
+        if step == 6:
+            with torch.no_grad():
+                self.model.embedding.weight.fill_(float("nan"))
+        return original(self, step)
+
+    monkeypatch.setattr(Trainer, "_step", poisoned)
+    with pytest.raises(TrainingDiverged, match=r"non-finite loss at step 6.*last good checkpoint \(step 4\) is kept"):
+        trainer.train()
+    weights = _weights(tmp_path / "run")
+    assert all(torch.isfinite(w).all() for w in weights.values())
+
+
+def test_weight_averaging_averages_every_step_since_it_started_and_is_what_best_holds(tiny_corpus, tmp_path):
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 8, "eval_every": 8, "averaging_patience": None,
+                                         "averaging_start": 0.5})
+    seen = []
+    trainer = Trainer(cfg, tmp_path / "run", progress=False, log=lambda s: None,
+                      on_step=lambda step: seen.append({k: v.clone() for k, v in trainer.model.state_dict().items()}))
+    trainer.train()
+    averaged = _weights(tmp_path / "run", "best")
+    assert RunDirectory(tmp_path / "run").checkpoints.pointer("best")["weights"] == "averaged"
+    for name, value in averaged.items():
+        expected = torch.stack([s[name] for s in seen[4:]]).mean(0)  # steps 5..8
+        torch.testing.assert_close(value, expected)
+
+
+def test_a_run_directory_with_a_different_config_is_refused(tiny_corpus, tmp_path):
+    _train(tiny_config(tiny_corpus, train={"max_steps": 4}), tmp_path / "run")
+    with pytest.raises(MoglmError, match="different config .*train.learning_rate"):
+        _train(tiny_config(tiny_corpus, train={"max_steps": 4, "learning_rate": 0.5}), tmp_path / "run")
+
+
+def test_the_run_directory_holds_config_metrics_checkpoints_and_a_plot(tiny_corpus, tmp_path):
+    _train(tiny_config(tiny_corpus), tmp_path / "run")
+    run = RunDirectory(tmp_path / "run")
+    assert run.load_config().format_version == 1
+    assert run.plot_path.stat().st_size > 1000
+    kinds = {r["kind"] for r in run.read_metrics()}
+    assert kinds == {"train", "valid"}
+    files = {p.name for p in run.checkpoints.pointer("last")["path"].iterdir()}
+    assert {"model.safetensors", "training.safetensors", "state.json"} <= files
+    assert json.loads(run.model_info_path.read_text())["hidden_size"] == 24
