@@ -125,12 +125,14 @@ class Trainer:
         progress: bool = True,
         log: Callable[[str], None] = print,
         on_step: Callable[[int], None] | None = None,
+        on_evaluation: Callable[[int, float], None] | None = None,
     ) -> None:
         self.cfg = config
         self.run = RunDirectory(run_dir)
         self.progress_enabled = progress
         self.log = log
-        self.on_step = on_step  # test hook, called after every completed step
+        self.on_step = on_step  # called after every completed step (tests use it to simulate kills)
+        self.on_evaluation = on_evaluation  # called with (step, valid xent) after every checkpoint (pruning)
         self.device = resolve_device(config.train.device)
         self.max_steps = total_steps(config)
         self.writer = None
@@ -305,6 +307,7 @@ class Trainer:
         """Validation, best/averaging/early-stopping bookkeeping, checkpoint. Returns whether to stop."""
         t, p = self.cfg.train, self.progress
         scores = self.evaluate(self.average.evaluation_model(), "valid", t.eval_tokens)
+        self._last_valid_xent = scores.xent
         improved = p.best_xent is None or scores.xent < p.best_xent
         if improved:
             p.best_xent, p.best_step, p.evals_without_improvement = scores.xent, p.step, 0
@@ -375,7 +378,10 @@ class Trainer:
                         bar.set_postfix_str(f"xent {xent:.3f}")
                         p.window_nll, p.window_tokens, window_start = 0.0, 0, time.perf_counter()
                     if step % t.eval_every == 0 or step == self.max_steps:
-                        if self._evaluate_and_checkpoint():
+                        stop = self._evaluate_and_checkpoint()
+                        if self.on_evaluation is not None:
+                            self.on_evaluation(step, self._last_valid_xent)
+                        if stop:
                             self.log(f"step {step}: early stopping")
                             break
                     if self.on_step is not None:
