@@ -1,0 +1,152 @@
+"""Fused multiplicative LSTM recurrence (Krause's thesis, section 3.3, eq. 3.5-3.9): one autograd node
+per layer and window, arranged like :mod:`moglm.recurrence.fused_lstm`::
+
+    h~  = h_{t-1} * mask                                   variational state dropout (mask optional)
+    m_t = (W_mx x_t) * (W_mh h~)                           eq. 3.5
+    [i, f, j, o] = W_ih x_t + W_hh m_t + b_ih + b_hh        an LSTM with m_t in place of h_{t-1}
+
+Both input projections (``W_ih x + b`` and ``W_mx x``) are computed for many steps at once; a step does
+the two products that depend on the recurrence, ``W_mh h~`` and ``W_hh m``. Backward propagates data
+gradients step by step and computes the four weight gradients after the loop, over all T*B rows.
+Saved: gate activations ``[T, B, 4n]``, c, m, ``W_mx x``, ``W_mh h~`` (each ``[T, B, n]``) and h~ under
+state dropout.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..cells.base import Params
+from .fallback import double_backward_by_reference
+from .fused_lstm import (
+    h_prev_all,
+    prepared_lstm_weights,
+    cell_backward,
+    cell_forward,
+    flatten_saved,
+    gate_permutation,
+    layer_spec,
+    unflatten_saved,
+)
+from .gemm import CHUNK_ROWS, Linear, matmul_tn
+
+
+def mlstm_forward(spec, xs: Tensor, h0: Tensor, c0: Tensor, mask: Tensor | None, p: Params, save: bool):
+    """Run the window; returns ``(ys [T, B, n], h_T, c_T, saved or None)``."""
+    T, B, m = xs.shape
+    n = spec.hidden_size
+    w_ih, w_hh, bias = prepared_lstm_weights(spec, p, xs.device)
+    gates_x = Linear(w_ih, bias, CHUNK_ROWS)  # x -> W_ih x + b
+    gates_m = Linear(w_hh, None, B)  # m -> W_hh m (+ the input part)
+    proj_h = Linear(p["weight_mh"], None, B)  # h~ -> W_mh h~
+    x_m = Linear(p["weight_mx"], None, CHUNK_ROWS).rows(xs.view(T * B, m)).view(T, B, n)  # W_mx x [T, B, n]
+    S = T if save else 1
+    ys = xs.new_empty(T, B, n)  # [T, B, n]
+    cs = xs.new_empty(T if save else 2, B, n)  # [T, B, n]
+    ms = xs.new_empty(S, B, n)  # m_t [S, B, n]
+    hm = xs.new_empty(S, B, n) if mask is not None else None  # h~ [S, B, n]
+    tc = xs.new_empty(B, n)
+    acts: list[Tensor] = []  # T x [B, 4n]
+    a_h: list[Tensor] = []  # W_mh h~, T x [B, n]
+    chunk = max(1, CHUNK_ROWS // B) if gates_x.onednn else T
+    h_prev, c_prev = h0, c0
+    for t in range(T):
+        if t % chunk == 0:
+            steps = min(chunk, T - t)
+            xp = gates_x(xs[t : t + steps].reshape(steps * B, m)).view(steps, B, 4 * n)  # W_ih x + b
+        s = t if save else 0
+        hh = h_prev if mask is None else torch.mul(h_prev, mask, out=hm[s])  # h~ [B, n]
+        a = proj_h(hh)  # W_mh h~ [B, n]
+        torch.mul(x_m[t], a, out=ms[s])  # m_t [B, n]
+        g = gates_m(ms[s], add=xp[t % chunk])  # [B, 4n]
+        c_out = cs[t] if save else cs[t % 2]
+        cell_forward(g, c_prev, c_out, ys[t], tc, spec.capped)
+        if save:
+            acts.append(g)
+            a_h.append(a)
+        h_prev, c_prev = ys[t], c_out
+    saved = {"acts": acts, "a_h": a_h, "cs": cs, "ms": ms, "hm": hm, "x_m": x_m} if save else None
+    return ys, ys[-1].clone(), c_prev.clone(), saved
+
+
+def mlstm_backward(spec, needs, xs, h0, c0, mask, p: Params, ys, saved, dys, dh_T, dc_T) -> tuple:
+    """Gradients for ``(xs, h0, c0, mask, *params)`` (``None`` where ``needs`` is False)."""
+    T, B, m = xs.shape
+    n = spec.hidden_size
+    w_ih, w_hh, _ = prepared_lstm_weights(spec, p, xs.device)
+    acts, a_h, cs, ms, hm, x_m = (saved[k] for k in ("acts", "a_h", "cs", "ms", "hm", "x_m"))
+    d_m = Linear(w_hh.t(), None, B)  # dG -> dm
+    d_h = Linear(p["weight_mh"].t(), None, B)  # d(W_mh h~) -> dh~
+    dG = xs.new_empty(T, B, 4 * n)  # [T, B, 4n]
+    d_xm = xs.new_empty(T, B, n)  # dL/d(W_mx x) [T, B, n]
+    d_ah = xs.new_empty(T, B, n)  # dL/d(W_mh h~) [T, B, n]
+    da = xs.new_empty(B, 4 * n)
+    dh_next, dc_next = dh_T, dc_T
+    for t in range(T - 1, -1, -1):
+        dh = dys[t] + dh_next
+        dc_next = cell_backward(dh, dc_next, acts[t], cs[t - 1] if t else c0, cs[t], da, dG[t], spec.capped)
+        dm = d_m(dG[t])  # [B, n]
+        torch.mul(dm, a_h[t], out=d_xm[t])
+        torch.mul(dm, x_m[t], out=d_ah[t])
+        dh_next = d_h(d_ah[t])  # dL/dh~ [B, n]
+        if mask is not None:
+            dh_next.mul_(mask)
+    dG2, d_xm2, d_ah2 = dG.view(T * B, 4 * n), d_xm.view(T * B, n), d_ah.view(T * B, n)
+    dx = None
+    if needs[0]:
+        dx = Linear(w_ih.t(), None, CHUNK_ROWS).rows(dG2)  # [TB, m]
+        dx += Linear(p["weight_mx"].t(), None, CHUNK_ROWS).rows(d_xm2)
+        dx = dx.view(T, B, m)
+    out = {}
+    if any(needs[4:]):
+        perm = gate_permutation(n, xs.device)
+        x2 = xs.view(T * B, m)
+        out["weight_ih"] = matmul_tn(dG2, x2).index_select(0, perm)  # [4n, m]
+        out["weight_hh"] = matmul_tn(dG2, ms.view(T * B, n)).index_select(0, perm)  # [4n, n]
+        out["weight_mx"] = matmul_tn(d_xm2, x2)  # [n, m]
+        hh = hm if mask is not None else h_prev_all(h0, ys)  # [T, B, n]
+        out["weight_mh"] = matmul_tn(d_ah2, hh.reshape(T * B, n))  # [n, n]
+        if "bias_ih" in p:
+            out["bias_ih"] = out["bias_hh"] = dG2.sum(0).index_select(0, perm)  # [4n]
+    grads = [dx, dh_next, dc_next, None, *(out.get(name) for name in spec.names)]
+    return tuple(g if need else None for g, need in zip(grads, needs))
+
+
+class FusedMultiplicativeLSTMFunction(torch.autograd.Function):
+    """``apply(spec, cell, xs, h0, c0, mask, *params) -> (ys, h_T, c_T)`` over a whole window."""
+
+    @staticmethod
+    def forward(ctx, spec, cell, xs, h0, c0, mask, *params):
+        ys, h_T, c_T, saved = mlstm_forward(spec, xs, h0, c0, mask, dict(zip(spec.names, params)), save=True)
+        ctx.spec, ctx.cell = spec, cell
+        flat, ctx.layout = flatten_saved(saved)
+        ctx.save_for_backward(xs, h0, c0, mask, *params, ys, *flat)
+        return ys, h_T, c_T
+
+    @staticmethod
+    def backward(ctx, dys, dh_T, dc_T):
+        spec = ctx.spec
+        tensors = ctx.saved_tensors
+        k = 4 + len(spec.names)
+        needs = ctx.needs_input_grad[2:]
+        if torch.is_grad_enabled():  # create_graph=True: differentiate the reference loop instead
+            grads = double_backward_by_reference(ctx.cell, spec.names, needs, tensors[:k], (dys, dh_T, dc_T))
+            return (None, None, *grads)
+        xs, h0, c0, mask = tensors[:4]
+        p = dict(zip(spec.names, tensors[4:k]))
+        saved = unflatten_saved(tensors[k + 1 :], ctx.layout)
+        return (None, None, *mlstm_backward(spec, needs, xs, h0, c0, mask, p, tensors[k], saved, dys, dh_T, dc_T))
+
+
+def fused_multiplicative_lstm_layer(cell, params: Params, xs: Tensor, state, h_mask: Tensor | None):
+    """Run a multiplicative LSTM layer over ``xs`` ``[T, B, m]``; returns ``(ys, (h_T, c_T))``."""
+    spec = layer_spec(cell, params)
+    xs = xs.contiguous()
+    h0, c0 = (s.contiguous() for s in state)
+    values = tuple(params.values())
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (xs, h0, c0, *values)):
+        ys, h_T, c_T = FusedMultiplicativeLSTMFunction.apply(spec, cell, xs, h0, c0, h_mask, *values)
+    else:
+        ys, h_T, c_T, _ = mlstm_forward(spec, xs, h0, c0, h_mask, params, save=False)
+    return ys, (h_T, c_T)
