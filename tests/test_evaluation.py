@@ -1,0 +1,79 @@
+"""Evaluation: scores, continuous-stream evaluation, the temperature search and MC dropout."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from moglm.evaluation import FACTORS, Scores, evaluate_mc_dropout, evaluate_stream, search_temperature
+from moglm.evaluation.stream import evaluate_episodes
+from moglm.model import LanguageModel
+
+
+def _model(**kw):
+    torch.manual_seed(0)
+    args = dict(vocab_size=9, hidden_size=12, num_layers=2, architecture="mogrifier",
+                cell_options={"rounds": 3, "rank": 3})
+    args.update(kw)
+    return LanguageModel(**args).double()
+
+
+def test_scores_convert_between_nats_perplexity_and_bits():
+    s = Scores(nll=10 * math.log(2), tokens=10, words=2)
+    assert s.xent == pytest.approx(math.log(2)) and s.perplexity == pytest.approx(2.0)
+    assert s.bits_per_token == pytest.approx(1.0) and s.bits_per_word == pytest.approx(5.0)
+    assert "1.0000 bpc, 5.000 bits/word" == s.headline("char") and s.headline("word").startswith("ppl 2.00")
+
+
+def test_batch_one_stream_evaluation_equals_scoring_every_token_in_one_pass():
+    model = _model().eval()
+    ids = np.random.default_rng(0).integers(0, 9, size=50)
+    scores = evaluate_stream(model, ids, batch_size=1, bptt=7)  # windows carry the state across
+    tokens = torch.as_tensor(ids)
+    nll, _ = model.nll(tokens[:-1].view(-1, 1), tokens[1:].view(-1, 1))  # one window over everything
+    assert scores.tokens == 49
+    assert scores.nll == pytest.approx(float(nll.detach().sum()), rel=1e-12)
+
+
+def test_episodic_evaluation_scores_each_line_from_a_zero_state():
+    model = _model().eval()
+    ids = np.array([3, 4, 0, 5, 6, 7, 0])  # two lines ending in separator 0
+    scores = evaluate_episodes(model, ids, separator=0, batch_size=2)
+    total = 0.0
+    for line in ([3, 4, 0], [5, 6, 7, 0]):
+        seq = torch.tensor([0] + line)
+        total += float(model.nll(seq[:-1].view(-1, 1), seq[1:].view(-1, 1))[0].detach().sum())
+    assert scores.tokens == 7 and scores.nll == pytest.approx(total, rel=1e-10)
+
+
+def test_temperature_search_tries_factors_from_1_06_down_and_stops_after_two_misses():
+    assert FACTORS[0] == 1.06 and FACTORS[-1] == 0.8 and len(FACTORS) == 14
+    model = _model().eval()
+    ids = np.random.default_rng(1).integers(0, 9, size=300)
+    best, tried = search_temperature(model, ids, max_tokens=200, batch_size=2, bptt=10)
+    assert best in tried and tried[best] == min(tried.values())
+    order = list(tried)
+    assert order == list(FACTORS[: len(order)])
+    after_best = order[order.index(best) + 1 :]
+    assert len(after_best) == 2 or order[-1] == 0.8  # two non-improvements end the search
+    for f, xent in tried.items():  # each value is the real cross-entropy at that factor
+        direct = evaluate_stream(model, ids, batch_size=2, bptt=10, factor=f, max_tokens=200)
+        assert xent == pytest.approx(direct.xent, rel=1e-9)
+
+
+def test_mc_dropout_averages_probabilities_over_samples_each_with_its_own_masks():
+    model = _model(input_dropout=0.3, output_dropout=0.3, state_dropout=0.2)
+    ids = np.random.default_rng(2).integers(0, 9, size=40)
+    deterministic = evaluate_stream(model, ids, batch_size=1, bptt=10)
+    with model.dropout_scaled(0.0):  # no dropout left: every sample is the deterministic model
+        zero = evaluate_mc_dropout(model, ids, samples=3, multiplier=1.0, bptt=10)
+    assert zero.nll == pytest.approx(deterministic.nll, rel=1e-10)
+    torch.manual_seed(5)
+    one = evaluate_mc_dropout(model, ids, samples=1, multiplier=0.8, bptt=10)
+    torch.manual_seed(5)
+    many = evaluate_mc_dropout(model, ids, samples=16, multiplier=0.8, bptt=10)
+    assert one.nll != many.nll and math.isfinite(many.nll) and many.tokens == 39
+    assert model.training and model.input_dropout == 0.3  # mode and rates restored
