@@ -123,22 +123,12 @@ def round_matrices(params: Params, rounds: int) -> list[Tensor]:
     return out
 
 
-class MogrifierLSTMCell(LSTMCell):
-    """Mogrifier LSTM step: ``LSTM(x_up, c_prev, h_up)`` with ``(x_up, h_up) = mogrify(x, h_prev)``."""
+class MogrifierRounds:
+    """Mixin adding the mogrifier rounds to a cell (``rounds``, ``rank``, ``zigzag``): their parameters,
+    their initialisation and :meth:`mogrify`. Put it before the cell class in the bases."""
 
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        bias: bool = True,
-        rounds: int = 5,
-        rank: int = 40,
-        zigzag: bool = True,
-        capped_input_gate: bool = False,
-        init: str = "paper",
-    ) -> None:
-        super().__init__(input_size, hidden_size, bias, capped_input_gate, init)
-        check_rounds_rank(rounds, rank, input_size, hidden_size)
+    def _init_rounds(self, rounds: int, rank: int, zigzag: bool) -> None:
+        check_rounds_rank(rounds, rank, self.input_size, self.hidden_size)
         self.rounds = rounds
         self.rank = rank if rank > 0 else 0
         self.zigzag = bool(zigzag)
@@ -153,14 +143,33 @@ class MogrifierLSTMCell(LSTMCell):
         reset_mogrifier_parameters(params, self.rank)
 
     def mogrify(self, params: Params, x: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        """``(x_up [B, m], h_up [B, H])`` after this cell's rounds."""
         return mogrify(params, x, h, self.rounds, self.zigzag)
-
-    def step(self, params: Params, x: Tensor, state: State) -> tuple[Tensor, State]:
-        h_prev, c_prev = state
-        x, h_up = mogrify(params, x, h_prev, self.rounds, self.zigzag)
-        h, c = lstm_pointwise(self.gates(params, x, h_up), c_prev, self.capped_input_gate)
-        return h, (h, c)
 
     def extra_repr(self) -> str:
         s = super().extra_repr() + f", rounds={self.rounds}, rank={self.rank if self.rank else 'full'}"
         return s + ("" if self.zigzag else ", zigzag=False")
+
+
+class MogrifierLSTMCell(MogrifierRounds, LSTMCell):
+    """Mogrifier LSTM step: ``LSTM(x_up, c_prev, h_up)`` with ``(x_up, h_up) = mogrify(x, h_prev)``."""
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        bias: bool = True,
+        rounds: int = 5,
+        rank: int = 40,
+        zigzag: bool = True,
+        capped_input_gate: bool = False,
+        init: str = "paper",
+    ) -> None:
+        super().__init__(input_size, hidden_size, bias, capped_input_gate, init)
+        self._init_rounds(rounds, rank, zigzag)
+
+    def step(self, params: Params, x: Tensor, state: State) -> tuple[Tensor, State]:
+        h_prev, c_prev = state
+        x, h_up = self.mogrify(params, x, h_prev)  # [B, m], [B, H]
+        h, c = lstm_pointwise(self.gates(params, x, h_up), c_prev, self.capped_input_gate)
+        return h, (h, c)

@@ -23,36 +23,8 @@ from torch import Tensor
 
 from .base import Params, State
 from .gru import GRUCell
-from .mogrifier import check_rounds_rank, mogrifier_parameter_shapes, mogrify, reset_mogrifier_parameters
+from .mogrifier import MogrifierRounds
 from .rnn import RNNCell
-
-
-class MogrifierRounds:
-    """Mixin adding the mogrifier rounds to a cell (``rounds``, ``rank``, ``zigzag`` as in the Mogrifier LSTM):
-    their parameters, their initialisation and :meth:`mogrify`. Put it before the cell class in the bases."""
-
-    def _init_rounds(self, rounds: int, rank: int, zigzag: bool) -> None:
-        check_rounds_rank(rounds, rank, self.input_size, self.hidden_size)
-        self.rounds = rounds
-        self.rank = rank if rank > 0 else 0
-        self.zigzag = bool(zigzag)
-
-    def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
-        shapes = super().parameter_shapes()
-        shapes.update(mogrifier_parameter_shapes(self.input_size, self.hidden_size, self.rounds, self.rank, self.bias))
-        return shapes
-
-    def reset_parameters(self, params: Params) -> None:
-        super().reset_parameters(params)
-        reset_mogrifier_parameters(params, self.rank)
-
-    def mogrify(self, params: Params, x: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
-        """``(x_up [B, m], h_up [B, H])`` after this cell's rounds."""
-        return mogrify(params, x, h, self.rounds, self.zigzag)
-
-    def extra_repr(self) -> str:
-        s = super().extra_repr() + f", rounds={self.rounds}, rank={self.rank if self.rank else 'full'}"
-        return s + ("" if self.zigzag else ", zigzag=False")
 
 
 class MogrifierGRUCell(MogrifierRounds, GRUCell):
