@@ -111,7 +111,63 @@ def _build_app():
         for name, path in shipped_configs().items():
             typer.echo(f"{name:32s} {read_mapping(path).get('description', '')}")
 
+    @app.command()
+    def tune(
+        space: Optional[str] = typer.Argument(None, help="Search-space file (TOML/YAML) or shipped space name."),
+        base: Optional[str] = typer.Option(None, help="Run config every trial starts from (default: the space's)."),
+        set_: list[str] = typer.Option([], "--set", "-s", help="Override a base-config key: section.key=value."),
+        trials: Optional[int] = typer.Option(None, help="Trials in the study in total (default: the space's)."),
+        timeout: Optional[str] = typer.Option(None, help="Wall time, e.g. 3600, 90m, 2h: no trial starts after it."),
+        max_tokens: Optional[int] = typer.Option(None, help="Training tokens per trial (train.max_tokens)."),
+        workers: int = typer.Option(1, help="Worker processes on this machine."),
+        threads: Optional[int] = typer.Option(None, help="Torch threads per worker (default: cores / workers)."),
+        storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: SQLite in the study dir)."),
+        study_name: Optional[str] = typer.Option(None, help="Study name (default: the space's name)."),
+        study_dir: Optional[Path] = typer.Option(None, help="Trials and reports (default: studies/<study name>)."),
+        sampler: Optional[str] = typer.Option(None, help="gp, tpe or random (default: the space's)."),
+        seed: Optional[int] = typer.Option(None, help="Sampler seed (default: the space's)."),
+        keep_checkpoints: bool = typer.Option(False, help="Keep every trial's checkpoints (default: the best's)."),
+        plots: bool = typer.Option(True, help="Draw the plots (parallel coordinates, history, importances)."),
+        list_spaces: bool = typer.Option(False, "--list", help="List the shipped search spaces and exit."),
+    ) -> None:
+        """Tune hyperparameters with Optuna (rerun to resume; workers elsewhere join through --storage)."""
+        try:
+            from .tune import run_study, shipped_spaces, write_report
+            from .tune.search_space import load_space
+        except ImportError as e:
+            missing = f"moglm tune needs the tune extra ({e.name} is missing)"
+            raise MoglmError(f"{missing}: pip install 'moglm[tune]'") from None
+
+        if list_spaces or space is None:
+            for name in shipped_spaces():
+                typer.echo(f"{name:20s} {load_space(name)[0].description or ''}")
+            return
+        if sampler is not None and sampler not in ("gp", "tpe", "random"):
+            raise MoglmError(f"--sampler must be gp, tpe or random, got {sampler!r}")
+        result = run_study(space, base=base, overrides=set_, study_name=study_name, study_dir=study_dir,
+                           storage=storage, workers=workers, threads=threads, trials=trials,
+                           timeout=_seconds(timeout), max_tokens=max_tokens, sampler=sampler,
+                           seed="space" if seed is None else seed, keep_checkpoints=keep_checkpoints, log=typer.echo)
+        typer.echo(write_report(result, plots=plots), nl=False)
+        if result.failed_workers:
+            raise MoglmError("; ".join(result.failed_workers) + " (rerun the same command to continue the study)")
+
     return app
+
+
+def _seconds(text: Optional[str]) -> Optional[float]:
+    """``3600``, ``90s``, ``90m``, ``2h`` or ``1d`` in seconds."""
+    if text is None:
+        return None
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    number, unit = (text[:-1], units[text[-1]]) if text and text[-1] in units else (text, 1)
+    try:
+        value = float(number) * unit
+    except ValueError:
+        raise MoglmError(f"--timeout: expected seconds or a number with s, m, h or d, got {text!r}") from None
+    if value <= 0:
+        raise MoglmError(f"--timeout must be positive, got {text!r}")
+    return value
 
 
 def _sample(run, prompt, tokens, temperature, top_k, seed, checkpoint: str = "best") -> str:

@@ -1,0 +1,12 @@
+"""Hyperparameter tuning with Optuna: the Mogrifier paper's search spaces, many workers, its plots.
+
+``moglm tune SPACE`` (or :func:`run_study` then :func:`write_report`) runs a study whose trials train
+run configs (:mod:`moglm.train`) and score them the paper's way; see README "Hyperparameter tuning".
+"""
+
+from .report import best_trial, write_report
+from .search_space import SearchSpace, load_space, shipped_spaces, validate_space
+from .study import StudyResult, run_study
+
+__all__ = ["SearchSpace", "StudyResult", "best_trial", "load_space", "run_study", "shipped_spaces",
+           "validate_space", "write_report"]

@@ -1,0 +1,127 @@
+"""What a study leaves behind: the best trial as a ready-to-train config, a text summary, the plots.
+
+Everything is rebuilt from the storage alone (each trial records its config as a user attribute), so
+any machine that can reach the storage can write the report, wherever the trials ran.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from ..train.checkpoint import atomic_write_text
+from ..train.config import validate
+from .plots import plot_study
+from .study import StudyResult, _public, counted_trials
+
+
+def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.value is not None
+            and math.isfinite(t.value)]
+    return min(done, key=lambda t: t.value) if done else None
+
+
+def drop_checkpoints(study: optuna.Study, study_dir: Path) -> None:
+    """Remove the checkpoints of finished trials other than the best (their metrics, configs and logs stay);
+    runs that a waiting or running trial will resume are kept."""
+    trials = study.get_trials(deepcopy=False)
+    keep = {t.user_attrs.get("run") for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)}
+    best = best_trial(study)
+    if best is not None:
+        keep.add(best.user_attrs.get("run"))
+    for t in trials:
+        run = t.user_attrs.get("run")
+        if t.state.is_finished() and run is not None and run not in keep:
+            shutil.rmtree(study_dir / "trials" / f"{run:04d}" / "checkpoints", ignore_errors=True)
+
+
+def _score(value: float, level: str | None) -> str:
+    if level == "word":
+        return f"valid xent {value:.4f} (perplexity {math.exp(value):.2f})"
+    unit = "bits per byte" if level == "byte" else "bits per character"
+    return f"valid xent {value:.4f} ({value / math.log(2):.4f} {unit})"
+
+
+def best_config_text(result: StudyResult, best: optuna.trial.FrozenTrial) -> str:
+    """The best trial's ready-to-train config, provenance in comments and in ``description``."""
+    study, setup = result.study, result.setup
+    level = best.user_attrs.get("level")
+    data = dict(best.user_attrs["config"])
+    data["name"] = f"{study.study_name}-best"
+    data["description"] = (f"best trial ({best.number}) of Optuna study {study.study_name!r}: "
+                           f"{_score(best.value, level)}; tuned from {setup.base_name}")
+    text = validate(data, "best config").to_toml()
+    changed = best.user_attrs.get("changed") or {}
+    lines = [f"# moglm tune: the best trial of Optuna study {study.study_name!r}",
+             f"# storage: {_public(result.storage)}",
+             f"# search space: {study.user_attrs.get('space', setup.space_name)}; base config: {setup.base_name}",
+             f"# trial {best.number} of {len(counted_trials(study))}: {_score(best.value, level)}, "
+             f"softmax temperature {best.user_attrs.get('temperature', 1.0):.2f}",
+             "# tuned: " + ", ".join(f"{k} = {_fmt(v)}" for k, v in best.params.items())]
+    if changed:
+        lines.append("# changed before training: " + ", ".join(f"{k} = {v}" for k, v in changed.items())
+                     + " (rank above min(embedding, hidden) size: full rank)")
+    if setup.trial_overrides:
+        lines.append("# the trials also had " + ", ".join(f"{k} = {v}" for k, v in setup.trial_overrides.items())
+                     + " (not kept here: this config trains with the base's budget)")
+    return "\n".join(lines) + "\n\n" + text
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else repr(value)
+
+
+def summary_text(result: StudyResult, outputs: dict[str, Path]) -> str:
+    study = result.study
+    trials = counted_trials(study)
+    states = {s: sum(t.state == s for t in trials) for s in TrialState}
+    lines = [f"study {study.study_name!r} ({_public(result.storage)})",
+             f"base config {result.setup.base_name}, search space {result.setup.space_name}; "
+             f"objective: validation cross-entropy (nats/token), averaged weights, tuned temperature",
+             f"trials: {len(trials)}"]
+    if trials:
+        lines[-1] += " (" + ", ".join(f"{n} {s.name.lower()}" for s, n in states.items() if n) + ")"
+    best = best_trial(study)
+    if best is None:
+        lines.append("no completed trial yet")
+    else:
+        level = best.user_attrs.get("level")
+        lines.append(f"best: trial {best.number}, {_score(best.value, level)}, temperature "
+                     f"{best.user_attrs.get('temperature', 1.0):.2f}, {best.user_attrs.get('num_params', 0):,} "
+                     f"parameters (hidden {best.user_attrs.get('hidden_size')})")
+        width = max(len(k) for k in best.params)
+        lines += [f"  {k:{width}s} = {_fmt(v)}" for k, v in best.params.items()]
+        for k, v in (best.user_attrs.get("changed") or {}).items():
+            lines.append(f"  ({k} trained as {v}: full rank)")
+        done = sorted((t for t in trials if t.state == TrialState.COMPLETE and t.value is not None),
+                      key=lambda t: t.value)
+        lines.append("top trials: " + ", ".join(f"#{t.number} {t.value:.4f}" for t in done[:5]))
+    for t in trials:
+        if t.state == TrialState.FAIL:
+            lines.append(f"failed: trial {t.number}: {t.user_attrs.get('error', 'worker died (heartbeat)')}")
+    for message in result.failed_workers:
+        lines.append(f"warning: {message}")
+    for what, path in outputs.items():
+        lines.append(f"{what}: {path}")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(result: StudyResult, plots: bool = True) -> str:
+    """best.toml, the plots and summary.txt in the study directory; returns the summary."""
+    directory = result.directory
+    outputs: dict[str, Path] = {}
+    best = best_trial(result.study)
+    if best is not None and "config" in best.user_attrs:
+        outputs["best config"] = directory / "best.toml"
+        atomic_write_text(outputs["best config"], best_config_text(result, best))
+    if plots:
+        outputs.update(plot_study(result.study, result.setup.space, directory))
+    summary = summary_text(result, outputs)
+    atomic_write_text(directory / "summary.txt", summary)
+    return summary
+

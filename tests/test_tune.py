@@ -1,0 +1,245 @@
+"""moglm tune: search-space files, a study with worker processes, resuming, failures, the best config."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import optuna
+import pytest
+from conftest import tiny_config
+from optuna.trial import TrialState
+
+from moglm.cli import main
+from moglm.errors import MoglmError
+from moglm.train import TrainingDiverged
+from moglm.train.config import load_config
+from moglm.tune import run_study, shipped_spaces, write_report
+from moglm.tune import objective as objective_module
+from moglm.tune.objective import fit_rank, prepare
+from moglm.tune.plots import near_best
+from moglm.tune.search_space import load_space, validate_space
+
+BASE = """
+name = "tiny"
+[data]
+path = "{corpus}"
+format = "word"
+[model]
+architecture = "mogrifier"
+num_layers = 2
+hidden_size = 24
+cell = {{ rounds = 3, rank = 4 }}
+[train]
+batch_size = 4
+bptt = 10
+max_steps = 8
+eval_every = 4
+eval_batch_size = 2
+device = "cpu"
+averaging_patience = 1
+[evaluation]
+temperature_tokens = 200
+[sample]
+num_tokens = 5
+"""
+
+SPACE = """
+base = "{base}"
+[study]
+sampler = "gp"
+seed = 0
+startup_trials = 2
+[pruner]
+startup_trials = 2
+[budget]
+trials = 4
+[params]
+"train.learning_rate" = {{ low = 0.002, high = 0.02, log = true }}
+"model.state_dropout" = {{ low = 0.0, high = 0.5 }}
+"model.cell.rank" = {{ low = -20, high = 100, int = true }}
+"model.tie_embeddings" = {{ choices = [true, false] }}
+"""
+
+
+@pytest.fixture
+def space(tiny_corpus, tmp_path):
+    base = tmp_path / "tiny.toml"
+    base.write_text(BASE.format(corpus=tiny_corpus))
+    path = tmp_path / "space.toml"
+    path.write_text(SPACE.format(base=base))
+    return path
+
+
+def _trials(directory: Path, name: str = "space") -> list[optuna.trial.FrozenTrial]:
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{directory / 'study.db'}")
+    return study.get_trials()
+
+
+def test_study_with_two_workers_resumes_and_its_best_config_trains(space, tmp_path, capsys):
+    study_dir = tmp_path / "study"
+    assert main(["tune", str(space), "--workers", "2", "--study-dir", str(study_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "running up to 4 with 2 workers x 1 thread" in out and "best: trial" in out
+    trials = _trials(study_dir)
+    assert len(trials) == 4 and all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+    assert sorted(t.user_attrs["run"] for t in trials) == [0, 1, 2, 3]
+    assert len({t.user_attrs["host"] for t in trials}) == 1
+    for name in ("best.toml", "summary.txt", "parallel_coordinate.png", "optimization_history.png"):
+        assert (study_dir / name).is_file(), name
+    # resume: the total grows by one, then the same total runs nothing new
+    again = ["tune", str(space), "--trials", "5", "--threads", "1", "--study-dir", str(study_dir), "--no-plots"]
+    assert main(again) == 0
+    assert "4 of 5 trials exist; running up to 1" in capsys.readouterr().out
+    assert len(_trials(study_dir)) == 5
+    assert main(again) == 0
+    assert "5 of 5 trials exist; nothing to run" in capsys.readouterr().out
+    assert len(_trials(study_dir)) == 5
+    # only the best trial keeps its checkpoints
+    done = [t for t in _trials(study_dir) if t.state == TrialState.COMPLETE]
+    best = min(done, key=lambda t: t.value)
+    kept = [p.parent.name for p in study_dir.glob("trials/*/checkpoints")]
+    assert kept == [f"{best.user_attrs['run']:04d}"]
+    # the best config: provenance, the tuned values, no trial token budget; `moglm train` takes it
+    text = (study_dir / "best.toml").read_text()
+    assert f"# trial {best.number} of 5: valid xent {best.value:.4f}" in text and "study 'space'" in text
+    cfg = load_config(study_dir / "best.toml")
+    assert cfg.name == "space-best" and cfg.train.max_tokens is None
+    assert math.isclose(cfg.train.learning_rate, best.params["train.learning_rate"])
+    run = tmp_path / "best-run"
+    quick = ["train.max_steps=2", "train.eval_every=2", "train.threads=1", "sample.num_tokens=0",
+             "evaluation.splits=[valid]"]
+    assert main(["train", str(study_dir / "best.toml"), *[a for q in quick for a in ("--set", q)],
+                 "--run-dir", str(run), "--no-progress"]) == 0
+    assert "valid perplexity" in capsys.readouterr().out and (run / "results.json").is_file()
+
+
+class _FailingTrainer(objective_module.Trainer):
+    """Trial 1 runs out of memory, trial 2 diverges; the others train."""
+
+    calls = 0
+
+    def train(self):
+        type(self).calls += 1
+        if self.calls == 2:
+            raise RuntimeError("DefaultCPUAllocator: not enough memory (simulated)")
+        if self.calls == 3:
+            raise TrainingDiverged("non-finite loss at step 3 (simulated)")
+        return super().train()
+
+
+def test_failing_trials_are_recorded_and_the_study_goes_on(space, tmp_path, monkeypatch):
+    monkeypatch.setattr(objective_module, "Trainer", _FailingTrainer)
+    result = run_study(space, study_dir=tmp_path / "study", trials=4, threads=1, log=lambda s: None)
+    states = [t.state for t in result.study.get_trials()]
+    assert states.count(TrialState.FAIL) == 2 and len(states) == 4
+    errors = [t.user_attrs["error"] for t in result.study.get_trials() if t.state == TrialState.FAIL]
+    assert errors == ["RuntimeError: DefaultCPUAllocator: not enough memory (simulated)",
+                      "TrainingDiverged: non-finite loss at step 3 (simulated)"]
+    summary = write_report(result, plots=False)
+    assert "2 fail" in summary and "failed: trial 1: RuntimeError" in summary and "best: trial" in summary
+
+
+class _InterruptedTrainer(objective_module.Trainer):
+    """The first trial is interrupted (Ctrl-C) after its first checkpoint."""
+
+    interrupted = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not type(self).interrupted:
+            type(self).interrupted = True
+            self.on_step = self._interrupt
+
+    def _interrupt(self, step):
+        if step == 5:
+            raise objective_module.TrainingInterrupted("interrupted at step 5")
+
+
+def test_an_interrupted_trial_resumes_in_its_run_directory(space, tmp_path, monkeypatch):
+    monkeypatch.setattr(objective_module, "Trainer", _InterruptedTrainer)
+    with pytest.raises(MoglmError, match="rerun the same command to resume"):
+        run_study(space, study_dir=tmp_path / "study", trials=2, threads=1, log=lambda s: None)
+    result = run_study(space, study_dir=tmp_path / "study", trials=2, threads=1, log=lambda s: None)
+    trials = result.study.get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
+    assert trials[1].user_attrs["replaces"] == 0 and trials[1].user_attrs["run"] == 0
+    assert trials[1].params == trials[0].params
+    log = (tmp_path / "study" / "trials" / "0000" / "tune.log").read_text()
+    assert "resuming" in log  # training continued from the step-4 checkpoint
+
+
+def test_a_rank_above_the_sizes_is_trained_as_full_rank(tiny_corpus):
+    vocab = 13
+    cfg, changed = fit_rank(tiny_config(tiny_corpus, model={"cell": {"rounds": 3, "rank": 66}}), vocab)
+    assert cfg.model.cell["rank"] == 0 and changed == {"model.cell.rank": 0}
+    for rank in (24, 4, 0, -20):  # fits (embedding = hidden = 24), or already full rank
+        cfg, changed = fit_rank(tiny_config(tiny_corpus, model={"cell": {"rounds": 3, "rank": rank}}), vocab)
+        assert cfg.model.cell["rank"] == rank and changed == {}
+    budget = {"hidden_size": None, "num_params": 60_000, "input_embedding_ratio": 0.25,
+              "cell": {"rounds": 2, "rank": 90}}
+    cfg, changed = fit_rank(tiny_config(tiny_corpus, model=budget), vocab)  # no hidden size in budget fits k = 90
+    assert changed == {"model.cell.rank": 0}
+
+
+def test_every_shipped_space_loads_and_validates():
+    spaces = shipped_spaces()
+    assert {"mogrifier", "lstm", "enwik8-mogrifier", "enwik8-lstm", "dyneval-word", "dyneval-char"} <= set(spaces)
+    for name in spaces:
+        space, path = load_space(name)
+        if space.target == "train":
+            base = space.base or ("ptb-char-mogrifier-paper" if "mogrifier" in name else "ptb-char-lstm-paper")
+            prepare(space, name, base, [], None, Path("studies"))
+    mogrifier, _ = load_space("mogrifier")
+    table4 = {k: (p.low, p.high, p.log) for k, p in mogrifier.params.items()}
+    assert table4["train.learning_rate"] == (0.001, 0.004, True)
+    assert table4["model.cell.rank"] == (-20, 100, False) and table4["model.output_dropout"] == (0.0, 0.95, False)
+    assert load_space("dyneval-char")[0].params["dyneval.segment_length"].high == 50
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('bse = "x"\n[params]\n"train.learning_rate" = { low = 0.001, high = 0.004 }', "unknown key 'bse'"),
+        ('[params]\n"train.lerning_rate" = { low = 0.001, high = 0.004 }',
+         "params.train.lerning_rate: no such config field"),
+        ('[params]\n"train.learning_rate" = { low = 0.004, high = 0.001 }',
+         "params.train.learning_rate: low (0.004) must be below high (0.001)"),
+        ('[params]\n"train.l2_penalty" = { low = 0.0, high = 0.001, log = true }',
+         "params.train.l2_penalty: log spacing needs low > 0"),
+        ('[params]\n"train.learning_rate" = { low = 0.001, hi = 0.004 }',
+         "unknown key 'params.train.learning_rate.hi'"),
+        ('[budget]\ntrials = "many"\n[params]\n"train.learning_rate" = { low = 0.001, high = 0.004 }',
+         "budget.trials: Input should be a valid integer"),
+        ('[study]\nsampler = "vizier"\n[params]\n"train.learning_rate" = { low = 0.001, high = 0.004 }',
+         "study.sampler: Input should be 'gp', 'tpe' or 'random'"),
+        ("[params]\n", "params: Dictionary should have at least 1 item"),
+        ('base = "ptb-word-lstm-cpu"\n[params]\n"model.cell.rounds" = { low = 0, high = 6, int = true }',
+         "cell.rounds: unknown option for lstm"),
+    ],
+)
+def test_a_malformed_space_is_one_line_naming_the_field(text, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "bad.toml"
+    path.write_text(text + "\n")
+    assert main(["tune", str(path), "--base", "ptb-word-mogrifier-cpu"] if "base =" not in text
+                else ["tune", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_near_best_uses_each_parameters_range():
+    a, b, c = "model.state_dropout", "train.l2_penalty", "model.architecture"
+    space = validate_space({"params": {a: {"low": 0.0, "high": 1.0}, b: {"low": 1e-4, "high": 1.0, "log": True},
+                                       c: {"choices": ["lstm", "mogrifier"]}}})
+    dist = {a: optuna.distributions.FloatDistribution(0, 1),
+            b: optuna.distributions.FloatDistribution(1e-4, 1, log=True),
+            c: optuna.distributions.CategoricalDistribution(["lstm", "mogrifier"])}
+
+    def trial(x, y, z):
+        return optuna.trial.create_trial(params={a: x, b: y, c: z}, distributions=dist, value=1.0)
+
+    best = trial(0.5, 1e-2, "lstm")
+    trials = [best, trial(0.6, 1.2e-2, "lstm"), trial(0.7, 1e-2, "lstm"), trial(0.5, 1e-1, "lstm"),
+              trial(0.5, 1e-2, "mogrifier")]
+    assert near_best(trials, best, space, 0.15) == trials[:2]  # 1e-1 is 25% of b's log range away
