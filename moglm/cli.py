@@ -97,11 +97,22 @@ def _build_app():
         top_k: Optional[int] = typer.Option(None, help="Sample among the k most likely tokens."),
         seed: Optional[int] = typer.Option(None, help="Random seed."),
         checkpoint: str = typer.Option("best", help="best or last."),
+        prompt_file: Optional[Path] = typer.Option(None, help="Read the prompt from a file (a long text)."),
+        adapt: bool = typer.Option(False, help="Dynamic evaluation: adapt the weights to the prompt first."),
+        adapt_output: bool = typer.Option(False, help="Also adapt to the sample itself, segment by segment."),
+        adapt_lr: Optional[float] = typer.Option(None, help="Adaptation lr (default: dyneval/full.json's)."),
     ) -> None:
-        """Sample text from a trained run."""
+        """Sample text from a trained run (optionally adapting to the prompt and the output, thesis 5.2)."""
         from .train.run_directory import RunDirectory
 
-        typer.echo(_sample(RunDirectory(run_dir), prompt, tokens, temperature, top_k, seed, checkpoint))
+        if prompt_file is not None:
+            if prompt:
+                raise MoglmError("give --prompt or --prompt-file, not both")
+            if not prompt_file.is_file():
+                raise MoglmError(f"{prompt_file}: no such prompt file")
+            prompt = prompt_file.read_text().rstrip("\n")
+        typer.echo(_sample(RunDirectory(run_dir), prompt, tokens, temperature, top_k, seed, checkpoint,
+                           adapt or adapt_output, adapt_output, adapt_lr))
 
     @app.command()
     def configs() -> None:
@@ -152,6 +163,58 @@ def _build_app():
         if result.failed_workers:
             raise MoglmError("; ".join(result.failed_workers) + " (rerun the same command to continue the study)")
 
+    @app.command()
+    def dyneval(
+        run_dir: Path = typer.Argument(..., help="A run directory made by `moglm train`."),
+        split: list[str] = typer.Option([], help="Split(s) to evaluate (default: test)."),
+        rule: str = typer.Option("rms-rmsdecay", help="Update rule: sgd, sgd-decay, rms, rms-decay or rms-rmsdecay."),
+        lr: Optional[float] = typer.Option(None, help="Learning rate (default: 1e-4)."),
+        decay: Optional[float] = typer.Option(None, help="Decay towards the trained weights (default: 1e-3)."),
+        eps: Optional[float] = typer.Option(None, help="RMS stabiliser epsilon (default: 1e-3)."),
+        segment_length: Optional[int] = typer.Option(None, "--segment-length", "-n",
+                                                      help="Tokens per update (default: 5)."),
+        search: bool = typer.Option(False, help="Search lr, decay, eps and n on a validation prefix."),
+        search_tokens: int = typer.Option(10_000, help="Validation tokens the search scores each setting on."),
+        max_cost: Optional[float] = typer.Option(None, help="Search: at most this x the static CPU time."),
+        sparse: bool = typer.Option(False, help="Sparse dynamic evaluation: adapt only an H x H matrix per layer."),
+        sparse_units: int = typer.Option(100, help="Sparse: hidden units H each matrix transforms."),
+        sparse_layer: list[int] = typer.Option([], help="Sparse: adapted layer(s) (default: all)."),
+        streams: int = typer.Option(1, help="Streams side by side (full: shared weights)."),
+        episodic: Optional[bool] = typer.Option(None, "--episodic/--stream",
+                                                help="Reset weights and state at every boundary token, decay 0 "
+                                                "(default: as the run was trained)."),
+        boundary: Optional[str] = typer.Option(None, help="Episodic: the boundary token (default: <eos> or newline)."),
+        stats_fraction: float = typer.Option(0.01, help="RMS statistics: fraction of the training split."),
+        stats_batch_size: int = typer.Option(8, help="RMS statistics: streams per batch."),
+        max_tokens: Optional[int] = typer.Option(None, help="Evaluate only the first N tokens of each split."),
+        temperature: Optional[float] = typer.Option(None, help="Logit factor (default: results.json's, else 1)."),
+        margin: Optional[float] = typer.Option(None, help="Divergence guard: nats/token over static (default: 1)."),
+        checkpoint: str = typer.Option("best", help="best or last."),
+        device: Optional[str] = typer.Option(None, help="cpu, cuda, ... (default: the run's)."),
+        threads: Optional[int] = typer.Option(None, help="CPU threads for torch."),
+        progress: bool = typer.Option(True, help="Show progress bars."),
+    ) -> None:
+        """Dynamic evaluation: adapt the weights to the text while scoring it (Krause thesis ch. 4-5)."""
+        import torch
+
+        from .dynamic_evaluation import Hyperparameters, SparseSpec, StatisticsSettings
+        from .dynamic_evaluation.run import dyneval_run
+        from .train.run_directory import RunDirectory
+
+        if checkpoint not in ("best", "last"):
+            raise MoglmError(f"--checkpoint must be best or last, got {checkpoint!r}")
+        given = {"lr": lr, "decay": decay, "eps": eps, "segment_length": segment_length}
+        hp = Hyperparameters(rule=rule, **{k: v for k, v in given.items() if v is not None})
+        if threads is not None:
+            torch.set_num_threads(max(1, threads))
+        extra = {} if margin is None else {"margin": margin}
+        dyneval_run(RunDirectory(run_dir), tuple(split) or ("test",), hp, search=search, search_tokens=search_tokens,
+                    max_cost=max_cost, sparse=SparseSpec(sparse_units, tuple(sparse_layer) or None) if sparse else None,
+                    streams=streams, episodic=episodic, boundary=boundary,
+                    statistics=StatisticsSettings(stats_fraction, stats_batch_size), max_tokens=max_tokens,
+                    temperature=temperature, which=checkpoint, device=device, progress=progress, log=typer.echo,
+                    **extra)
+
     return app
 
 
@@ -170,14 +233,20 @@ def _seconds(text: Optional[str]) -> Optional[float]:
     return value
 
 
-def _sample(run, prompt, tokens, temperature, top_k, seed, checkpoint: str = "best") -> str:
+def _sample(run, prompt, tokens, temperature, top_k, seed, checkpoint: str = "best", adapt: bool = False,
+            adapt_output: bool = False, adapt_lr: Optional[float] = None) -> str:
     import torch
 
     from .sampling import sample
 
     model, _, vocab = run.load_model(checkpoint)
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
-    return sample(model, vocab, prompt, tokens, temperature, top_k, generator)
+    adapter = None
+    if adapt:
+        from .dynamic_evaluation.run import sampling_adapter
+
+        adapter = sampling_adapter(run, model, checkpoint, adapt_lr)
+    return sample(model, vocab, prompt, tokens, temperature, top_k, generator, adapter, adapt_output)
 
 
 def main(argv: list[str] | None = None) -> int:

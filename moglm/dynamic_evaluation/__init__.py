@@ -1,0 +1,29 @@
+"""Dynamic evaluation (Krause thesis ch. 4-5): adapt a language model to the text it is scoring.
+
+* :mod:`.update_rules` the five update rules (SGD, decay, global RMS, RMS decay; eq. 4.3-4.7)
+* :mod:`.statistics` global RMS gradient statistics from the training split, cached (eq. 4.4)
+* :mod:`.sparse` sparse dynamic evaluation: an adaptation matrix inside the recurrence (4.6, eq. 4.8)
+* :mod:`.evaluate` segments, updates, episodic mode, the divergence guard (4.3, eq. 4.2)
+* :mod:`.search` the hyperparameter search on a validation prefix (4.5, Mogrifier table 6)
+* :mod:`.analysis` loss against position, static vs dynamic (thesis figure 5.2)
+* :mod:`.run` a run directory's checkpoint end to end (``moglm dyneval``)
+"""
+
+from .evaluate import DynamicEvaluator, DynamicResult, dynamic_evaluate, static_pass
+from .sparse import SparseSpec
+from .statistics import StatisticsSettings, gradient_rms
+from .update_rules import DEFAULT_RULE, RULES, Hyperparameters, UpdateRule
+
+__all__ = [
+    "DEFAULT_RULE",
+    "RULES",
+    "DynamicEvaluator",
+    "DynamicResult",
+    "Hyperparameters",
+    "SparseSpec",
+    "StatisticsSettings",
+    "UpdateRule",
+    "dynamic_evaluate",
+    "gradient_rms",
+    "static_pass",
+]

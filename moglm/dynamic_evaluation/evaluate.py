@@ -1,0 +1,368 @@
+"""Dynamic evaluation of a stream (Krause thesis 4.3, eq. 4.2, algorithm 1; NOTES.md).
+
+The stream is cut into segments of ``n`` tokens. Each segment is scored with the current weights,
+then one update step (:mod:`.update_rules`) is taken on its loss, the mean per-token cross-entropy;
+gradients stop at the segment's start while the hidden state is carried across segments. The
+reported score is the sum of the scores each segment got *before* its own update, so it is a valid
+log-likelihood of the stream.
+
+Several streams (``streams=B``): the stream is cut into B contiguous stripes read side by side.
+Full dynamic evaluation adapts one set of weights shared by the stripes (one step per segment on
+the mean loss of all B x n tokens); every token is still predicted only from tokens read before it
+(in stripe-interleaved order), so the score stays a valid likelihood, but the adaptation mixes B
+places of the text. Sparse dynamic evaluation gives every stripe its own matrix (thesis 4.6's reason
+for the sparse variant): the loss is the sum over stripes of each stripe's mean, so stripe b's matrix
+moves exactly as it would alone.
+
+Episodic mode (``boundary`` token): the weights and the state are reset at every boundary (thesis 4.8:
+each song, "decay rate to zero"); every sequence is predicted from a leading boundary token, like
+:func:`moglm.evaluation.stream.evaluate_episodes`.
+
+Divergence guard: a segment with a non-finite loss, or after which the dynamic loss has exceeded the
+static model's loss on the same tokens by more than ``margin`` nats per token over the recent text (an
+exponential window of ``WINDOW`` = 50 positions, so that one surprising token does not count but a
+diverging run is caught within a segment: its losses grow by orders of magnitude), rolls the weights
+back to a snapshot at least ``SNAPSHOT_EVERY`` good updates old, halves the step size for the rest
+of the pass, and skips that segment's update; the carried state is recomputed with the restored
+weights. The static losses come from the static pass the result is compared with anyway (no extra
+forward pass). Measured on PTB (valid, tuned settings): the 50-position excess stays far below 1 nat
+for n = 1 to 20, while single tokens exceed it by up to 4 nats. A finite
+bad score is kept (it is what the model predicted); a non-finite one is replaced by the rescore under
+the restored weights (counted as ``rescored``), so the result is never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..data.batching import StreamBatches, split_sequences
+from ..errors import MoglmError
+from ..evaluation.scores import Scores
+from ..evaluation.stream import evaluate_stream
+from ..model.language_model import LanguageModel
+from ..progress import progress_bar
+from ..recurrence import gemm
+from .adapted import adapted_tensors
+from .sparse import SparseSpec
+from .update_rules import Hyperparameters, UpdateRule, uses_rms
+
+DEFAULT_MARGIN = 1.0  # nats per token above the static loss, over the recent WINDOW positions
+WINDOW = 50  # positions (tokens per stream) of the divergence guard's exponential window
+SNAPSHOT_EVERY = 100  # good updates between snapshots
+
+
+@contextmanager
+def _plain_gemm():
+    """The fused recurrences' ``torch.mm`` path (:data:`moglm.recurrence.gemm.ONEDNN` off): oneDNN
+    reorders every weight once per call, which pays off over a 70-step window of fixed weights but
+    dominates a 5-step segment whose weights change every time (measured 2x slower per segment)."""
+    saved = gemm.ONEDNN
+    gemm.ONEDNN = False
+    try:
+        yield
+    finally:
+        gemm.ONEDNN = saved
+
+
+def _detach(state):
+    if state is None:
+        return None
+    return state.detach() if isinstance(state, Tensor) else tuple(s.detach() for s in state)
+
+
+class DynamicEvaluator:
+    """Online adaptation of a private copy of ``model``: :meth:`step` scores one segment with the
+    current weights, then updates them on its loss. ``model`` itself never changes.
+
+    ``rms``: global RMS statistics by name (:mod:`.statistics`; needed by the ``rms*`` rules);
+    ``sparse``: adapt only the sparse matrices (one per stream); ``factor``: the logit factor (softmax
+    temperature) applied when scoring.
+    """
+
+    def __init__(
+        self,
+        model: LanguageModel,
+        hp: Hyperparameters = Hyperparameters(),
+        rms: dict[str, Tensor] | None = None,
+        sparse: SparseSpec | None = None,
+        streams: int = 1,
+        factor: float = 1.0,
+        margin: float = DEFAULT_MARGIN,
+        snapshot_every: int = SNAPSHOT_EVERY,
+    ) -> None:
+        if streams < 1:
+            raise MoglmError(f"streams must be >= 1, got {streams}")
+        self.hp, self.factor, self.margin, self.snapshot_every = hp, factor, margin, snapshot_every
+        self.adapted = adapted_tensors(model, sparse, streams if sparse is not None else None)
+        self.model = self.adapted.model
+        self.params = self.adapted.params
+        self.per_stream = sparse is not None
+        rms_list = None
+        if rms is not None and uses_rms(hp.rule):
+            missing = [n for n in self.adapted.names if n not in rms]
+            if missing:
+                raise MoglmError(f"RMS statistics lack {missing[0]} (collected for another model or mode?)")
+            rms_list = [rms[n].to(p.device) for n, p in zip(self.adapted.names, self.params)]
+            if self.per_stream:  # [H, H] statistics serve every stream's [B, H, H] matrix
+                rms_list = [r.expand_as(p).contiguous() for r, p in zip(rms_list, self.params)]
+        self.rule = UpdateRule(hp, self.adapted.initial, rms_list)
+        self.rollbacks = self.rescored = self.updates = 0
+        self._excess = 0.0  # recent mean excess of the dynamic over the static loss (nats / token)
+        self._snapshots = [self.adapted.initial]  # [older, newer]: rollbacks go to the older
+
+    # -- one segment ---------------------------------------------------------------------------------
+    def loss(self, nll: Tensor) -> Tensor:
+        """The segment loss: mean per-token nll (shared weights), or per stream (sparse matrices)."""
+        return nll.mean(0).sum() if self.per_stream else nll.mean()
+
+    def step(self, inputs: Tensor, targets: Tensor, state=None, static_nll: Tensor | None = None):
+        """Score ``targets`` ``[T, B]`` given ``inputs`` ``[T, B]`` and ``state``, then update. Returns the
+        per-token nll ``[T, B]`` (detached) and the final state. ``static_nll`` ``[T, B]``: the static
+        model's losses on the same tokens, for the divergence guard (``None``: non-finite check only)."""
+        with torch.enable_grad(), _plain_gemm():
+            nll, new_state = self.model.nll(inputs, targets, state, self.factor)  # [T, B]
+            scored = nll.detach()
+            if not self._diverged(scored, static_nll):
+                grads = torch.autograd.grad(self.loss(nll), self.params)
+                self.rule.apply(self.params, grads)
+                self._after_update()
+                return scored, _detach(new_state)
+        self.rollback()
+        with torch.no_grad():
+            rescored, new_state = self.model.nll(inputs, targets, state, self.factor)  # [T, B]
+            if not torch.isfinite(scored).all():
+                self.rescored += 1
+                if not torch.isfinite(rescored).all():  # even the snapshot fails: back to the trained weights
+                    self.reset(keep_lr_scale=True)
+                    rescored, new_state = self.model.nll(inputs, targets, state, self.factor)
+                    if not torch.isfinite(rescored).all():
+                        raise MoglmError("the trained weights themselves give a non-finite loss on this text")
+                scored = rescored
+        return scored, _detach(new_state)
+
+    def adapt_to(self, inputs: Tensor, targets: Tensor, state=None):
+        """Read ``inputs`` ``[T, B]`` segment by segment, updating after each; returns the final state."""
+        n = self.hp.segment_length
+        for start in range(0, inputs.shape[0], n):
+            _, state = self.step(inputs[start : start + n], targets[start : start + n], state)
+        return state
+
+    def _diverged(self, nll: Tensor, static_nll: Tensor | None) -> bool:
+        """Non-finite, or the recent excess over the static loss is above the margin."""
+        total = float(nll.double().mean())
+        if not math.isfinite(total):
+            return True
+        if static_nll is None:
+            return False
+        keep = (1.0 - 1.0 / WINDOW) ** nll.shape[0]  # an exponential window of WINDOW positions
+        self._excess = keep * self._excess + (1.0 - keep) * (total - float(static_nll.double().mean()))
+        return self._excess > self.margin
+
+    def _after_update(self) -> None:
+        self.updates += 1
+        if self.updates % self.snapshot_every == 0:
+            with torch.no_grad():
+                self._snapshots = [self._snapshots[-1], [p.detach().clone() for p in self.params]]
+
+    @torch.no_grad()
+    def rollback(self) -> None:
+        """Restore the older snapshot and halve the step size."""
+        self.rollbacks += 1
+        self.rule.lr_scale *= 0.5
+        self._excess = 0.0
+        torch._foreach_copy_(self.params, self._snapshots[0])
+        self._snapshots = self._snapshots[:1]
+
+    @torch.no_grad()
+    def reset(self, keep_lr_scale: bool = False) -> None:
+        """Back to the starting weights (the trained ones, or zero matrices)."""
+        torch._foreach_copy_(self.params, self.adapted.initial)
+        self._snapshots = [self.adapted.initial]
+        self._excess = 0.0
+        if not keep_lr_scale:
+            self.rule.lr_scale = 1.0
+
+
+@dataclass
+class Timing:
+    """Wall-clock seconds, and this process's CPU seconds: the cost measure, since on a shared machine
+    other jobs change the wall clock of one pass and not of the next."""
+
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+
+    @contextmanager
+    def measure(self):
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            yield self
+        finally:
+            self.seconds += time.perf_counter() - wall
+            self.cpu_seconds += time.process_time() - cpu
+
+
+@dataclass
+class StaticPass:
+    """The static evaluation a dynamic one is compared with: scores, per-token losses ``[L, B]``, time."""
+
+    scores: Scores
+    losses: Tensor
+    timing: Timing
+
+
+@dataclass
+class DynamicResult:
+    """Dynamic and static scores of one pass; per-token losses ``[L, B]`` (stream order per stripe;
+    episodic: ``[N, 1]`` with ``episodes`` the sequence lengths)."""
+
+    scores: Scores
+    static: Scores
+    losses: Tensor
+    static_losses: Tensor
+    hyperparameters: Hyperparameters
+    timing: Timing
+    static_timing: Timing
+    rollbacks: int = 0
+    rescored: int = 0
+    lr_scale: float = 1.0
+    episodes: list[int] | None = None
+
+    @property
+    def gain(self) -> float:
+        """Relative perplexity reduction, ``1 - ppl_dynamic / ppl_static``."""
+        return 1.0 - math.exp(min(self.scores.xent - self.static.xent, 700.0))
+
+    @property
+    def cost(self) -> float:
+        """CPU time of the dynamic pass over that of the static pass."""
+        return self.timing.cpu_seconds / max(self.static_timing.cpu_seconds, 1e-9)
+
+    def as_dict(self) -> dict:
+        return {
+            "hyperparameters": self.hyperparameters.as_dict(),
+            "static": self.static.as_dict(),
+            "dynamic": self.scores.as_dict(),
+            "perplexity_reduction": self.gain,
+            "rollbacks": self.rollbacks,
+            "rescored_segments": self.rescored,
+            "final_lr_scale": self.lr_scale,
+            "seconds": self.timing.seconds,
+            "cpu_seconds": self.timing.cpu_seconds,
+            "static_seconds": self.static_timing.seconds,
+            "static_cpu_seconds": self.static_timing.cpu_seconds,
+            "cost": self.cost,
+        }
+
+
+def static_pass(model: LanguageModel, ids: np.ndarray, streams: int = 1, bptt: int = 70, factor: float = 1.0,
+                words: int | None = None, progress: bool = False) -> StaticPass:
+    """The static evaluation (:func:`moglm.evaluation.stream.evaluate_stream`), timed, per token."""
+    timing = Timing()
+    with timing.measure():
+        scores, losses = evaluate_stream(model, ids, streams, bptt, factor, words=words, progress=progress,
+                                         desc="static", per_token=True)
+    return StaticPass(scores, losses, timing)
+
+
+def dynamic_evaluate(
+    model: LanguageModel,
+    ids: np.ndarray,
+    hp: Hyperparameters = Hyperparameters(),
+    rms: dict[str, Tensor] | None = None,
+    *,
+    sparse: SparseSpec | None = None,
+    streams: int = 1,
+    boundary: int | None = None,
+    factor: float = 1.0,
+    max_tokens: int | None = None,
+    words: int | None = None,
+    static: StaticPass | None = None,
+    static_bptt: int = 70,
+    margin: float = DEFAULT_MARGIN,
+    progress: bool = False,
+    desc: str = "dyneval",
+) -> DynamicResult:
+    """Dynamic evaluation of ``model`` on ``ids`` (a 1-D token stream); ``model`` is left unchanged.
+
+    ``static``: a :func:`static_pass` result of the same ids and streams to reuse (e.g. across a
+    search); otherwise it is computed here (bptt ``static_bptt``). ``boundary``: a token id that ends
+    every sequence for episodic mode (one stream, weights and state reset after each).
+    """
+    ids = np.asarray(ids)
+    if boundary is not None:
+        if streams != 1:
+            raise MoglmError("episodic dynamic evaluation reads one stream (streams must be 1)")
+        return _episodic(model, ids if max_tokens is None else ids[:max_tokens], hp, rms, sparse, boundary,
+                         factor, margin, progress, desc)
+    if max_tokens is not None:
+        ids = ids[: max_tokens + streams]  # as evaluate_stream: each stripe's last token is only a target
+    if static is None:
+        static = static_pass(model, ids, streams, static_bptt, factor, words, progress)
+    batches = StreamBatches(ids, streams, hp.segment_length)
+    if static.losses.shape != (batches.data.shape[0] - 1, streams):
+        raise MoglmError("the static losses given do not belong to this stream")
+    timing = Timing()
+    out, state = [], None
+    bar = progress_bar(len(batches), desc, hp.segment_length * streams, enabled=progress)
+    try:
+        with timing.measure():
+            evaluator = DynamicEvaluator(model, hp, rms, sparse, streams, factor, margin)
+            device = evaluator.params[0].device
+            for i, batch in enumerate(batches):
+                start = i * hp.segment_length
+                reference = static.losses[start : start + batch.targets.shape[0]].to(device)  # [T, B]
+                nll, state = evaluator.step(batch.inputs.to(device), batch.targets.to(device), state, reference)
+                out.append(nll.cpu())  # [T, B]
+                bar.update(1)
+    finally:
+        bar.close()
+    losses = torch.cat(out)  # [L, B]
+    scores = Scores(float(losses.double().sum()), losses.numel(), static.scores.words)
+    return DynamicResult(scores, static.scores, losses, static.losses, hp, timing, static.timing, evaluator.rollbacks,
+                         evaluator.rescored, evaluator.rule.lr_scale)
+
+
+def _episodic(model, ids, hp, rms, sparse, boundary, factor, margin, progress, desc) -> DynamicResult:
+    """One sequence at a time from a zero state and the trained weights (thesis 4.8)."""
+    sequences = split_sequences(ids, boundary)
+    hp = hp.with_(decay=0.0)  # the weights restart at every boundary: no decay (thesis 4.8)
+    if not sequences:
+        raise MoglmError("episodic dynamic evaluation: no sequences in the stream")
+    timing, static_timing = Timing(), Timing()
+    with timing.measure():
+        evaluator = DynamicEvaluator(model, hp, rms, sparse, 1, factor, margin)
+    device = evaluator.params[0].device
+    dyn, stat = [], []
+    bar = progress_bar(len(sequences), desc, 1, enabled=progress)
+    was_training = model.training
+    model.eval()
+    try:
+        for seq in sequences:
+            targets = torch.as_tensor(seq, dtype=torch.long, device=device).view(-1, 1)  # [N, 1]
+            inputs = torch.cat([targets.new_full((1, 1), boundary), targets[:-1]])  # [N, 1]
+            with static_timing.measure(), torch.no_grad():
+                static_nll, _ = model.nll(inputs, targets, None, factor)  # [N, 1]
+            with timing.measure():
+                evaluator.reset()
+                state = None
+                for s in range(0, len(seq), hp.segment_length):
+                    e = min(s + hp.segment_length, len(seq))
+                    nll, state = evaluator.step(inputs[s:e], targets[s:e], state, static_nll[s:e])
+                    dyn.append(nll.cpu())
+            stat.append(static_nll.cpu())
+            bar.update(1)
+    finally:
+        bar.close()
+        model.train(was_training)
+    losses, static_losses = torch.cat(dyn), torch.cat(stat)  # [N, 1] each
+    return DynamicResult(Scores(float(losses.double().sum()), losses.numel()),
+                         Scores(float(static_losses.double().sum()), static_losses.numel()), losses, static_losses,
+                         hp, timing, static_timing, evaluator.rollbacks, evaluator.rescored, evaluator.rule.lr_scale,
+                         episodes=[len(s) for s in sequences])

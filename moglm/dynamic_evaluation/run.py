@@ -1,0 +1,208 @@
+"""Dynamic evaluation of a trained run (``moglm dyneval``): statistics, search, splits, report.
+
+Files written to the run directory::
+
+    dyneval/rms-<key>.safetensors     global RMS statistics (keyed by checkpoint and settings)
+    dyneval/<tag>.json                settings, search trials, static vs dynamic scores, timings,
+                                      rollbacks and the loss-by-position profile of every split
+    dyneval/<tag>-<split>.png         the loss-by-position plot (thesis figure 5.2)
+
+``<tag>`` is ``full`` or ``sparse``, with ``-episodic`` in episodic mode. ``moglm sample --adapt``
+reads the settings of ``dyneval/full.json`` when it exists.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import MoglmError
+from ..train.build import load_data
+from ..train.checkpoint import atomic_write_text
+from ..train.run_directory import RunDirectory
+from ..train.trainer import resolve_device, separator_id
+from .analysis import plot_profile, position_profile
+from .evaluate import DEFAULT_MARGIN, DynamicEvaluator, dynamic_evaluate, static_pass
+from .search import ORDER, ORDER_WITH_BUDGET, coordinate_search
+from .sparse import SparseSpec
+from .statistics import StatisticsSettings, cache_key, gradient_rms, load_or_collect
+from .update_rules import Hyperparameters, uses_rms
+
+
+def load_corpus_for(run: RunDirectory, purpose: str):
+    """The run's corpus, or a one-line error saying what it was needed for."""
+    cfg = run.load_config()
+    try:
+        return load_data(cfg.data)
+    except MoglmError as e:
+        raise MoglmError(f"{run.path}: {purpose} needs the run's training data, which cannot be read: {e}") from None
+
+
+def run_statistics(run: RunDirectory, which: str, model, train_ids: np.ndarray, sparse: SparseSpec | None,
+                   settings: StatisticsSettings, progress: bool = True, log: Callable[[str], None] = print):
+    """Global RMS statistics of a run's checkpoint, from the cache in ``dyneval/`` or collected."""
+    pointer = run.checkpoints.pointer(which)
+    if pointer is None:
+        raise MoglmError(f"{run.path}: no {which} checkpoint yet")
+    if len(train_ids) == 0:
+        raise MoglmError(f"{run.path}: the training split is empty; RMS statistics need training data")
+    checkpoint = {"dir": pointer["dir"], "weights": pointer.get("weights", "model")}
+    spec = None if sparse is None else sparse.as_dict(model)
+    path = run.path / "dyneval" / f"rms-{cache_key(checkpoint, settings, spec)}.safetensors"
+    names = [n for n, _ in model.named_parameters()] if sparse is None else sparse.names(model)
+    metadata = {"checkpoint": checkpoint, "fraction": settings.fraction, "batch_size": settings.batch_size,
+                "bptt": settings.bptt, "sparse": spec}
+    return load_or_collect(path, names, lambda: gradient_rms(model, train_ids, settings, sparse, progress),
+                           metadata, log)
+
+
+def saved_settings(run: RunDirectory, tag: str = "full") -> tuple[Hyperparameters, StatisticsSettings] | None:
+    """The hyperparameters and statistics settings a previous ``moglm dyneval`` used
+    (``dyneval/<tag>.json``), if any."""
+    path = run.path / "dyneval" / f"{tag}.json"
+    if not path.is_file():
+        return None
+    try:
+        report = json.loads(path.read_text())
+        return Hyperparameters(**report["hyperparameters"]), StatisticsSettings(**(report["statistics"] or {}))
+    except (ValueError, KeyError, TypeError, MoglmError):
+        return None
+
+
+def sampling_adapter(run: RunDirectory, model, which: str = "best", lr: float | None = None) -> DynamicEvaluator:
+    """An adapter for ``moglm sample --adapt``: the settings of ``dyneval/full.json`` when a previous
+    ``moglm dyneval`` wrote one, else the defaults; ``lr`` overrides the learning rate."""
+    hp, statistics = saved_settings(run) or (Hyperparameters(), StatisticsSettings())
+    if lr is not None:
+        hp = hp.with_(lr=lr)
+    rms = None
+    if uses_rms(hp.rule):
+        train = load_corpus_for(run, "adapting while sampling")["train"]
+        rms = run_statistics(run, which, model, train, None, statistics, False, lambda m: print(m, file=sys.stderr))
+    return DynamicEvaluator(model, hp, rms)
+
+
+def dyneval_run(
+    run: RunDirectory,
+    splits: tuple[str, ...] = ("test",),
+    hp: Hyperparameters = Hyperparameters(),
+    search: bool = False,
+    search_tokens: int = 10_000,
+    max_cost: float | None = None,
+    sparse: SparseSpec | None = None,
+    streams: int = 1,
+    episodic: bool | None = None,
+    boundary: str | None = None,
+    statistics: StatisticsSettings = StatisticsSettings(),
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+    margin: float = DEFAULT_MARGIN,
+    which: str = "best",
+    device: str | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+    write: bool = True,
+) -> dict[str, Any]:
+    """Dynamic evaluation of a run's checkpoint on ``splits`` (optionally after a search on the first
+    ``search_tokens`` validation tokens, among settings that take at most ``max_cost`` times the CPU
+    time of static evaluation); returns (and writes) the report. ``temperature=None``: the
+    logit factor of the run's ``results.json`` (what ``moglm evaluate`` reported), else 1.
+    ``episodic=None``: episodic when the run was trained on episodes (``data.episodic``)."""
+    for split in splits:
+        if split not in ("train", "valid", "test"):
+            raise MoglmError(f"split must be train, valid or test, got {split!r}")
+    if streams < 1:
+        raise MoglmError(f"streams must be >= 1, got {streams}")
+    cfg = run.load_config()
+    episodic = cfg.data.episodic if episodic is None else episodic
+    if episodic and streams != 1:
+        raise MoglmError("episodic dynamic evaluation reads one stream (streams must be 1)")
+    model, _, vocab = run.load_model(which, resolve_device(device or cfg.train.device))
+    corpus = load_corpus_for(run, "dynamic evaluation")
+    factor = temperature if temperature is not None else _run_temperature(run)
+    boundary_id = None
+    if episodic:
+        if boundary is None:
+            boundary_id = separator_id(corpus)
+        elif boundary in vocab.stoi:
+            boundary_id = vocab.stoi[boundary]
+        else:
+            raise MoglmError(f"boundary token {boundary!r} is not in the vocabulary")
+        hp = hp.with_(decay=0.0)
+        log("episodic: weights and state reset at every boundary, decay 0")
+    rms = None
+    if uses_rms(hp.rule):
+        rms = run_statistics(run, which, model, corpus["train"], sparse, statistics, progress, log)
+    report: dict[str, Any] = {
+        "checkpoint": {"which": which, "step": run.checkpoints.pointer(which)["step"]},
+        "mode": "sparse" if sparse else "full", "sparse": None if sparse is None else sparse.as_dict(model),
+        "streams": streams, "episodic": episodic, "temperature": factor, "level": corpus.format,
+        "statistics": None if rms is None else vars(statistics), "divergence_margin": margin, "search": None,
+    }
+    options = dict(sparse=sparse, streams=streams, boundary=boundary_id, factor=factor, margin=margin)
+    if search:
+        hp, report["search"] = _search(model, corpus["valid"], hp, rms, search_tokens, max_cost, cfg.train.bptt,
+                                       corpus.format, options, log)
+    report["hyperparameters"] = hp.as_dict() | {"rule": hp.rule, "segment_length": hp.segment_length}
+    report["splits"] = {}
+    tag = ("sparse" if sparse else "full") + ("-episodic" if episodic else "")
+    for split in splits:
+        ids = corpus[split] if max_tokens is None else corpus[split][: max_tokens + streams]
+        static = None
+        if not episodic:
+            static = static_pass(model, ids, streams, cfg.train.bptt, factor, corpus.words.get(split)
+                                 if max_tokens is None else None, progress)
+        result = dynamic_evaluate(model, ids, hp, rms, static=static, progress=progress, desc=split, **options)
+        profile = position_profile(result.static_losses, result.losses, result.episodes)
+        report["splits"][split] = result.as_dict() | {"profile": profile}
+        log(f"{split}: static {result.static.headline(corpus.format)} -> "
+            f"dynamic {result.scores.headline(corpus.format)}"
+            f" (perplexity {-result.gain:+.1%}); {result.rollbacks} rollbacks; "
+            f"{result.timing.seconds:.1f}s, {result.cost:.1f}x the static CPU time")
+        if write:
+            plot_profile(profile, run.path / "dyneval" / f"{tag}-{split}.png",
+                         f"{run.path.name} {split}: {tag} dynamic evaluation")
+    if write:
+        path = run.path / "dyneval" / f"{tag}.json"
+        atomic_write_text(path, json.dumps(report, indent=1))
+        log(f"report: {path}")
+    return report
+
+
+def _run_temperature(run: RunDirectory) -> float:
+    if run.results_path.is_file():
+        try:
+            return float(json.loads(run.results_path.read_text()).get("temperature", 1.0))
+        except (ValueError, TypeError):
+            pass
+    return 1.0
+
+
+def _search(model, valid: np.ndarray, hp: Hyperparameters, rms, tokens: int, max_cost: float | None, bptt: int,
+            level: str, options: dict, log: Callable[[str], None]) -> tuple[Hyperparameters, dict]:
+    """Coordinate search on the validation prefix; ``max_cost``: rule out settings that take more than
+    this many times the CPU time of the prefix's static evaluation."""
+    streams, episodic = options["streams"], options["boundary"] is not None
+    prefix = valid[: tokens + streams] if not episodic else valid[:tokens]
+    static = None if episodic else static_pass(model, prefix, streams, bptt, options["factor"])
+    log(f"searching on the first {len(prefix):,} validation tokens"
+        + ("" if static is None else f" (static xent {static.scores.xent:.4f})"))
+
+    def score(candidate: Hyperparameters) -> tuple[float, dict]:
+        result = dynamic_evaluate(model, prefix, candidate, rms, static=static, **options)
+        feasible = max_cost is None or result.cost <= max_cost
+        return (result.scores.xent if feasible else float("inf")), {"xent": result.scores.xent, "cost": result.cost}
+
+    longest = 20 if level == "word" else 50  # Mogrifier paper appendix A
+    order = ORDER if max_cost is None else ORDER_WITH_BUDGET
+    if max_cost is not None:
+        hp = hp.with_(segment_length=longest)
+    order = tuple(c for c in order if not (episodic and c == "decay"))  # episodic: decay stays 0
+    best, trials = coordinate_search(score, hp, order, longest, log)
+    log(f"best: {best.label()}")
+    if not any(t["objective"] < float("inf") for t in trials):
+        raise MoglmError(f"search: no setting ran within {max_cost}x the static evaluation time")
+    return best, {"tokens": len(prefix), "max_cost": max_cost, "trials": trials, "best": best.as_dict()}

@@ -1,0 +1,130 @@
+"""Update rules of dynamic evaluation (Krause thesis 4.5, eq. 4.3-4.7; NOTES.md "Dynamic evaluation").
+
+Every rule is one step ``th <- th - s * g + w * (th0 - th)`` from the current weights ``th``, the
+gradient ``g`` of a segment's loss and the trained weights ``th0``, with a per-rule step scale ``s`` and
+decay weight ``w``:
+
+=================  ==========================  ==========================================
+rule               step scale ``s``            decay weight ``w``
+=================  ==========================  ==========================================
+``sgd``            ``lr``                      0
+``sgd-decay``      ``lr``                      ``lam``                      (eq. 4.3)
+``rms``            ``lr / (rms + eps)``        0
+``rms-decay``      ``lr / (rms + eps)``        ``lam``                      (eq. 4.5)
+``rms-rmsdecay``   ``lr / (rms + eps)``        ``lam * min(1/lam, rms / mean(rms))``  (eq. 4.6-4.7)
+=================  ==========================  ==========================================
+
+``rms`` is the root mean squared gradient of the training loss ("global RMS", eq. 4.4; see
+:mod:`.statistics`), elementwise; ``mean(rms)`` is its mean over every adapted scalar (eq. 4.6), and
+the clip at ``1/lam`` keeps every parameter's decay weight at most 1. ``rms-rmsdecay`` is the thesis'
+final rule and the default.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+import torch
+from torch import Tensor
+
+from ..errors import MoglmError
+
+RULES = ("sgd", "sgd-decay", "rms", "rms-decay", "rms-rmsdecay")
+DEFAULT_RULE = "rms-rmsdecay"
+
+
+def uses_rms(rule: str) -> bool:
+    """Whether ``rule`` divides by the global RMS gradient (and so needs training statistics)."""
+    return rule.startswith("rms")
+
+
+def uses_decay(rule: str) -> bool:
+    """Whether ``rule`` has a decay term towards the trained weights."""
+    return rule.endswith("decay")
+
+
+@dataclass(frozen=True)
+class Hyperparameters:
+    """One dynamic-evaluation setting. ``lr``: learning rate eta; ``decay``: lambda (ignored by the
+    rules without decay); ``eps``: the RMS stabiliser (ignored by the SGD rules); ``segment_length``: n,
+    the tokens per segment (eq. 4.2). The defaults were tuned on a CPU-budget PTB word model (see the
+    README); run a search (:mod:`.search`) for another model."""
+
+    rule: str = DEFAULT_RULE
+    lr: float = 1e-4
+    decay: float = 1e-3
+    eps: float = 1e-3
+    segment_length: int = 5
+
+    def __post_init__(self) -> None:
+        if self.rule not in RULES:
+            raise MoglmError(f"unknown dynamic-evaluation rule {self.rule!r} (choose from {', '.join(RULES)})")
+        if isinstance(self.segment_length, bool) or not isinstance(self.segment_length, int) or self.segment_length < 1:
+            raise MoglmError(f"segment length must be an integer >= 1, got {self.segment_length!r}")
+        for name in ("lr", "decay", "eps"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise MoglmError(f"dynamic-evaluation {name} must be a finite number >= 0, got {value!r}")
+        if uses_decay(self.rule) and self.decay > 1:
+            raise MoglmError(f"dynamic-evaluation decay must be <= 1, got {self.decay}")
+
+    def with_(self, **changes) -> "Hyperparameters":
+        return replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        if not uses_decay(self.rule):
+            d.pop("decay")
+        if not uses_rms(self.rule):
+            d.pop("eps")
+        return d
+
+    def label(self) -> str:
+        return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in self.as_dict().items())
+
+
+class UpdateRule:
+    """The per-parameter coefficients of one rule, precomputed once, and the in-place step.
+
+    ``initial``: the trained values th0 of the adapted tensors; ``rms``: their global RMS gradients
+    (same shapes; required by the ``rms*`` rules). ``lr_scale`` multiplies the step size; the divergence
+    guard halves it after a rollback.
+    """
+
+    def __init__(self, hp: Hyperparameters, initial: list[Tensor], rms: list[Tensor] | None = None) -> None:
+        self.hp = hp
+        self.initial = initial
+        self.lr_scale = 1.0
+        self.step_scale: list[Tensor] | None = None  # per parameter: 1 / (rms + eps); None: 1 (SGD)
+        self.decay_weight: list[Tensor] | float = hp.decay if uses_decay(hp.rule) else 0.0
+        if uses_rms(hp.rule):
+            if rms is None:
+                raise MoglmError(
+                    f"rule {hp.rule} needs the global RMS gradient statistics of the training split "
+                    "(collect them with moglm.dynamic_evaluation.gradient_rms, or use rule sgd / sgd-decay)"
+                )
+            if len(rms) != len(initial) or any(r.shape != p.shape for r, p in zip(rms, initial)):
+                raise MoglmError("RMS statistics do not match the adapted parameters (collected for another model?)")
+            self.step_scale = [1.0 / (r.to(p) + hp.eps) for r, p in zip(rms, initial)]  # each like its parameter
+            if hp.rule == "rms-rmsdecay" and hp.decay > 0:
+                count = sum(r.numel() for r in rms)
+                mean = sum(float(r.double().sum()) for r in rms) / max(count, 1)  # avg(sqrt(MS_g)), eq. 4.6
+                # lam * min(1/lam, rms_norm) == min(1, lam * rms_norm) (eq. 4.7): each weight in [0, 1]
+                scale = hp.decay / max(mean, 1e-30)
+                self.decay_weight = [(r.to(p) * scale).clamp_(max=1.0) for r, p in zip(rms, initial)]
+
+    @torch.no_grad()
+    def apply(self, params: list[Tensor], grads: list[Tensor]) -> None:
+        """``th <- th - lr_scale * lr * s * g + w * (th0 - th)``, in place, both terms from the old ``th``."""
+        if isinstance(self.decay_weight, list):
+            torch._foreach_lerp_(params, self.initial, self.decay_weight)  # th + w * (th0 - th)
+        elif self.decay_weight > 0:
+            torch._foreach_lerp_(params, self.initial, self.decay_weight)
+        lr = self.hp.lr * self.lr_scale
+        if lr == 0:
+            return
+        if self.step_scale is None:
+            torch._foreach_add_(params, grads, alpha=-lr)
+        else:
+            torch._foreach_addcmul_(params, grads, self.step_scale, value=-lr)
