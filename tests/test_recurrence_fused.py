@@ -11,7 +11,7 @@ import torch
 
 import moglm
 from moglm.cells import LSTMCell, MogrifierLSTMCell
-from moglm.recurrence import FusedFallbackWarning, fallback, gemm, run_layer
+from moglm.recurrence import FusedFallbackWarning, fallback, fused_cell, gemm, run_layer
 from moglm.stack import RecurrentStack
 
 D = torch.float64
@@ -105,6 +105,29 @@ def test_gemm_helpers_match_torch_mm(monkeypatch):
     torch.testing.assert_close(gemm.matmul_tn(a, c), a.t() @ c, rtol=1e-4, atol=1e-4)
     monkeypatch.setattr(gemm, "ONEDNN", False)
     assert not gemm.Linear(w).onednn
+
+
+DEVICE_AGNOSTIC = [
+    lambda **kw: moglm.MogrifierLSTM(M, H, 2, rounds=5, rank=2, state_dropout=0.3, **kw),
+    lambda **kw: moglm.MogrifierLSTM(M, H, 2, rounds=4, rank=0, zigzag=False, capped_input_gate=True, **kw),
+    lambda **kw: moglm.LSTM(M, H, 2, state_dropout=0.3, **kw),
+    lambda **kw: moglm.MultiplicativeLSTM(M, H, 2, state_dropout=0.3, **kw),
+]
+
+
+@pytest.mark.parametrize("make", DEVICE_AGNOSTIC, ids=["mogrifier", "mogrifier_full", "lstm", "multiplicative_lstm"])
+def test_the_non_cpu_code_path_matches_reference(make, monkeypatch):
+    """What CUDA runs (torch.mm, torch.tanh) checked on CPU in float64, and shapes checked on 'meta'."""
+    monkeypatch.setattr(gemm, "ONEDNN", False)
+    monkeypatch.setattr(fused_cell, "SIGMOID_TANH_DEVICES", set())
+    model = make(dtype=D).train()
+    assert_parity(model, model.num_layers)
+    meta = make(device="meta", backend="fused").train()
+    x = torch.empty(T, B, M, device="meta", requires_grad=True)
+    y, (h, c) = meta(x)
+    y.sum().backward()
+    assert "Fused" in type(y.grad_fn).__name__ and x.grad.shape == x.shape
+    assert all(p.grad.shape == p.shape for p in meta.parameters())
 
 
 @pytest.mark.parametrize(

@@ -42,6 +42,8 @@ def _autocast_enabled(device_type: str) -> bool:
         return torch.is_autocast_enabled(device_type)
     except TypeError:  # torch < 2.4
         return torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
+    except RuntimeError:  # a device type without autocast (meta ...)
+        return False
 
 
 def runtime_reason(tensors: Sequence[Tensor | None], h_mask: Tensor | None) -> str | None:

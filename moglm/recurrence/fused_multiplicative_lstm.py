@@ -18,17 +18,8 @@ import torch
 from torch import Tensor
 
 from ..cells.base import Params
-from .fallback import double_backward_by_reference
-from .fused_lstm import (
-    h_prev_all,
-    prepared_lstm_weights,
-    cell_backward,
-    cell_forward,
-    flatten_saved,
-    gate_permutation,
-    layer_spec,
-    unflatten_saved,
-)
+from .fused_cell import cell_backward, cell_forward, gate_permutation, h_prev_all, lstm_weights
+from .fused_lstm import FusedLSTMFunction, run_fused
 from .gemm import CHUNK_ROWS, Linear, matmul_tn
 
 
@@ -36,7 +27,7 @@ def mlstm_forward(spec, xs: Tensor, h0: Tensor, c0: Tensor, mask: Tensor | None,
     """Run the window; returns ``(ys [T, B, n], h_T, c_T, saved or None)``."""
     T, B, m = xs.shape
     n = spec.hidden_size
-    w_ih, w_hh, bias = prepared_lstm_weights(spec, p, xs.device)
+    w_ih, w_hh, bias = lstm_weights(p, n, xs.device, forward=True)
     gates_x = Linear(w_ih, bias, CHUNK_ROWS)  # x -> W_ih x + b
     gates_m = Linear(w_hh, None, B)  # m -> W_hh m (+ the input part)
     proj_h = Linear(p["weight_mh"], None, B)  # h~ -> W_mh h~
@@ -74,7 +65,7 @@ def mlstm_backward(spec, needs, xs, h0, c0, mask, p: Params, ys, saved, dys, dh_
     """Gradients for ``(xs, h0, c0, mask, *params)`` (``None`` where ``needs`` is False)."""
     T, B, m = xs.shape
     n = spec.hidden_size
-    w_ih, w_hh, _ = prepared_lstm_weights(spec, p, xs.device)
+    w_ih, w_hh, _ = lstm_weights(p, n, xs.device, forward=False)
     acts, a_h, cs, ms, hm, x_m = (saved[k] for k in ("acts", "a_h", "cs", "ms", "hm", "x_m"))
     d_m = Linear(w_hh.t(), None, B)  # dG -> dm
     d_h = Linear(p["weight_mh"].t(), None, B)  # d(W_mh h~) -> dh~
@@ -113,40 +104,13 @@ def mlstm_backward(spec, needs, xs, h0, c0, mask, p: Params, ys, saved, dys, dh_
     return tuple(g if need else None for g, need in zip(grads, needs))
 
 
-class FusedMultiplicativeLSTMFunction(torch.autograd.Function):
+class FusedMultiplicativeLSTMFunction(FusedLSTMFunction):
     """``apply(spec, cell, xs, h0, c0, mask, *params) -> (ys, h_T, c_T)`` over a whole window."""
 
-    @staticmethod
-    def forward(ctx, spec, cell, xs, h0, c0, mask, *params):
-        ys, h_T, c_T, saved = mlstm_forward(spec, xs, h0, c0, mask, dict(zip(spec.names, params)), save=True)
-        ctx.spec, ctx.cell = spec, cell
-        flat, ctx.layout = flatten_saved(saved)
-        ctx.save_for_backward(xs, h0, c0, mask, *params, ys, *flat)
-        return ys, h_T, c_T
-
-    @staticmethod
-    def backward(ctx, dys, dh_T, dc_T):
-        spec = ctx.spec
-        tensors = ctx.saved_tensors
-        k = 4 + len(spec.names)
-        needs = ctx.needs_input_grad[2:]
-        if torch.is_grad_enabled():  # create_graph=True: differentiate the reference loop instead
-            grads = double_backward_by_reference(ctx.cell, spec.names, needs, tensors[:k], (dys, dh_T, dc_T))
-            return (None, None, *grads)
-        xs, h0, c0, mask = tensors[:4]
-        p = dict(zip(spec.names, tensors[4:k]))
-        saved = unflatten_saved(tensors[k + 1 :], ctx.layout)
-        return (None, None, *mlstm_backward(spec, needs, xs, h0, c0, mask, p, tensors[k], saved, dys, dh_T, dc_T))
+    forward_impl = staticmethod(mlstm_forward)
+    backward_impl = staticmethod(mlstm_backward)
 
 
 def fused_multiplicative_lstm_layer(cell, params: Params, xs: Tensor, state, h_mask: Tensor | None):
     """Run a multiplicative LSTM layer over ``xs`` ``[T, B, m]``; returns ``(ys, (h_T, c_T))``."""
-    spec = layer_spec(cell, params)
-    xs = xs.contiguous()
-    h0, c0 = (s.contiguous() for s in state)
-    values = tuple(params.values())
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (xs, h0, c0, *values)):
-        ys, h_T, c_T = FusedMultiplicativeLSTMFunction.apply(spec, cell, xs, h0, c0, h_mask, *values)
-    else:
-        ys, h_T, c_T, _ = mlstm_forward(spec, xs, h0, c0, h_mask, params, save=False)
-    return ys, (h_T, c_T)
+    return run_fused(FusedMultiplicativeLSTMFunction, cell, params, xs, state, h_mask)

@@ -1,0 +1,312 @@
+"""Throughput of the recurrent layers against torch.nn.LSTM, in one run (issue 4's benchmark).
+
+For each hidden size H (input size = H, one layer, float32, batch B, window T) it measures tokens/s of
+forward+backward (training mode, input requiring grad) and of forward only (eval mode, no_grad) for:
+torch.nn.LSTM, moglm LSTM, moglm LSTM with state dropout, moglm Mogrifier (r=5, k=64), moglm
+multiplicative LSTM, and the Mogrifier on the reference loop for context. Measurements are interleaved
+(every repeat times every model once, in turn) and the median is kept, because the machine is shared.
+
+Each result is reported as a ratio to nn.LSTM and as a fraction of the machine's measured fp32 GEMM peak
+(best of a few large matrix products, through torch.mm and through oneDNN). FLOPs count only the matrix
+products: per token ``2 (m+n) 4n`` for an LSTM, plus ``r * 2 k (m+n)`` for low-rank mogrifier rounds,
+plus ``2 (m+n) n`` for the multiplicative LSTM's ``W_mx x`` and ``W_mh h``; forward+backward is 3x that.
+
+Memory of a T=500 window, two numbers:
+* ``saved_mb``: bytes of the distinct tensors autograd keeps for backward after the forward
+  (``torch.autograd.graph.saved_tensors_hooks``; parameters and the input excluded). This is the
+  activation memory, exactly, but not the transient buffers of the backward.
+* ``peak_mb``: on CUDA ``torch.cuda.max_memory_allocated`` over one forward+backward minus the memory
+  before it; on CPU the peak growth of the resident set size over one forward+backward, sampled every
+  millisecond in a fresh subprocess per model (includes the transient buffers of the backward, and
+  whatever the allocator keeps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+MODELS = (
+    "torch.nn.LSTM",
+    "moglm LSTM",
+    "moglm LSTM + state dropout",
+    "moglm Mogrifier r=5 k=64",
+    "moglm multiplicative LSTM",
+    "Mogrifier, reference loop",
+)
+
+
+def build(name: str, hidden: int, device: str = "cpu") -> torch.nn.Module:
+    import moglm
+
+    makers: dict[str, Callable[[], torch.nn.Module]] = {
+        "torch.nn.LSTM": lambda: torch.nn.LSTM(hidden, hidden),
+        "moglm LSTM": lambda: moglm.LSTM(hidden, hidden),
+        "moglm LSTM + state dropout": lambda: moglm.LSTM(hidden, hidden, state_dropout=0.3),
+        "moglm Mogrifier r=5 k=64": lambda: moglm.MogrifierLSTM(hidden, hidden, rounds=5, rank=64),
+        "moglm multiplicative LSTM": lambda: moglm.MultiplicativeLSTM(hidden, hidden),
+        "Mogrifier, reference loop": lambda: moglm.MogrifierLSTM(hidden, hidden, rounds=5, rank=64, backend="reference"),
+    }
+    return makers[name]().to(device)
+
+
+def flops_per_token(name: str, hidden: int) -> float:
+    """Forward FLOPs per token of the matrix products (input size = hidden)."""
+    m = n = hidden
+    lstm = 2 * (m + n) * 4 * n
+    if "Mogrifier" in name:
+        return lstm + 5 * 2 * 64 * (m + n)
+    if "multiplicative" in name:
+        return lstm + 2 * (m + n) * n
+    return lstm
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def gemm_peak(device: str = "cpu", sizes=(2048, 4096), repeats: int = 3) -> dict[str, float]:
+    """Best fp32 GFLOP/s of large square products, through torch.mm and (CPU) oneDNN."""
+    from ..recurrence.gemm import Linear
+
+    out: dict[str, float] = {}
+    for size in sizes:
+        a = torch.randn(size, size, device=device)
+        b = torch.randn(size, size, device=device)
+        routes = {"torch.mm": lambda: torch.mm(a, b)}
+        lin = Linear(b, None, rows=size)
+        if lin.onednn:
+            routes["oneDNN"] = lambda: lin(a)
+        for route, f in routes.items():
+            f()
+            _sync(device)
+            best = float("inf")
+            for _ in range(repeats):
+                start = time.perf_counter()
+                f()
+                _sync(device)
+                best = min(best, time.perf_counter() - start)
+            out[route] = max(out.get(route, 0.0), 2 * size**3 / best / 1e9)
+    out["peak"] = max(out.values())
+    return out
+
+
+def _time_once(model: torch.nn.Module, x: torch.Tensor, train: bool, device: str) -> float:
+    if train:
+        model.train()
+        model.zero_grad(set_to_none=True)
+        x.grad = None
+        _sync(device)
+        start = time.perf_counter()
+        y, _ = model(x)
+        y.sum().backward()
+    else:
+        model.eval()
+        _sync(device)
+        start = time.perf_counter()
+        with torch.no_grad():
+            model(x)
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def saved_tensor_mb(model: torch.nn.Module, x: torch.Tensor) -> float:
+    """MB of the distinct storages autograd saves for backward in one training forward (parameters and
+    the input itself excluded)."""
+    exclude = {p.untyped_storage().data_ptr() for p in model.parameters()} | {x.untyped_storage().data_ptr()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in exclude:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y, _ = model(x)
+    del y
+    return sum(seen.values()) / 2**20
+
+
+def _peak_growth_mb(name: str, hidden: int, batch: int, bptt: int, device: str) -> float:
+    """Peak memory growth over one forward+backward (see the module docstring)."""
+    torch.manual_seed(0)
+    model = build(name, hidden, device).train()
+    x = torch.randn(bptt, batch, hidden, device=device, requires_grad=True)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        y, _ = model(x)
+        y.sum().backward()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - before) / 2**20
+    import threading
+
+    page = os.sysconf("SC_PAGE_SIZE")
+
+    def rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * page
+
+    before, peak, done = rss(), [0], threading.Event()
+
+    def sample() -> None:  # the resident set size, every millisecond, while the step runs
+        while not done.is_set():
+            peak[0] = max(peak[0], rss())
+            time.sleep(0.001)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    y, _ = model(x)
+    y.sum().backward()
+    done.set()
+    sampler.join()
+    return (max(peak[0], rss()) - before) / 2**20
+
+
+def peak_memory_mb(name: str, hidden: int, batch: int, bptt: int, device: str) -> float | None:
+    if device.startswith("cuda") or not Path("/proc/self/statm").exists():
+        return None if not device.startswith("cuda") else _peak_growth_mb(name, hidden, batch, bptt, device)
+    code = (
+        "import sys, torch; from moglm.bench.throughput import _peak_growth_mb; "
+        f"print(_peak_growth_mb({name!r}, {hidden}, {batch}, {bptt}, 'cpu'))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    try:
+        return float(done.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+
+
+def run_throughput(
+    hidden_sizes=(256, 650, 1024),
+    batch: int = 64,
+    bptt: int = 70,
+    repeats: int = 5,
+    memory_bptt: int = 500,
+    models=MODELS,
+    device: str = "cpu",
+    out_path: str | Path | None = "benchmarks/results/throughput.json",
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Measure everything; write JSON to ``out_path`` (if given) and return the report."""
+    torch.manual_seed(0)
+    report: dict[str, Any] = {
+        "command": " ".join(sys.argv) if sys.argv and sys.argv[0] else None,
+        "config": dict(batch=batch, bptt=bptt, repeats=repeats, memory_bptt=memory_bptt, device=device,
+                       dtype="float32", layers=1, input_size="= hidden"),
+        "machine": dict(platform=platform.platform(), processor=platform.processor(), torch=torch.__version__,
+                        threads=torch.get_num_threads(), cpus=os.cpu_count(),
+                        loadavg_start=os.getloadavg() if hasattr(os, "getloadavg") else None),
+    }
+    log("measuring the GEMM peak ...")
+    report["gemm_gflops"] = peak = gemm_peak(device)
+    log(f"  {peak}")
+    results = []
+    for hidden in hidden_sizes:
+        built = {name: build(name, hidden, device) for name in models}
+        x = torch.randn(bptt, batch, hidden, device=device, requires_grad=True)
+        times: dict[tuple[str, bool], list[float]] = {(name, train): [] for name in models for train in (True, False)}
+        for name, model in built.items():  # warm-up
+            for train in (True, False):
+                _time_once(model, x, train, device)
+        for rep in range(repeats):
+            for name, model in built.items():
+                for train in (True, False):
+                    times[name, train].append(_time_once(model, x, train, device))
+            log(f"H={hidden} repeat {rep + 1}/{repeats} done")
+        base = {train: statistics.median(times["torch.nn.LSTM", train]) for train in (True, False)} if (
+            "torch.nn.LSTM" in models
+        ) else None
+        for name in models:
+            row: dict[str, Any] = {"hidden": hidden, "model": name}
+            for train, key in ((True, "train"), (False, "forward")):
+                seconds = statistics.median(times[name, train])
+                flops = flops_per_token(name, hidden) * bptt * batch * (3 if train else 1)
+                row[key] = {
+                    "ms": seconds * 1e3,
+                    "ms_all": [t * 1e3 for t in times[name, train]],
+                    "tokens_per_s": bptt * batch / seconds,
+                    "vs_nn_lstm": base[train] / seconds if base else None,
+                    "gflops": flops / seconds / 1e9,
+                    "fraction_of_gemm_peak": flops / seconds / 1e9 / peak["peak"],
+                }
+            results.append(row)
+        del built, x
+        if memory_bptt:
+            for name in models:
+                xm = torch.randn(memory_bptt, batch, hidden, device=device, requires_grad=True)
+                row = next(r for r in results if r["hidden"] == hidden and r["model"] == name)
+                row["memory"] = {
+                    "bptt": memory_bptt,
+                    "saved_mb": saved_tensor_mb(build(name, hidden, device), xm),
+                    "peak_mb": peak_memory_mb(name, hidden, batch, memory_bptt, device),
+                }
+            log(f"H={hidden} memory done")
+    report["results"] = results
+    report["machine"]["loadavg_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    if out_path:
+        path = Path(out_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=1))
+    return report
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """The report as a markdown table (one row per hidden size and model)."""
+    peak = report["gemm_gflops"]
+    lines = [
+        f"B={report['config']['batch']}, T={report['config']['bptt']}, 1 layer, input = hidden, float32, "
+        f"{report['machine']['threads']} threads; GEMM peak {peak['peak']:.0f} GFLOP/s "
+        f"({', '.join(f'{k} {v:.0f}' for k, v in peak.items() if k != 'peak')}).",
+        "",
+        "| H | model | train tok/s | train ×nn.LSTM | train % peak | fwd tok/s | fwd ×nn.LSTM | fwd % peak "
+        "| T=500 saved MB | T=500 peak MB |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in report["results"]:
+        mem = r.get("memory", {})
+        cells = [str(r["hidden"]), r["model"]]
+        for key in ("train", "forward"):
+            m = r[key]
+            ratio = f"{m['vs_nn_lstm']:.2f}" if m["vs_nn_lstm"] is not None else "-"
+            cells += [f"{m['tokens_per_s']:,.0f}", ratio, f"{100 * m['fraction_of_gemm_peak']:.0f}%"]
+        for key in ("saved_mb", "peak_mb"):
+            value = mem.get(key)
+            cells.append("-" if value is None else f"{value:,.0f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description="Tokens/s of moglm's recurrent layers against torch.nn.LSTM.")
+    parser.add_argument("--hidden", type=int, nargs="+", default=[256, 650, 1024])
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--bptt", type=int, default=70)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--memory-bptt", type=int, default=500, help="window of the memory measurement (0: skip)")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", default="benchmarks/results/throughput.json")
+    args = parser.parse_args(argv)
+    report = run_throughput(args.hidden, args.batch, args.bptt, args.repeats, args.memory_bptt, tuple(args.models),
+                            args.device, args.out)
+    print(markdown_table(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()
