@@ -82,7 +82,7 @@ def test_the_model_weights_are_unchanged_after_evaluation(sparse):
 
 
 def test_adaptation_to_a_repetitive_stream_lowers_the_loss():
-    model, ids = _model(), _ids(600)
+    model, ids = _model(), _ids(300)
     result = dynamic_evaluate(model, ids, Hyperparameters(rule="sgd", lr=0.5, segment_length=5))
     assert result.scores.xent < result.static.xent - 0.1 and result.gain > 0.1
 
@@ -230,7 +230,7 @@ def test_non_finite_weights_are_rolled_back_and_the_segment_rescored(monkeypatch
 
 # -- episodic mode ---------------------------------------------------------------------------------------
 def test_episodic_lr_zero_equals_static_episodes():
-    model, ids = _model(), _ids()
+    model, ids = _model(), _ids(150)
     result = dynamic_evaluate(model, ids, Hyperparameters(rule="sgd", lr=0.0, segment_length=4), boundary=0)
     assert result.episodes is not None and sum(result.episodes) == len(ids) == result.scores.tokens
     assert result.scores.xent == pytest.approx(evaluate_episodes(model, ids, 0).xent, rel=1e-5)
@@ -238,7 +238,7 @@ def test_episodic_lr_zero_equals_static_episodes():
 
 def test_episodes_reset_weights_and_state():
     """A sequence scores the same whatever came before it."""
-    model, ids = _model(), _ids()
+    model, ids = _model(), _ids(120)
     hp = Hyperparameters(rule="sgd-decay", lr=0.5, decay=0.1, segment_length=3)
     ends = np.flatnonzero(ids == 0)
     first_end = int(ends[0]) + 1
@@ -256,6 +256,7 @@ def test_episodes_reset_weights_and_state():
         ({"segment_length": 0}, "segment length must be an integer >= 1"),
         ({"rule": "adam"}, "unknown dynamic-evaluation rule 'adam'"),
         ({"lr": float("nan")}, "lr must be a finite number >= 0"),
+        ({"eps": 0.0}, "eps must be > 0 for rule rms-rmsdecay"),
     ],
 )
 def test_bad_hyperparameters_are_clear_errors(kwargs, message):

@@ -146,7 +146,7 @@ def dyneval_run(
     if search:
         hp, report["search"] = _search(model, corpus["valid"], hp, rms, search_tokens, max_cost, cfg.train.bptt,
                                        corpus.format, options, log)
-    report["hyperparameters"] = hp.as_dict() | {"rule": hp.rule, "segment_length": hp.segment_length}
+    report["hyperparameters"] = hp.as_dict()
     report["splits"] = {}
     tag = ("sparse" if sparse else "full") + ("-episodic" if episodic else "")
     for split in splits:

@@ -32,6 +32,8 @@ from ..errors import MoglmError
 
 RULES = ("sgd", "sgd-decay", "rms", "rms-decay", "rms-rmsdecay")
 DEFAULT_RULE = "rms-rmsdecay"
+#: default learning rates: the RMS rules' steps are in units of the RMS gradient, SGD's in the gradient's
+DEFAULT_LR = {"rms": 1e-3, "sgd": 0.03}
 
 
 def uses_rms(rule: str) -> bool:
@@ -48,18 +50,21 @@ def uses_decay(rule: str) -> bool:
 class Hyperparameters:
     """One dynamic-evaluation setting. ``lr``: learning rate eta; ``decay``: lambda (ignored by the
     rules without decay); ``eps``: the RMS stabiliser (ignored by the SGD rules); ``segment_length``: n,
-    the tokens per segment (eq. 4.2). The defaults were tuned on a CPU-budget PTB word model (see the
-    README); run a search (:mod:`.search`) for another model."""
+    the tokens per segment (eq. 4.2). The defaults are the best setting a search found for a
+    CPU-budget PTB word model among those costing at most 3x static evaluation (README); shorter
+    segments want a smaller lr (3e-4 at n = 5 there). Search (:mod:`.search`) for another model."""
 
     rule: str = DEFAULT_RULE
-    lr: float = 1e-4
-    decay: float = 1e-3
+    lr: float | None = None  # None: DEFAULT_LR of the rule's family
+    decay: float = 1e-2
     eps: float = 1e-3
-    segment_length: int = 5
+    segment_length: int = 20
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:
             raise MoglmError(f"unknown dynamic-evaluation rule {self.rule!r} (choose from {', '.join(RULES)})")
+        if self.lr is None:
+            object.__setattr__(self, "lr", DEFAULT_LR["rms" if uses_rms(self.rule) else "sgd"])
         if isinstance(self.segment_length, bool) or not isinstance(self.segment_length, int) or self.segment_length < 1:
             raise MoglmError(f"segment length must be an integer >= 1, got {self.segment_length!r}")
         for name in ("lr", "decay", "eps"):
@@ -68,6 +73,8 @@ class Hyperparameters:
                 raise MoglmError(f"dynamic-evaluation {name} must be a finite number >= 0, got {value!r}")
         if uses_decay(self.rule) and self.decay > 1:
             raise MoglmError(f"dynamic-evaluation decay must be <= 1, got {self.decay}")
+        if uses_rms(self.rule) and self.eps <= 0:  # a weight whose training gradient is 0 would step by lr/0
+            raise MoglmError(f"dynamic-evaluation eps must be > 0 for rule {self.rule}, got {self.eps}")
 
     def with_(self, **changes) -> "Hyperparameters":
         return replace(self, **changes)
