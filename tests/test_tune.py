@@ -20,30 +20,6 @@ from moglm.tune.objective import fit_rank, prepare
 from moglm.tune.plots import near_best
 from moglm.tune.search_space import load_space, validate_space
 
-BASE = """
-name = "tiny"
-[data]
-path = "{corpus}"
-format = "word"
-[model]
-architecture = "mogrifier"
-num_layers = 2
-hidden_size = 24
-cell = {{ rounds = 3, rank = 4 }}
-[train]
-batch_size = 4
-bptt = 10
-max_steps = 8
-eval_every = 4
-eval_batch_size = 2
-device = "cpu"
-averaging_patience = 1
-[evaluation]
-temperature_tokens = 200
-[sample]
-num_tokens = 5
-"""
-
 SPACE = """
 base = "{base}"
 [study]
@@ -65,7 +41,7 @@ trials = 4
 @pytest.fixture
 def space(tiny_corpus, tmp_path):
     base = tmp_path / "tiny.toml"
-    base.write_text(BASE.format(corpus=tiny_corpus))
+    base.write_text(tiny_config(tiny_corpus, train={"max_steps": 8}).to_toml())
     path = tmp_path / "space.toml"
     path.write_text(SPACE.format(base=base))
     return path
@@ -173,9 +149,11 @@ def test_a_rank_above_the_sizes_is_trained_as_full_rank(tiny_corpus):
     vocab = 13
     cfg, changed = fit_rank(tiny_config(tiny_corpus, model={"cell": {"rounds": 3, "rank": 66}}), vocab)
     assert cfg.model.cell["rank"] == 0 and changed == {"model.cell.rank": 0}
-    for rank in (24, 4, 0, -20):  # fits (embedding = hidden = 24), or already full rank
-        cfg, changed = fit_rank(tiny_config(tiny_corpus, model={"cell": {"rounds": 3, "rank": rank}}), vocab)
-        assert cfg.model.cell["rank"] == rank and changed == {}
+    for rounds, rank in ((3, 24), (3, 4), (3, 0), (3, -20), (0, 66)):  # fits (embedding = hidden = 24), full rank
+        cfg, changed = fit_rank(tiny_config(tiny_corpus, model={"cell": {"rounds": rounds, "rank": rank}}), vocab)
+        assert cfg.model.cell["rank"] == rank and changed == {}  # or no mogrifier rounds at all
+    small_embedding = {"input_embedding_ratio": 0.5, "cell": {"rounds": 3, "rank": 13}}
+    assert fit_rank(tiny_config(tiny_corpus, model=small_embedding), vocab)[1] == {"model.cell.rank": 0}
     budget = {"hidden_size": None, "num_params": 60_000, "input_embedding_ratio": 0.25,
               "cell": {"rounds": 2, "rank": 90}}
     cfg, changed = fit_rank(tiny_config(tiny_corpus, model=budget), vocab)  # no hidden size in budget fits k = 90
@@ -190,6 +168,8 @@ def test_every_shipped_space_loads_and_validates():
         if space.target == "train":
             base = space.base or ("ptb-char-mogrifier-paper" if "mogrifier" in name else "ptb-char-lstm-paper")
             prepare(space, name, base, [], None, Path("studies"))
+        else:  # run in test_a_dynamic_evaluation_study_tunes_a_trained_run
+            assert {k.split(".", 1)[1] for k in space.params} == {"lr", "decay", "eps", "segment_length"}
     mogrifier, _ = load_space("mogrifier")
     table4 = {k: (p.low, p.high, p.log) for k, p in mogrifier.params.items()}
     assert table4["train.learning_rate"] == (0.001, 0.004, True)
@@ -243,3 +223,63 @@ def test_near_best_uses_each_parameters_range():
     trials = [best, trial(0.6, 1.2e-2, "lstm"), trial(0.7, 1e-2, "lstm"), trial(0.5, 1e-1, "lstm"),
               trial(0.5, 1e-2, "mogrifier")]
     assert near_best(trials, best, space, 0.15) == trials[:2]  # 1e-1 is 25% of b's log range away
+
+
+def test_the_trial_of_a_dead_worker_is_queued_again_once():
+    from moglm.tune.objective import requeue_stale_trial
+    from moglm.tune.study import counted_trials
+
+    study = optuna.create_study()
+    dist = {"train.learning_rate": optuna.distributions.FloatDistribution(0.001, 0.004, log=True)}
+    dead = optuna.trial.create_trial(params={"train.learning_rate": 0.002}, distributions=dist,
+                                     state=TrialState.FAIL, user_attrs={"run": 0, "config": {}})
+    study.add_trial(dead)
+    requeue_stale_trial(study, study.trials[0])
+    waiting = study.trials[1]
+    assert waiting.state == TrialState.WAITING and waiting.params == {}  # params are fixed when it starts
+    assert waiting.user_attrs == {"run": 0, "replaces": 0, "attempt": 2}
+    assert waiting.system_attrs["fixed_params"] == {"train.learning_rate": 0.002}
+    assert counted_trials(study) == []  # the dead trial is replaced; the waiting one counts once it starts
+    again = optuna.trial.create_trial(params={"train.learning_rate": 0.002}, distributions=dist,
+                                      state=TrialState.FAIL, user_attrs={"run": 0, "config": {}, "attempt": 2})
+    study.add_trial(again)
+    requeue_stale_trial(study, study.trials[-1])
+    assert len(study.trials) == 3  # a second death is not retried
+
+
+DYNEVAL = """
+target = "dyneval"
+[study]
+sampler = "tpe"
+startup_trials = 2
+[budget]
+trials = 3
+max_tokens = 100
+[fixed]
+"dyneval.stats_fraction" = 0.2
+[params]
+"dyneval.lr" = { low = 1e-6, high = 1e-3, log = true }
+"dyneval.segment_length" = { low = 1, high = 5, int = true }
+"""
+
+
+def test_a_dynamic_evaluation_study_tunes_a_trained_run(tiny_corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    objective_module.Trainer(tiny_config(tiny_corpus, train={"max_steps": 8, "threads": 1}), run, progress=False,
+                             log=lambda s: None).train()
+    space = tmp_path / "dyneval.toml"
+    space.write_text(DYNEVAL)
+    result = run_study(space, base=str(run), study_dir=tmp_path / "study", threads=1, log=lambda s: None)
+    trials = result.study.get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 3 and all(math.isfinite(t.value) for t in trials)
+    assert all(t.value < t.user_attrs["static_xent"] + 1 for t in trials)
+    summary = write_report(result, plots=False)
+    assert "dynamic-evaluation cross-entropy" in summary
+    text = (tmp_path / "study" / "best_dyneval.toml").read_text()
+    assert "[dyneval]" in text and f"# apply: moglm dyneval {run.resolve()} --rule rms-rmsdecay" in text
+    # the shipped table-6 space runs too; a key that is no dynamic-evaluation setting is a one-line error
+    run_study("dyneval-word", base=str(run), study_dir=tmp_path / "word", trials=1, threads=1, max_tokens=60,
+              log=lambda s: None)
+    space.write_text(DYNEVAL.replace('"dyneval.lr"', '"dyneval.learning_rate"'))
+    assert main(["tune", str(space), "--base", str(run), "--study-dir", str(tmp_path / "bad")]) == 1
+    assert "params.dyneval.learning_rate: not a dynamic-evaluation setting" in capsys.readouterr().err

@@ -25,7 +25,8 @@ import optuna
 import torch
 
 from ..errors import MoglmError
-from ..train.build import build_model, load_data
+from ..model.language_model import embedding_size
+from ..train.build import load_data, resolve_hidden_size
 from ..train.config import RunConfig, apply_overrides, locate, read_mapping, validate
 from ..train.final_evaluation import evaluate_run
 from ..train.run_directory import RunDirectory
@@ -55,6 +56,9 @@ class TrialSetup:
         for key, value in self.trial_overrides.items():
             set_dotted(trial, key, value)
         return ready, validate(trial, f"{self.space_name} on {self.base_name}")
+
+    def objective(self) -> "Objective":
+        return Objective(self)
 
     def pruning_warmup_steps(self) -> tuple[int, int, int]:
         """(warm-up steps, training steps, evaluation interval) of a trial with the base settings."""
@@ -93,16 +97,18 @@ def fit_rank(cfg: RunConfig, vocab_size: int) -> tuple[RunConfig, dict[str, Any]
     """A mogrifier rank above min(embedding, hidden) size is full rank (the factorisation spans every
     matrix then); returns the config actually trained and what was changed, e.g. ``{"model.cell.rank": 0}``."""
     rank = cfg.model.cell.get("rank")
-    if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0 or cfg.model.cell.get("rounds") == 0:
         return cfg, {}
-    try:
-        with torch.device("meta"):
-            build_model(cfg.model, vocab_size)
-        return cfg, {}
+    try:  # a budget-sized model: the smallest hidden size that takes this rank may already exceed the budget
+        hidden = resolve_hidden_size(cfg.model, vocab_size)
     except MoglmError:
+        hidden = None
+    # every layer's input is the embedding (<= hidden) or the hidden state
+    if hidden is None or rank > embedding_size(hidden, cfg.model.input_embedding_ratio):
         data = cfg.model_dump(mode="json", exclude_none=True)
         data["model"]["cell"]["rank"] = 0
         return validate(data), {"model.cell.rank": 0}
+    return cfg, {}
 
 
 class Objective:
@@ -185,5 +191,5 @@ def requeue_stale_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) ->
     attempt = trial.user_attrs.get("attempt", 1)
     if "config" not in trial.user_attrs or attempt >= MAX_ATTEMPTS:
         return
-    study.enqueue_trial(trial.params, user_attrs={"run": trial.user_attrs["run"], "replaces": trial.number,
-                                                  "attempt": attempt + 1})
+    run = trial.user_attrs.get("run", trial.number)
+    study.enqueue_trial(trial.params, user_attrs={"run": run, "replaces": trial.number, "attempt": attempt + 1})

@@ -5,7 +5,7 @@
   tuning range"); when fewer than three trials lie that close, the neighbourhood widens (30%, 50%,
   then every completed trial) and the title says how wide it is;
 * ``optimization_history.png``: the objective of every completed trial and the best so far;
-* ``param_importances.png``: fANOVA importances, once enough trials completed.
+* ``param_importances.png``: PED-ANOVA importances (Optuna's default evaluator), once five trials completed.
 """
 
 from __future__ import annotations
@@ -77,20 +77,27 @@ def _draw(study, space: SearchSpace, directory: Path, done: list[FrozenTrial], o
     subset.add_trials(near)
     ax = ovm.plot_parallel_coordinate(subset, params=names, target_name=TARGET)
     where = "all completed trials" if width == math.inf else f"within {width:.0%} of each range of the best"
-    ax.set_title(f"{study.study_name}: {len(near)} trials {where}", fontsize=9)
+    _title(ax, f"{study.study_name}: {len(near)} trials {where}")
     out["parallel coordinates"] = _save(ax, directory / "parallel_coordinate.png", plt, size=(11, 5))
     ax = ovm.plot_optimization_history(study, target_name=TARGET)
-    ax.set_title(f"{study.study_name}: optimisation history", fontsize=9)
+    _title(ax, f"{study.study_name}: optimisation history")
     out["optimisation history"] = _save(ax, directory / "optimization_history.png", plt)
     if len(done) >= MIN_FOR_IMPORTANCES and len(names) > 1:
-        evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
+        evaluator = optuna.importance.PedAnovaImportanceEvaluator()  # Optuna's default; fANOVA needs sklearn
         ax = ovm.plot_param_importances(study, evaluator=evaluator, params=names, target_name=TARGET)
-        ax.set_title(f"{study.study_name}: parameter importances (fANOVA, {len(done)} trials)", fontsize=9)
+        _title(ax, f"{study.study_name}: parameter importances (PED-ANOVA, {len(done)} trials)")
         out["parameter importances"] = _save(ax, directory / "param_importances.png", plt)
 
 
+def _title(ax, text: str) -> None:
+    """Replace Optuna's title (some of its plots put it on the left) with ours."""
+    for loc in ("left", "right"):
+        ax.set_title("", loc=loc)
+    ax.set_title(text, fontsize=9)
+
+
 def _save(ax, path: Path, plt, size: tuple[float, float] = (8, 5)) -> Path:
-    fig = ax.figure if not hasattr(ax, "flat") else ax.flat[0].figure
+    fig = ax.figure
     fig.set_size_inches(*size)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

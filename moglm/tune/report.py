@@ -80,9 +80,11 @@ def summary_text(result: StudyResult, outputs: dict[str, Path]) -> str:
     study = result.study
     trials = counted_trials(study)
     states = {s: sum(t.state == s for t in trials) for s in TrialState}
+    objective = ("dynamic-evaluation cross-entropy (nats/token) on a validation prefix"
+                 if result.setup.space.target == "dyneval"
+                 else "validation cross-entropy (nats/token), averaged weights, tuned temperature")
     lines = [f"study {study.study_name!r} ({_public(result.storage)})",
-             f"base config {result.setup.base_name}, search space {result.setup.space_name}; "
-             f"objective: validation cross-entropy (nats/token), averaged weights, tuned temperature",
+             f"base {result.setup.base_name}, search space {result.setup.space_name}; objective: {objective}",
              f"trials: {len(trials)}"]
     if trials:
         lines[-1] += " (" + ", ".join(f"{n} {s.name.lower()}" for s, n in states.items() if n) + ")"
@@ -91,9 +93,10 @@ def summary_text(result: StudyResult, outputs: dict[str, Path]) -> str:
         lines.append("no completed trial yet")
     else:
         level = best.user_attrs.get("level")
+        size = (f", {best.user_attrs['num_params']:,} parameters (hidden {best.user_attrs['hidden_size']})"
+                if "num_params" in best.user_attrs else "")
         lines.append(f"best: trial {best.number}, {_score(best.value, level)}, temperature "
-                     f"{best.user_attrs.get('temperature', 1.0):.2f}, {best.user_attrs.get('num_params', 0):,} "
-                     f"parameters (hidden {best.user_attrs.get('hidden_size')})")
+                     f"{best.user_attrs.get('temperature', 1.0):.2f}{size}")
         width = max(len(k) for k in best.params)
         lines += [f"  {k:{width}s} = {_fmt(v)}" for k, v in best.params.items()]
         for k, v in (best.user_attrs.get("changed") or {}).items():
@@ -116,7 +119,13 @@ def write_report(result: StudyResult, plots: bool = True) -> str:
     directory = result.directory
     outputs: dict[str, Path] = {}
     best = best_trial(result.study)
-    if best is not None and "config" in best.user_attrs:
+    if best is not None and "config" in best.user_attrs and result.setup.space.target == "dyneval":
+        from .dyneval import best_settings_text
+
+        outputs["best settings"] = directory / "best_dyneval.toml"
+        atomic_write_text(outputs["best settings"],
+                          best_settings_text(result.study, best, result.setup, _public(result.storage)))
+    elif best is not None and "config" in best.user_attrs:
         outputs["best config"] = directory / "best.toml"
         atomic_write_text(outputs["best config"], best_config_text(result, best))
     if plots:

@@ -19,19 +19,25 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Union
 
 import optuna
 from optuna.trial import TrialState
 
 from ..errors import MoglmError
 from ..train.trainer import TrainingInterrupted
-from .objective import Objective, TrialSetup, prepare, requeue_stale_trial
+from .objective import TrialSetup, prepare, requeue_stale_trial
 from .search_space import StudySettings, load_space
+
+if TYPE_CHECKING:
+    from .dyneval import DynevalSetup
+
+Setup = Union[TrialSetup, "DynevalSetup"]
 
 HEARTBEAT_S = 30
 GRACE_S = 180
@@ -79,11 +85,11 @@ def make_sampler(settings: StudySettings, seed: int | None) -> optuna.samplers.B
                                          warn_independent_sampling=False)
     if settings.sampler == "tpe":
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=settings.startup_trials, multivariate=True,
-                                          constant_liar=True, warn_independent_sampling=False)
+                                          constant_liar=True)
     return optuna.samplers.RandomSampler(seed=seed)
 
 
-def make_pruner(setup: TrialSetup) -> optuna.pruners.BasePruner:
+def make_pruner(setup: Setup) -> optuna.pruners.BasePruner:
     settings = setup.space.pruner
     warmup, steps, eval_every = setup.pruning_warmup_steps()
     if settings.type == "median":
@@ -96,7 +102,7 @@ def make_pruner(setup: TrialSetup) -> optuna.pruners.BasePruner:
     return optuna.pruners.NopPruner()
 
 
-def check_compatible(study: optuna.Study, setup: TrialSetup) -> None:
+def check_compatible(study: optuna.Study, setup: Setup) -> None:
     """A resumed study must draw each parameter as before (Optuna's rule: same kind of distribution)."""
     seen: dict[str, Any] = {}
     for t in study.get_trials(deepcopy=False):
@@ -141,7 +147,7 @@ class Quota:
 
 @dataclass
 class WorkerArgs:
-    setup: TrialSetup
+    setup: Setup
     settings: StudySettings
     storage: str
     study_name: str
@@ -162,7 +168,7 @@ def work(args: WorkerArgs, quota: Quota, index: int = 0) -> bool:
     try:
         study = optuna.load_study(study_name=args.study_name, storage=open_storage(args.storage),
                                   pruner=make_pruner(args.setup))
-        objective = Objective(args.setup)
+        objective = args.setup.objective()
         while not objective.interrupted and (args.deadline is None or time.time() < args.deadline):
             if not quota.take(study):
                 break
@@ -177,7 +183,10 @@ def work(args: WorkerArgs, quota: Quota, index: int = 0) -> bool:
 
 
 def _worker_process(args: WorkerArgs, quota: Quota, index: int) -> None:
-    raise SystemExit(130 if work(args, quota, index) else 0)
+    code = 130 if work(args, quota, index) else 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # the storage and every file are closed; skip seconds of interpreter teardown (torch)
 
 
 def default_cores() -> int:
@@ -190,7 +199,7 @@ def default_cores() -> int:
 @dataclass
 class StudyResult:
     study: optuna.Study
-    setup: TrialSetup
+    setup: Setup
     storage: str
     directory: Path
     started: int  # trials this invocation asked for
@@ -218,9 +227,6 @@ def run_study(
     """Create or resume a study and run trials until its budget is spent; arguments left ``None`` come from
     the search-space file (``seed="space"``: the space's seed)."""
     spec, path = load_space(space)
-    if spec.target == "dyneval":
-        raise MoglmError(f"{path}: target 'dyneval' tunes dynamic evaluation, which this moglm does not have yet "
-                         "(moglm.dynamic_evaluation); the file validates and is kept for it")
     if workers < 1:
         raise MoglmError(f"--workers must be >= 1, got {workers}")
     updates: dict[str, Any] = {}
@@ -232,7 +238,14 @@ def run_study(
     check_sampler(settings)
     name = study_name or (path.stem if base is None else f"{path.stem}-{Path(base).stem}")
     directory = Path(study_dir or Path("studies") / name)
-    setup = prepare(spec, path.stem, base, list(overrides or []), max_tokens, directory.resolve())
+    if spec.target == "dyneval":
+        from .dyneval import prepare_dyneval
+
+        if overrides:
+            raise MoglmError("--set changes run configs; a dynamic-evaluation space takes its settings in [fixed]")
+        setup: Any = prepare_dyneval(spec, path.stem, base, max_tokens, directory.resolve())
+    else:
+        setup = prepare(spec, path.stem, base, list(overrides or []), max_tokens, directory.resolve())
     directory.mkdir(parents=True, exist_ok=True)
     url = storage or f"sqlite:///{(directory / 'study.db').resolve()}"
     study = optuna.create_study(storage=open_storage(url), study_name=name, direction="minimize",
@@ -247,8 +260,9 @@ def run_study(
     deadline = None if timeout is None else time.time() + timeout
     threads = threads or max(1, default_cores() // workers)
     args = WorkerArgs(setup, settings, url, name, deadline, threads, keep_checkpoints)
+    n = min(workers, max(remaining, 1))
     log(f"study {name!r} ({_public(url)}): {total - max(remaining, 0)} of {total} trials exist; "
-        + (f"running up to {remaining} with {workers} worker{'s' * (workers > 1)} x {threads} "
+        + (f"running up to {remaining} with {n} worker{'s' * (n > 1)} x {threads} "
            f"thread{'s' * (threads > 1)}" if remaining > 0 else "nothing to run"))
     failed: list[str] = []
     if remaining > 0:
