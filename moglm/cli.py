@@ -215,6 +215,10 @@ def _build_app():
                     temperature=temperature, which=checkpoint, device=device, progress=progress, log=typer.echo,
                     **extra)
 
+    from .tasks.cli import task_app
+
+    app.add_typer(task_app(), name="task", help="Synthetic tasks: bounded Dyck-k (WCPA), reverse copy, partial sentences.")
+
     return app
 
 
@@ -256,24 +260,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     app = _build_app()
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=argv, prog_name="moglm")  # usage errors: typer prints the usage and exits 2
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except MoglmError as e:
         print(f"error: {e}", file=sys.stderr)
         return 130 if type(e).__name__ == "TrainingInterrupted" else 1
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
-    except typer.Exit as e:
-        return e.exit_code
-    except (typer.Abort,):
-        return 1
-    except Exception as e:  # click usage errors
-        import click
-
-        if isinstance(e, click.ClickException):
-            e.show()
-            return e.exit_code
-        raise
     return 0
 
 

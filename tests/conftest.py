@@ -5,6 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+# Tiny models run fastest on one thread, and one thread per process keeps the suite from
+# oversubscribing a small machine shared with other work.
+torch.set_num_threads(1)
+
 
 @pytest.fixture(autouse=True)
 def _seed():

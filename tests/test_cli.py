@@ -81,6 +81,11 @@ def test_bad_input_is_one_line_on_stderr_with_a_non_zero_exit(args, message, cap
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_unknown_command_line_options_are_usage_errors(capsys):
+    assert main(["train", "--no-such-option"]) == 2
+    assert "No such option" in capsys.readouterr().err
+
+
 def test_empty_corpus_file_is_named(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "empty.txt").write_text("")
