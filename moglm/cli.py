@@ -217,7 +217,7 @@ def _build_app():
 
     from .tasks.cli import task_app
 
-    app.add_typer(task_app(), name="task", help="Synthetic tasks: bounded Dyck-k (WCPA), reverse copy, partial sentences.")
+    app.add_typer(task_app(), name="task", help="Synthetic tasks: Dyck-k (WCPA), reverse copy, partial sentences.")
 
     return app
 

@@ -1,0 +1,1 @@
+"""Synthetic tasks: bounded Dyck-k with WCPA, reverse copy, partial-sentence training."""

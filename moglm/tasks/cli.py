@@ -1,0 +1,127 @@
+"""``moglm task ...``: the synthetic tasks from the command line (a typer sub-app that moglm.cli mounts).
+
+Each command writes a run directory (``runs/<task name>`` unless ``--run-dir`` says otherwise) with its
+config, ``metrics.jsonl``, ``checkpoints/`` and ``results.json``; rerunning the same command resumes it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import MoglmError
+
+
+def _fresh(path: Path, restart: bool) -> Path:
+    if restart and path.exists():
+        shutil.rmtree(path)
+    return path
+
+
+def task_app() -> typer.Typer:
+    app = typer.Typer(help="Synthetic tasks: bounded Dyck-k (WCPA), reverse copy, partial-sentence training.",
+                      no_args_is_help=True)
+
+    @app.command()
+    def dyck(
+        k: int = typer.Option(2, "--k", help="Bracket types."),
+        m: int = typer.Option(4, "--m", help="Maximum depth (unclosed brackets)."),
+        architecture: str = typer.Option("dyck_rnn", help="Any moglm architecture (config name)."),
+        objective: Optional[str] = typer.Option(None, help="closing or lm (default: closing for dyck_rnn, else lm)."),
+        learned_embedding: bool = typer.Option(False, help="Dyck-RNN: the report's learned 2-d embedding, H = 2m."),
+        zero_gate: bool = typer.Option(True, help="Dyck-RNN: start the push/pop gate weight at 0 (else random)."),
+        hidden_size: Optional[int] = typer.Option(None, help="Hidden units (default: m (2m) for the Dyck-RNN, else 16)."),
+        num_params: Optional[int] = typer.Option(None, help="Parameter budget instead of a hidden size."),
+        steps: int = typer.Option(1000, help="Training steps."),
+        batch_size: int = typer.Option(128, help="Sequences per step."),
+        lr: float = typer.Option(0.03, help="Adam learning rate (beta1 = 0)."),
+        seed: int = typer.Option(1, help="Seed of the corpus and of training."),
+        train_sequences: int = typer.Option(2000, help="Training sequences."),
+        valid_sequences: int = typer.Option(200, help="Validation sequences."),
+        test_sequences: int = typer.Option(500, help="Test sequences."),
+        train_lengths: tuple[int, int] = typer.Option((20, 100), help="Brackets per training/validation sequence."),
+        test_lengths: tuple[int, int] = typer.Option((102, 200), help="Brackets per test sequence."),
+        positions: str = typer.Option("closing", help="WCPA positions: closing (before each close) or open_stack."),
+        set_: list[str] = typer.Option([], "--set", "-s", help="Objective lm: override a run-config key (a.b=value)."),
+        run_dir: Optional[Path] = typer.Option(None, help="Run directory (default: runs/dyck-k<k>-m<m>-<arch>)."),
+        restart: bool = typer.Option(False, help="Discard an existing run in the run directory."),
+        progress: bool = typer.Option(True, help="Show progress bars."),
+    ) -> None:
+        """Bounded Dyck-(k, m): generate the corpus, train a model, report WCPA."""
+        from .dyck import DyckTask
+        from .dyck_training import DyckTraining, run_dyck
+
+        task = DyckTask(num_types=k, max_depth=m, train_sequences=train_sequences, valid_sequences=valid_sequences,
+                        test_sequences=test_sequences, train_lengths=train_lengths, test_lengths=test_lengths,
+                        seed=seed, positions=positions)
+        training = DyckTraining(architecture, objective, learned_embedding, zero_gate, hidden_size, num_params,
+                                batch_size, steps, lr, seed=seed)
+        name = f"dyck-k{k}-m{m}-{architecture}{'-learned' if learned_embedding else ''}"
+        path = _fresh(run_dir or Path("runs") / name, restart)
+        results = run_dyck(task, training, path, set_, progress, typer.echo)
+        typer.echo(f"test WCPA {100 * (results['wcpa']['test']['wcpa'] or 0):.1f}%\nrun directory: {path}")
+
+    @app.command("reverse-copy")
+    def reverse_copy(
+        length: int = typer.Option(20, help="Tokens to copy (the decoder writes them reversed)."),
+        vocab_size: int = typer.Option(100, help="Vocabulary the tokens are drawn from (uniformly)."),
+        architecture: str = typer.Option("mogrifier", help="Encoder and decoder architecture (config name)."),
+        num_params: Optional[int] = typer.Option(200_000, help="Parameter budget (both halves together)."),
+        hidden_size: Optional[int] = typer.Option(None, help="Hidden units instead of a budget."),
+        embedding_ratio: float = typer.Option(1.0, help="Embedding size = ratio * hidden size."),
+        cell: list[str] = typer.Option([], help="Architecture option key=value, e.g. --cell rounds=5 --cell rank=16."),
+        num_layers: int = typer.Option(1, help="Layers of the encoder and of the decoder."),
+        steps: int = typer.Option(2000, help="Training steps."),
+        batch_size: int = typer.Option(64, help="Sequences per step (fresh ones every step)."),
+        lr: float = typer.Option(0.003, help="Adam learning rate (beta1 = 0)."),
+        l2_penalty: float = typer.Option(0.0, help="l2_penalty * 0.5 * sum(w^2) added to the loss."),
+        eval_every: int = typer.Option(200, help="Validate and checkpoint every this many steps."),
+        test_examples: int = typer.Option(1000, help="Validation and test sequences (each)."),
+        seed: int = typer.Option(1, help="Seed of weights and data."),
+        run_dir: Optional[Path] = typer.Option(None, help="Run directory (default: runs/reverse-copy-<arch>-L<length>)."),
+        restart: bool = typer.Option(False, help="Discard an existing run in the run directory."),
+        progress: bool = typer.Option(True, help="Show progress bars."),
+    ) -> None:
+        """Reverse copy (Mogrifier paper 4.3) with an encoder-decoder: test cross-entropy and exact sequences."""
+        import yaml
+
+        from .reverse_copy import ReverseCopyConfig, run_reverse_copy
+
+        options = {}
+        for item in cell:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise MoglmError(f"--cell {item!r}: expected key=value, e.g. rounds=5")
+            options[key.strip()] = yaml.safe_load(value)
+        cfg = ReverseCopyConfig(length=length, vocab_size=vocab_size, architecture=architecture, num_layers=num_layers,
+                                hidden_size=hidden_size, num_params=None if hidden_size else num_params,
+                                input_embedding_ratio=embedding_ratio, cell=options, batch_size=batch_size, steps=steps,
+                                learning_rate=lr, l2_penalty=l2_penalty, eval_every=eval_every,
+                                valid_examples=test_examples, test_examples=test_examples, seed=seed)
+        path = _fresh(run_dir or Path("runs") / f"reverse-copy-{architecture}-L{length}", restart)
+        run_reverse_copy(cfg, path, progress, typer.echo)
+        typer.echo(f"run directory: {path}")
+
+    @app.command("partial-sentences")
+    def partial_sentences(
+        config: Optional[str] = typer.Argument(None, help="Run config (TOML/YAML) or shipped name (default: default)."),
+        cut: int = typer.Option(25, help="Keep the first CUT tokens (characters) of every training sentence."),
+        set_: list[str] = typer.Option([], "--set", "-s", help="Override a config key: section.key=value."),
+        run_dir: Optional[Path] = typer.Option(None, help="Run directory (default: runs/<config name>-cut<CUT>)."),
+        restart: bool = typer.Option(False, help="Discard an existing run in the run directory."),
+        progress: bool = typer.Option(True, help="Show progress bars."),
+    ) -> None:
+        """Train on sentences cut at CUT tokens, validate and test on whole sentences (report 6.1)."""
+        from ..train.config import load_config
+        from ..train.final_evaluation import headline
+        from .partial_sentences import run_partial_sentences
+
+        cfg = load_config(config or "default", set_)
+        path = _fresh(run_dir or Path("runs") / f"{cfg.name or 'default'}-cut{cut}", restart)
+        results = run_partial_sentences(cfg, cut, path, progress, typer.echo)
+        typer.echo(f"{headline(results, 'test')} (trained on sentences cut at {cut})\nrun directory: {path}")
+
+    return app
