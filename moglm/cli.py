@@ -219,6 +219,10 @@ def _build_app():
 
     app.add_typer(task_app(), name="task", help="Synthetic tasks: Dyck-k (WCPA), reverse copy, partial sentences.")
 
+    from .bench.cli import bench_app
+
+    app.add_typer(bench_app(), name="bench", help="Benchmarks: throughput against nn.LSTM; equal-budget comparisons.")
+
     return app
 
 

@@ -275,3 +275,23 @@ def test_saved_activation_memory_grows_linearly_in_the_window(make):
     model = make()
     small, large = saved_bytes(model, 20), saved_bytes(model, 40)
     assert 1.8 < large / small < 2.1
+
+
+@pytest.mark.parametrize("steps, batch", [(1, 3), (4, 1)])
+def test_edge_cases_one_step_one_row_frozen_weights_and_input_without_grad(steps, batch):
+    model = moglm.MogrifierLSTM(M, H, 2, rounds=3, rank=2, state_dropout=0.3, dtype=D).train()
+    model.weight_hh_l0.requires_grad_(False)
+    model.mogrifier_q_left_l1.requires_grad_(False)
+    x = torch.randn(steps, batch, M, dtype=D)  # no grad
+    results = []
+    for backend in ("reference", "fused"):
+        model.backend = backend
+        model.zero_grad()
+        torch.manual_seed(4)
+        y, (h, c) = model(x)
+        (y.sum() + c.pow(2).sum()).backward()
+        results.append([y, h, c, *(p.grad for p in model.parameters())])
+    for a, e in zip(*reversed(results)):
+        assert (a is None) == (e is None)
+        if a is not None:
+            torch.testing.assert_close(a, e)

@@ -66,7 +66,8 @@ def compare(
     """Train and evaluate ``configs``; with ``parallel`` they run at once, one CPU thread each (fair: each
     sees the same machine), else one after another with torch's default threads."""
     runs_root = Path(runs_root)
-    jobs = [(c, str(runs_root / c), list(overrides or []), 1 if parallel else None) for c in configs]
+    # a run directory per config, named after the shipped config or the file's stem
+    jobs = [(c, str(runs_root / Path(c).stem), list(overrides or []), 1 if parallel else None) for c in configs]
     if parallel:
         with mp.get_context("spawn").Pool(len(jobs)) as pool:
             rows = pool.starmap(_train_one, jobs)
@@ -76,7 +77,42 @@ def compare(
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(report, indent=1))
+    plot_comparison(report, out_path.with_suffix(".png"))
     return report
+
+
+def plot_comparison(report: dict[str, Any], path: Path) -> Path | None:
+    """Validation score against training tokens for every run of ``report`` on one axis (PNG), read back
+    from the runs' ``metrics.jsonl``; ``None`` when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    from ..train.run_directory import RunDirectory
+
+    word = report["results"][0]["level"] == "word"
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for row in report["results"]:
+        valid = [r for r in RunDirectory(row["run_dir"]).read_metrics() if r["kind"] == "valid"]
+        score = [r["perplexity"] if word else r["bits_per_token"] for r in valid]
+        ax.plot([r["tokens"] for r in valid], score, "o-", ms=3,
+                label=f"{row['architecture']} ({row['num_params']:,} parameters, H={row['hidden_size']})")
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("validation perplexity" if word else "validation bits per token")
+    if word:
+        ax.set_yscale("log")
+    ax.set_title(" vs ".join(report["configs"]))
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
 
 
 def markdown_table(report: dict[str, Any]) -> str:

@@ -177,18 +177,31 @@ def _peak_growth_mb(name: str, hidden: int, batch: int, bptt: int, device: str) 
     return (max(peak[0], rss()) - before) / 2**20
 
 
-def peak_memory_mb(name: str, hidden: int, batch: int, bptt: int, device: str) -> float | None:
-    if device.startswith("cuda") or not Path("/proc/self/statm").exists():
-        return None if not device.startswith("cuda") else _peak_growth_mb(name, hidden, batch, bptt, device)
+def _window_memory(name: str, hidden: int, batch: int, bptt: int, device: str) -> dict[str, float | None]:
+    """Both memory numbers of one model, measured where this runs (a fresh process on CPU)."""
+    x = torch.randn(bptt, batch, hidden, device=device, requires_grad=True)
+    saved = saved_tensor_mb(build(name, hidden, device), x)
+    del x
+    peak = _peak_growth_mb(name, hidden, batch, bptt, device) if (
+        device.startswith("cuda") or Path("/proc/self/statm").exists()) else None
+    return {"saved_mb": saved, "peak_mb": peak}
+
+
+def window_memory(name: str, hidden: int, batch: int, bptt: int, device: str) -> dict[str, Any]:
+    """``{"bptt", "saved_mb", "peak_mb"}`` of one model over a ``bptt`` window. On CPU in a fresh
+    subprocess, so that neither the allocator's leftovers of earlier measurements nor this process's
+    other tensors count (and a window too big for the machine fails alone: its numbers are ``None``)."""
+    if device.startswith("cuda"):
+        return {"bptt": bptt, **_window_memory(name, hidden, batch, bptt, device)}
     code = (
-        "import sys, torch; from moglm.bench.throughput import _peak_growth_mb; "
-        f"print(_peak_growth_mb({name!r}, {hidden}, {batch}, {bptt}, 'cpu'))"
+        "import json, torch; from moglm.bench.throughput import _window_memory; "
+        f"print(json.dumps(_window_memory({name!r}, {hidden}, {batch}, {bptt}, 'cpu')))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     try:
-        return float(done.stdout.strip().splitlines()[-1])
+        return {"bptt": bptt, **json.loads(done.stdout.strip().splitlines()[-1])}
     except (ValueError, IndexError):
-        return None
+        return {"bptt": bptt, "saved_mb": None, "peak_mb": None, "error": done.stderr.strip()[-300:]}
 
 
 def run_throughput(
@@ -248,21 +261,23 @@ def run_throughput(
         del built, x
         if memory_bptt:
             for name in models:
-                xm = torch.randn(memory_bptt, batch, hidden, device=device, requires_grad=True)
                 row = next(r for r in results if r["hidden"] == hidden and r["model"] == name)
-                row["memory"] = {
-                    "bptt": memory_bptt,
-                    "saved_mb": saved_tensor_mb(build(name, hidden, device), xm),
-                    "peak_mb": peak_memory_mb(name, hidden, batch, memory_bptt, device),
-                }
+                row["memory"] = window_memory(name, hidden, batch, memory_bptt, device)
             log(f"H={hidden} memory done")
-    report["results"] = results
+        report["results"] = results
+        _write(report, out_path)  # after every hidden size: an interrupted run keeps what it measured
     report["machine"]["loadavg_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    _write(report, out_path)
+    return report
+
+
+def _write(report: dict[str, Any], out_path: str | Path | None) -> None:
     if out_path:
         path = Path(out_path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=1))
-    return report
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(report, indent=1))
+        tmp.replace(path)
 
 
 def markdown_table(report: dict[str, Any]) -> str:

@@ -50,12 +50,17 @@ def tanh_into(x: Tensor, out: Tensor) -> Tensor:
     return torch.tanh(x, out=out)
 
 
+def per_step(buf: Tensor, T: int, save: bool) -> list[Tensor]:
+    """``[buf[0], ..., buf[T-1]]`` as views made in one call; without ``save`` the buffer has a single
+    slot, reused by every step."""
+    return list(buf.unbind(0)) if save else [buf[0]] * T
+
+
 def cell_forward(g: Tensor, c_prev: Tensor, c_out: Tensor, h_out: Tensor, tc: Tensor, capped: bool) -> None:
     """Activate ``g`` ``[B, 4n]`` (pre-activations, j block doubled) in place into ``[i, f, o, j]``;
     write c_t to ``c_out`` and h_t to ``h_out``. ``tc`` ``[B, n]`` is scratch."""
-    n = c_prev.shape[-1]
     g.sigmoid_()
-    i, f, o, j = g[:, :n], g[:, n : 2 * n], g[:, 2 * n : 3 * n], g[:, 3 * n :]  # each [B, n]
+    i, f, o, j = g.view(g.shape[0], 4, -1).unbind(1)  # each [B, n]
     j.mul_(2.0).sub_(1.0)  # tanh of the j pre-activation
     if capped:
         i = torch.minimum(torch.rsub(f, 1.0), i)  # [B, n]
@@ -63,33 +68,42 @@ def cell_forward(g: Tensor, c_prev: Tensor, c_out: Tensor, h_out: Tensor, tc: Te
     torch.mul(o, tanh_into(c_out, tc), out=h_out)  # h_t [B, n]
 
 
+class BackwardScratch:
+    """Reused ``[B, 4n]`` buffer for the gradients of the gate activations, and its views."""
+
+    def __init__(self, like: Tensor, B: int, n: int) -> None:
+        self.da = like.new_empty(B, 4 * n)
+        self.i, self.f, self.o, self.j = self.da.view(B, 4, n).unbind(1)  # each [B, n]
+        self.ifo = self.da[:, : 3 * n]  # [B, 3n]
+
+
 def cell_backward(
-    dh: Tensor, dc_next: Tensor, act: Tensor, c_prev: Tensor, c_t: Tensor, da: Tensor, dg: Tensor, capped: bool
+    dh: Tensor, dc_next: Tensor, act: Tensor, c_prev: Tensor, c_t: Tensor, da: BackwardScratch,
+    dg_ifo: Tensor, dg_j: Tensor, capped: bool,
 ) -> Tensor:
-    """Gate pre-activation gradient into ``dg`` ``[B, 4n]`` from dL/dh_t (all of it) and the dL/dc_t carried
-    from step t+1; returns dL/dc_{t-1}. ``da`` ``[B, 4n]`` is scratch. ``dg`` is the gradient of the
-    un-doubled pre-activations, so it pairs with the plain (permuted) weights."""
-    n = c_prev.shape[-1]
-    i, f, o, j = act[:, :n], act[:, n : 2 * n], act[:, 2 * n : 3 * n], act[:, 3 * n :]  # each [B, n]
-    tc = tanh_into(c_t, da[:, :n])  # tanh(c_t) [B, n] (scratch; da[:, :n] is written last below)
+    """Gate pre-activation gradient into ``dg_ifo`` ``[B, 3n]`` and ``dg_j`` ``[B, n]`` from dL/dh_t (all of
+    it) and the dL/dc_t carried from step t+1; returns dL/dc_{t-1}. The gradient is that of the un-doubled
+    pre-activations, so it pairs with the plain (permuted) weights."""
+    i, f, o, j = act.view(act.shape[0], 4, -1).unbind(1)  # each [B, n]
+    tc = tanh_into(c_t, da.i)  # tanh(c_t) [B, n] (scratch: da.i is written last below)
     dc = torch.mul(dh, o)
     _tanh_backward(dc, tc, grad_input=dc)
     dc.add_(dc_next)  # dL/dc_t [B, n]
-    torch.mul(dh, tc, out=da[:, 2 * n : 3 * n])  # d o
-    torch.mul(dc, c_prev, out=da[:, n : 2 * n])  # d f (direct)
+    torch.mul(dh, tc, out=da.o)  # d o
+    torch.mul(dc, c_prev, out=da.f)  # d f (direct)
     if capped:
         one_minus_f = torch.rsub(f, 1.0)
         d_capped = torch.mul(dc, j)  # d min(1-f, i)
         # torch.minimum's derivative: all to the smaller argument, half to each on a tie
         share_i = torch.where(i == one_minus_f, 0.5, (i < one_minus_f).to(dc.dtype))
-        torch.mul(d_capped, share_i, out=da[:, :n])  # d i
-        da[:, n : 2 * n].sub_(d_capped).add_(da[:, :n])  # d f -= d_capped - d i
-        torch.mul(dc, torch.minimum(one_minus_f, i), out=da[:, 3 * n :])  # d j
+        torch.mul(d_capped, share_i, out=da.i)  # d i
+        da.f.sub_(d_capped).add_(da.i)  # d f -= d_capped - d i
+        torch.mul(dc, torch.minimum(one_minus_f, i), out=da.j)  # d j
     else:
-        torch.mul(dc, i, out=da[:, 3 * n :])  # d j
-        torch.mul(dc, j, out=da[:, :n])  # d i
-    _sigmoid_backward(da[:, : 3 * n], act[:, : 3 * n], grad_input=dg[:, : 3 * n])
-    _tanh_backward(da[:, 3 * n :], j, grad_input=dg[:, 3 * n :])
+        torch.mul(dc, i, out=da.j)  # d j
+        torch.mul(dc, j, out=da.i)  # d i
+    _sigmoid_backward(da.ifo, act[:, : 3 * i.shape[-1]], grad_input=dg_ifo)
+    _tanh_backward(da.j, j, grad_input=dg_j)
     return dc.mul_(f)  # dL/dc_{t-1} [B, n]
 
 

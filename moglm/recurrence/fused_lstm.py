@@ -30,6 +30,7 @@ from torch import Tensor
 from ..cells.base import Params
 from .fallback import double_backward_by_reference
 from .fused_cell import (
+    BackwardScratch,
     _sigmoid_backward,
     cell_backward,
     cell_forward,
@@ -37,6 +38,7 @@ from .fused_cell import (
     gate_permutation,
     h_prev_all,
     lstm_weights,
+    per_step,
     unflatten_saved,
 )
 from .gemm import CHUNK_ROWS, Linear, matmul_tn
@@ -93,6 +95,13 @@ class _Round:
             self.d_src = Linear((self.scale * self.full).t(), None, rows)  # dp -> d src^
 
 
+def _chains(xs_t, h_first_t, xc, hc, xh, m: int, nr: int, views) -> dict[str, list[list[Tensor]]]:
+    """Per-step views of the stored chains: ``chains[name][j][t]`` is x^j / h^j (divided by 2^j) at step t."""
+    x = [xs_t, *(views(b) for b in xc), views(xh[:, :, :m])]
+    h = [h_first_t, *(views(b) for b in hc), views(xh[:, :, m:])] if nr else [h_first_t]
+    return {"x": x, "h": h}
+
+
 def fused_forward(spec: LayerSpec, xs: Tensor, h0: Tensor, c0: Tensor, mask: Tensor | None, p: Params, save: bool):
     """Run the window. Returns ``(ys [T, B, n], h_T, c_T, saved)``; ``saved`` (the buffers backward needs)
     is ``None`` unless ``save``. Without ``save`` the per-step buffers are reused."""
@@ -101,63 +110,75 @@ def fused_forward(spec: LayerSpec, xs: Tensor, h0: Tensor, c0: Tensor, mask: Ten
     nq, nr = (r + 1) // 2, r // 2
     w_ih, w_hh, bias = lstm_weights(p, n, xs.device, forward=True)
     S = T if save else 1  # leading size of the per-step buffers
+
+    def views(buf: Tensor) -> list[Tensor]:
+        return per_step(buf, T, save)
+
     ys = xs.new_empty(T, B, n)  # [T, B, n]
     cs = xs.new_empty(T if save else 2, B, n)  # [T, B, n]
     tc = xs.new_empty(B, n)  # scratch
     hm = xs.new_empty(S, B, n) if mask is not None and r != 1 else None  # h~ [S, B, n]
     acts: list[Tensor] = []  # gate activations, T x [B, 4n]
     saved: dict = {"acts": acts, "cs": cs, "hm": hm}
+    ys_t = ys.unbind(0)
+    cs_t = cs.unbind(0) if save else [cs[t % 2] for t in range(T)]
+    h_prev_t = [h0, *ys_t[:-1]]
+    c_prev_t = [c0, *cs_t[:-1]] if save else [c0, *(cs[(t - 1) % 2] for t in range(1, T))]
+    xs_t = xs.unbind(0)
     if r == 0:
         gates_x = Linear(w_ih, bias, CHUNK_ROWS)  # x -> x W_ih^T + b, many steps at once
         gates_h = Linear(w_hh, None, B)
         chunk = max(1, CHUNK_ROWS // B) if gates_x.onednn else T
-    else:
-        rounds = [_Round(spec, p, i) for i in range(1, r + 1)]
-        for rd in rounds:
-            rd.forward_ops(B)
-        gates = Linear(torch.cat([w_ih * 2.0**nq, w_hh * 2.0**nr], 1), bias, B)  # [x^_up; h^_up] -> gates
-        xh = xs.new_empty(S, B, m + n)  # [x^_up; h^_up] [S, B, m+n]
-        xc = [xs.new_empty(S, B, m) for _ in range(nq - 1)]  # x^1 .. x^{nq-1}, each [S, B, m]
-        hc = [xs.new_empty(S, B, n) for _ in range(nr - 1)]  # h^1 .. h^{nr-1}, each [S, B, n]
-        sgs = [xs.new_empty(S, B, m if rd.target == "x" else n) for rd in rounds]  # sigmoid(p) per round
-        lows: list[list[Tensor]] = [[] for _ in rounds]  # low rank: T x [B, k] per round
-        saved.update(xh=xh, xc=xc, hc=hc, sgs=sgs, lows=lows)
-    h_prev, c_prev = h0, c0
-    for t in range(T):
-        s = t if save else 0
-        if r == 0:
+        hm_t = views(hm) if mask is not None else h_prev_t
+        for t in range(T):
             if t % chunk == 0:
                 steps = min(chunk, T - t)
-                xp = gates_x(xs[t : t + steps].reshape(steps * B, m)).view(steps, B, 4 * n)  # [steps, B, 4n]
-            hh = h_prev if mask is None else torch.mul(h_prev, mask, out=hm[s])  # h~ [B, n]
-            g = gates_h(hh, add=xp[t % chunk])  # [B, 4n]
-        else:
-            if nr == 0:  # h~ is h_up itself
-                h_first = xh[s, :, m:]
-                torch.mul(h_prev, mask, out=h_first) if mask is not None else h_first.copy_(h_prev)
+                xp_t = gates_x(xs[t : t + steps].reshape(steps * B, m)).view(steps, B, 4 * n).unbind(0)
+            if mask is not None:
+                torch.mul(h_prev_t[t], mask, out=hm_t[t])  # h~ [B, n]
+            g = gates_h(hm_t[t], add=xp_t[t % chunk])  # [B, 4n]
+            cell_forward(g, c_prev_t[t], cs_t[t], ys_t[t], tc, spec.capped)
+            if save:
+                acts.append(g)
+        return ys, ys[-1].clone(), cs_t[-1].clone(), saved if save else None
+
+    rounds = [_Round(spec, p, i) for i in range(1, r + 1)]
+    for rd in rounds:
+        rd.forward_ops(B)
+    gates = Linear(torch.cat([w_ih * 2.0**nq, w_hh * 2.0**nr], 1), bias, B)  # [x^_up; h^_up] -> gates
+    xh = xs.new_empty(S, B, m + n)  # [x^_up; h^_up] [S, B, m+n]
+    xc = [xs.new_empty(S, B, m) for _ in range(nq - 1)]  # x^1 .. x^{nq-1}, each [S, B, m]
+    hc = [xs.new_empty(S, B, n) for _ in range(nr - 1)]  # h^1 .. h^{nr-1}, each [S, B, n]
+    sgs = [xs.new_empty(S, B, m if rd.target == "x" else n) for rd in rounds]  # sigmoid(p) per round
+    lows: list[list[Tensor]] = [[] for _ in rounds]  # low rank: T x [B, k] per round
+    saved.update(xh=xh, xc=xc, hc=hc, sgs=sgs, lows=lows)
+    h_first_t = views(xh[:, :, m:]) if nr == 0 else (views(hm) if mask is not None else h_prev_t)
+    chains = _chains(xs_t, h_first_t, xc, hc, xh, m, nr, views)
+    plan = [  # per round: old, new, source, gate (per-step views), GEMMs, where its lows go
+        (chains[rd.target][rd.j], chains[rd.target][rd.j + 1], chains[rd.source][rd.src_j], views(sg),
+         getattr(rd, "low", None), rd.pre, lows[k] if save and rd.low_rank else None)
+        for k, (rd, sg) in enumerate(zip(rounds, sgs))
+    ]
+    xh_t = views(xh)
+    for t in range(T):
+        if nr == 0:  # h~ is h_up itself
+            torch.mul(h_prev_t[t], mask, out=h_first_t[t]) if mask is not None else h_first_t[t].copy_(h_prev_t[t])
+        elif mask is not None:
+            torch.mul(h_prev_t[t], mask, out=h_first_t[t])  # h~ [B, n]
+        for old, new, src, sg, low_op, pre_op, low_list in plan:
+            if low_op is not None:
+                low = low_op(src[t])  # [B, k]
+                if low_list is not None:
+                    low_list.append(low)
+                pre = pre_op(low)  # [B, out]
             else:
-                h_first = h_prev if mask is None else torch.mul(h_prev, mask, out=hm[s])  # [B, n]
-            chain = {
-                "x": [xs[t], *(b[s] for b in xc), xh[s, :, :m]],  # x^0 .. x^nq (scaled)
-                "h": [h_first, *(b[s] for b in hc), xh[s, :, m:]] if nr else [h_first],  # h^0 .. h^nr
-            }
-            for k, rd in enumerate(rounds):
-                own, src = chain[rd.target], chain[rd.source][rd.src_j]
-                if rd.low_rank:
-                    low = rd.low(src)  # [B, k]
-                    if save:
-                        lows[k].append(low)
-                    pre = rd.pre(low)  # [B, out]
-                else:
-                    pre = rd.pre(src)  # [B, out]
-                torch.mul(own[rd.j], torch.sigmoid(pre, out=sgs[k][s]), out=own[rd.j + 1])  # next^ = sg * old^
-            g = gates(xh[s])  # [B, 4n]
-        c_out = cs[t] if save else cs[t % 2]
-        cell_forward(g, c_prev, c_out, ys[t], tc, spec.capped)
+                pre = pre_op(src[t])  # [B, out]
+            torch.mul(old[t], torch.sigmoid(pre, out=sg[t]), out=new[t])  # next^ = sigmoid(p) * old^
+        g = gates(xh_t[t])  # [B, 4n]
+        cell_forward(g, c_prev_t[t], cs_t[t], ys_t[t], tc, spec.capped)
         if save:
             acts.append(g)
-        h_prev, c_prev = ys[t], c_out
-    return ys, ys[-1].clone(), c_prev.clone(), saved if save else None
+    return ys, ys[-1].clone(), cs_t[-1].clone(), saved if save else None
 
 
 def fused_backward(spec: LayerSpec, needs, xs, h0, c0, mask, p: Params, ys, saved, dys, dh_T, dc_T) -> tuple:
@@ -168,86 +189,107 @@ def fused_backward(spec: LayerSpec, needs, xs, h0, c0, mask, p: Params, ys, save
     w_ih, w_hh, _ = lstm_weights(p, n, xs.device, forward=False)
     acts, cs, hm = saved["acts"], saved["cs"], saved["hm"]
     dG = xs.new_empty(T, B, 4 * n)  # gate pre-activation gradients [T, B, 4n]
-    da = xs.new_empty(B, 4 * n)  # scratch
+    dg_ifo_t, dg_j_t = dG[:, :, : 3 * n].unbind(0), dG[:, :, 3 * n :].unbind(0)
+    da = BackwardScratch(xs, B, n)
+    cs_t, dys_t = cs.unbind(0), dys.unbind(0)
+    c_prev_t = [c0, *cs_t[:-1]]
     dh_next, dc_next = dh_T, dc_T
     if r == 0:
         d_h = Linear(w_hh.t(), None, B)  # dG -> dh~
-    else:
-        xh, xc, hc, sgs, lows = (saved[k] for k in ("xh", "xc", "hc", "sgs", "lows"))
-        rounds = [_Round(spec, p, i) for i in range(1, r + 1)]
-        for rd in rounds:
-            rd.backward_ops(B)
-        d_xh = Linear(torch.cat([w_ih * 2.0**nq, w_hh * 2.0**nr], 1).t(), None, B)  # dG -> [dx^_up; dh^_up]
-        dps = [torch.empty_like(sg) for sg in sgs]  # dL/dp per round, [T, B, out]
-        dlows: list[list] = [[None] * T for _ in rounds]  # low rank: dL/d(low) per round and step
-        dx_all = xs.new_empty(T, B, m) if needs[0] else None
-    for t in range(T - 1, -1, -1):
-        dh = dys[t] + dh_next
-        dc_next = cell_backward(dh, dc_next, acts[t], cs[t - 1] if t else c0, cs[t], da, dG[t], spec.capped)
-        if r == 0:
-            dh_next = d_h(dG[t])  # dL/dh~ [B, n]
-        else:
-            dxh = d_xh(dG[t])  # [B, m+n]
-            grad = {"x": dxh[:, :m], "h": dxh[:, m:]}  # gradient of each chain's current end
-            extra = {"x": None, "h": None}  # no zigzag: gradient reaching x^0 / h^0 as round sources
-            h_first = xh[t, :, m:] if nr == 0 else (hm[t] if mask is not None else (ys[t - 1] if t else h0))
-            chain = {"x": [xs[t], *(b[t] for b in xc), xh[t, :, :m]], "h": [h_first, *(b[t] for b in hc), xh[t, :, m:]]}
-            for k in range(r - 1, -1, -1):
-                rd, sg, dnew = rounds[k], sgs[k][t], grad[rounds[k].target]
-                dp = torch.mul(dnew, chain[rd.target][rd.j], out=dps[k][t])
-                _sigmoid_backward(dp, sg, grad_input=dp)  # dL/dp [B, out]
-                grad[rd.target] = dnew * sg  # gradient of the old value
-                if rd.low_rank:
-                    dlows[k][t] = dp = rd.d_low(dp)  # [B, k]
-                if spec.zigzag:
-                    grad[rd.source] = rd.d_src(dp, add=grad[rd.source])
-                else:
-                    extra[rd.source] = rd.d_src(dp, add=extra[rd.source])
-            for name in ("x", "h"):
-                if extra[name] is not None:
-                    grad[name] = grad[name] + extra[name]
-            if dx_all is not None:
-                dx_all[t].copy_(grad["x"])
-            dh_next = grad["h"]
-        if mask is not None:
-            dh_next = dh_next * mask
-    dG2 = dG.view(T * B, 4 * n)
-    grads = {}
-    if r == 0:
+        dG_t = dG.unbind(0)
+        for t in range(T - 1, -1, -1):
+            dh = dys_t[t] + dh_next
+            dc_next = cell_backward(dh, dc_next, acts[t], c_prev_t[t], cs_t[t], da, dg_ifo_t[t], dg_j_t[t], spec.capped)
+            dh_next = d_h(dG_t[t])  # dL/dh~ [B, n]
+            if mask is not None:
+                dh_next.mul_(mask)
+        dG2 = dG.view(T * B, 4 * n)
         dx = Linear(w_ih.t(), None, CHUNK_ROWS).rows(dG2).view(T, B, m) if needs[0] else None
+        grads = {}
         if any(needs[4:]):
             hh = hm if mask is not None else h_prev_all(h0, ys)  # h~ for every step [T, B, n]
-            grads["weight_ih"] = matmul_tn(dG2, xs.reshape(T * B, m))  # [4n, m]
-            grads["weight_hh"] = matmul_tn(dG2, hh.reshape(T * B, n))  # [4n, n]
-    else:
-        dx = dx_all
-        if any(needs[4:]):
-            w = matmul_tn(dG2, xh.view(T * B, m + n))  # [4n, m+n]
-            grads["weight_ih"], grads["weight_hh"] = w[:, :m] * 2.0**nq, w[:, m:] * 2.0**nr
-            h_first = xh[:, :, m:] if nr == 0 else (hm if mask is not None else h_prev_all(h0, ys))
-            chain = {"x": [xs, *xc, xh[:, :, :m]], "h": [h_first, *hc, xh[:, :, m:]]}
-            per_round = {}
-            for k, rd in enumerate(rounds):
-                src = chain[rd.source][rd.src_j].reshape(T * B, -1)  # [TB, in]
-                dp = dps[k].view(T * B, -1)  # [TB, out]
-                g = {"bias": dp.sum(0)}
-                if rd.low_rank:
-                    g["left"] = matmul_tn(dp, torch.stack(lows[k]).view(T * B, -1))  # [out, k]
-                    g["right"] = matmul_tn(torch.stack(dlows[k]).view(T * B, -1), src).mul_(rd.scale)  # [k, in]
-                else:
-                    g["weight"] = matmul_tn(dp, src).mul_(rd.scale)  # [out, in]
-                per_round[rd.kind, rd.j] = g
-            for name in p:
-                if name.startswith("mogrifier_"):
-                    kind, part = name[len("mogrifier_") :].split("_", 1)
-                    grads[name] = torch.stack([per_round[kind, i][part] for i in range(p[name].shape[0])])
+            grads["weight_ih"], grads["weight_hh"] = matmul_tn(dG2, xs.reshape(T * B, m), hh.reshape(T * B, n))
+        return _finish(spec, needs, p, dx, dh_next, dc_next, dG2, grads)
+
+    xh, xc, hc, sgs, lows = (saved[k] for k in ("xh", "xc", "hc", "sgs", "lows"))
+    rounds = [_Round(spec, p, i) for i in range(1, r + 1)]
+    for rd in rounds:
+        rd.backward_ops(B)
+    d_xh = Linear(torch.cat([w_ih * 2.0**nq, w_hh * 2.0**nr], 1).t(), None, B)  # dG -> [dx^_up; dh^_up]
+    dps = [torch.empty_like(sg) for sg in sgs]  # dL/dp per round, [T, B, out]
+    dlows: list[list] = [[None] * T for _ in rounds]  # low rank: dL/d(low) per round and step
+    dx_all = xs.new_empty(T, B, m) if needs[0] else None
+    dx_t = dx_all.unbind(0) if dx_all is not None else None
+
+    def views(buf: Tensor) -> list[Tensor]:
+        return list(buf.unbind(0))
+
+    h_first_t = views(xh[:, :, m:]) if nr == 0 else (views(hm) if mask is not None else [h0, *ys.unbind(0)[:-1]])
+    chains = _chains(xs.unbind(0), h_first_t, xc, hc, xh, m, nr, views)
+    plan = [  # per round, in reverse: old value, gate, dp (per-step views), GEMMs, where its dlows go
+        (k, rd.target, rd.source, chains[rd.target][rd.j], views(sgs[k]), views(dps[k]), getattr(rd, "d_low", None),
+         rd.d_src, dlows[k])
+        for k, rd in reversed(list(enumerate(rounds)))
+    ]
+    dG_t = dG.unbind(0)
+    zigzag = spec.zigzag
+    for t in range(T - 1, -1, -1):
+        dh = dys_t[t] + dh_next
+        dc_next = cell_backward(dh, dc_next, acts[t], c_prev_t[t], cs_t[t], da, dg_ifo_t[t], dg_j_t[t], spec.capped)
+        dxh = d_xh(dG_t[t])  # [B, m+n]
+        grad = {"x": dxh[:, :m], "h": dxh[:, m:]}  # gradient of each chain's current end
+        extra = {"x": None, "h": None}  # no zigzag: gradient reaching x^0 / h^0 as round sources
+        for k, target, source, old, sg, dp_t, d_low, d_src, dlow_list in plan:
+            dnew = grad[target]
+            dp = torch.mul(dnew, old[t], out=dp_t[t])
+            _sigmoid_backward(dp, sg[t], grad_input=dp)  # dL/dp [B, out]
+            grad[target] = dnew * sg[t]  # gradient of the old value
+            if d_low is not None:
+                dlow_list[t] = dp = d_low(dp)  # [B, k]
+            if zigzag:
+                grad[source] = d_src(dp, add=grad[source])
+            else:
+                extra[source] = d_src(dp, add=extra[source])
+        for name in ("x", "h"):
+            if extra[name] is not None:
+                grad[name] = grad[name] + extra[name]
+        if dx_t is not None:
+            dx_t[t].copy_(grad["x"])
+        dh_next = grad["h"] if mask is None else grad["h"] * mask
+    dG2 = dG.view(T * B, 4 * n)
+    grads = {}
+    if any(needs[4:]):
+        w = matmul_tn(dG2, xh.view(T * B, m + n))  # [4n, m+n]
+        grads["weight_ih"], grads["weight_hh"] = w[:, :m] * 2.0**nq, w[:, m:] * 2.0**nr
+        h_first = xh[:, :, m:] if nr == 0 else (hm if mask is not None else h_prev_all(h0, ys))
+        chain = {"x": [xs, *xc, xh[:, :, :m]], "h": [h_first, *hc, xh[:, :, m:]]}
+        per_round = {}
+        for k, rd in enumerate(rounds):
+            src = chain[rd.source][rd.src_j].reshape(T * B, -1)  # [TB, in]
+            dp = dps[k].view(T * B, -1)  # [TB, out]
+            g = {"bias": dp.sum(0)}
+            if rd.low_rank:
+                g["left"] = matmul_tn(dp, torch.stack(lows[k]).view(T * B, -1))  # [out, k]
+                g["right"] = matmul_tn(torch.stack(dlows[k]).view(T * B, -1), src).mul_(rd.scale)  # [k, in]
+            else:
+                g["weight"] = matmul_tn(dp, src).mul_(rd.scale)  # [out, in]
+            per_round[rd.kind, rd.j] = g
+        for name in p:
+            if name.startswith("mogrifier_"):
+                kind, part = name[len("mogrifier_") :].split("_", 1)
+                grads[name] = torch.stack([per_round[kind, i][part] for i in range(p[name].shape[0])])
+    return _finish(spec, needs, p, dx_all, dh_next, dc_next, dG2, grads)
+
+
+def _finish(spec: LayerSpec, needs, p: Params, dx, dh0, dc0, dG2: Tensor, grads: dict) -> tuple:
+    """Gradients in the Function's input order, with the gate rows back in torch's order."""
     if grads:
-        perm = gate_permutation(n, xs.device)
+        perm = gate_permutation(spec.hidden_size, dG2.device)
         grads["weight_ih"] = grads["weight_ih"].index_select(0, perm)
         grads["weight_hh"] = grads["weight_hh"].index_select(0, perm)
         if "bias_ih" in p:
             grads["bias_ih"] = grads["bias_hh"] = dG2.sum(0).index_select(0, perm)  # [4n]
-    out = [dx, dh_next, dc_next, None, *(grads.get(name) for name in spec.names)]
+    out = [dx, dh0, dc0, None, *(grads.get(name) for name in spec.names)]
     return tuple(g if need else None for g, need in zip(out, needs))
 
 

@@ -18,7 +18,15 @@ import torch
 from torch import Tensor
 
 from ..cells.base import Params
-from .fused_cell import cell_backward, cell_forward, gate_permutation, h_prev_all, lstm_weights
+from .fused_cell import (
+    BackwardScratch,
+    cell_backward,
+    cell_forward,
+    gate_permutation,
+    h_prev_all,
+    lstm_weights,
+    per_step,
+)
 from .fused_lstm import FusedLSTMFunction, run_fused
 from .gemm import CHUNK_ROWS, Linear, matmul_tn
 
@@ -41,24 +49,25 @@ def mlstm_forward(spec, xs: Tensor, h0: Tensor, c0: Tensor, mask: Tensor | None,
     acts: list[Tensor] = []  # T x [B, 4n]
     a_h: list[Tensor] = []  # W_mh h~, T x [B, n]
     chunk = max(1, CHUNK_ROWS // B) if gates_x.onednn else T
-    h_prev, c_prev = h0, c0
+    ys_t, x_m_t, ms_t = ys.unbind(0), x_m.unbind(0), per_step(ms, T, save)
+    cs_t = cs.unbind(0) if save else [cs[t % 2] for t in range(T)]
+    h_prev_t, c_prev_t = [h0, *ys_t[:-1]], [c0, *cs_t[:-1]]
+    hm_t = per_step(hm, T, save) if mask is not None else h_prev_t
     for t in range(T):
         if t % chunk == 0:
             steps = min(chunk, T - t)
-            xp = gates_x(xs[t : t + steps].reshape(steps * B, m)).view(steps, B, 4 * n)  # W_ih x + b
-        s = t if save else 0
-        hh = h_prev if mask is None else torch.mul(h_prev, mask, out=hm[s])  # h~ [B, n]
-        a = proj_h(hh)  # W_mh h~ [B, n]
-        torch.mul(x_m[t], a, out=ms[s])  # m_t [B, n]
-        g = gates_m(ms[s], add=xp[t % chunk])  # [B, 4n]
-        c_out = cs[t] if save else cs[t % 2]
-        cell_forward(g, c_prev, c_out, ys[t], tc, spec.capped)
+            xp_t = gates_x(xs[t : t + steps].reshape(steps * B, m)).view(steps, B, 4 * n).unbind(0)  # W_ih x + b
+        if mask is not None:
+            torch.mul(h_prev_t[t], mask, out=hm_t[t])  # h~ [B, n]
+        a = proj_h(hm_t[t])  # W_mh h~ [B, n]
+        torch.mul(x_m_t[t], a, out=ms_t[t])  # m_t [B, n]
+        g = gates_m(ms_t[t], add=xp_t[t % chunk])  # [B, 4n]
+        cell_forward(g, c_prev_t[t], cs_t[t], ys_t[t], tc, spec.capped)
         if save:
             acts.append(g)
             a_h.append(a)
-        h_prev, c_prev = ys[t], c_out
     saved = {"acts": acts, "a_h": a_h, "cs": cs, "ms": ms, "hm": hm, "x_m": x_m} if save else None
-    return ys, ys[-1].clone(), c_prev.clone(), saved
+    return ys, ys[-1].clone(), cs_t[-1].clone(), saved
 
 
 def mlstm_backward(spec, needs, xs, h0, c0, mask, p: Params, ys, saved, dys, dh_T, dc_T) -> tuple:
@@ -72,15 +81,18 @@ def mlstm_backward(spec, needs, xs, h0, c0, mask, p: Params, ys, saved, dys, dh_
     dG = xs.new_empty(T, B, 4 * n)  # [T, B, 4n]
     d_xm = xs.new_empty(T, B, n)  # dL/d(W_mx x) [T, B, n]
     d_ah = xs.new_empty(T, B, n)  # dL/d(W_mh h~) [T, B, n]
-    da = xs.new_empty(B, 4 * n)
+    da = BackwardScratch(xs, B, n)
+    dG_t, dg_ifo_t, dg_j_t = dG.unbind(0), dG[:, :, : 3 * n].unbind(0), dG[:, :, 3 * n :].unbind(0)
+    d_xm_t, d_ah_t, x_m_t, dys_t, cs_t = d_xm.unbind(0), d_ah.unbind(0), x_m.unbind(0), dys.unbind(0), cs.unbind(0)
+    c_prev_t = [c0, *cs_t[:-1]]
     dh_next, dc_next = dh_T, dc_T
     for t in range(T - 1, -1, -1):
-        dh = dys[t] + dh_next
-        dc_next = cell_backward(dh, dc_next, acts[t], cs[t - 1] if t else c0, cs[t], da, dG[t], spec.capped)
-        dm = d_m(dG[t])  # [B, n]
-        torch.mul(dm, a_h[t], out=d_xm[t])
-        torch.mul(dm, x_m[t], out=d_ah[t])
-        dh_next = d_h(d_ah[t])  # dL/dh~ [B, n]
+        dh = dys_t[t] + dh_next
+        dc_next = cell_backward(dh, dc_next, acts[t], c_prev_t[t], cs_t[t], da, dg_ifo_t[t], dg_j_t[t], spec.capped)
+        dm = d_m(dG_t[t])  # [B, n]
+        torch.mul(dm, a_h[t], out=d_xm_t[t])
+        torch.mul(dm, x_m_t[t], out=d_ah_t[t])
+        dh_next = d_h(d_ah_t[t])  # dL/dh~ [B, n]
         if mask is not None:
             dh_next.mul_(mask)
     dG2, d_xm2, d_ah2 = dG.view(T * B, 4 * n), d_xm.view(T * B, n), d_ah.view(T * B, n)
@@ -93,8 +105,8 @@ def mlstm_backward(spec, needs, xs, h0, c0, mask, p: Params, ys, saved, dys, dh_
     if any(needs[4:]):
         perm = gate_permutation(n, xs.device)
         x2 = xs.view(T * B, m)
-        out["weight_ih"] = matmul_tn(dG2, x2).index_select(0, perm)  # [4n, m]
-        out["weight_hh"] = matmul_tn(dG2, ms.view(T * B, n)).index_select(0, perm)  # [4n, n]
+        w_x, w_m = matmul_tn(dG2, x2, ms.view(T * B, n))  # [4n, m], [4n, n]
+        out["weight_ih"], out["weight_hh"] = w_x.index_select(0, perm), w_m.index_select(0, perm)
         out["weight_mx"] = matmul_tn(d_xm2, x2)  # [n, m]
         hh = hm if mask is not None else h_prev_all(h0, ys)  # [T, B, n]
         out["weight_mh"] = matmul_tn(d_ah2, hh.reshape(T * B, n))  # [n, n]

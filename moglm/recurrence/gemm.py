@@ -80,16 +80,16 @@ class Linear:
         self.out_features = weight.shape[0]
         if self.onednn:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), max(int(rows), 1))
+            self._op, self._op_add = torch.ops.mkldnn._linear_pointwise.default, torch.ops.mkldnn._linear_pointwise.binary
         else:
             self.weight_t = weight.t()  # [K, N]
 
     def __call__(self, x: Tensor, add: Tensor | None = None) -> Tensor:
         """``x`` ``[M, K]`` -> ``[M, N]`` (a new tensor); ``add`` ``[M, N]`` is added to the product."""
         if self.onednn:
-            x = x.contiguous()
             if add is None:
-                return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-            return torch.ops.mkldnn._linear_pointwise.binary(x, add.contiguous(), self.packed, self.bias, "add")
+                return self._op(x.contiguous(), self.packed, self.bias, "none", [], "")
+            return self._op_add(x.contiguous(), add.contiguous(), self.packed, self.bias, "add")
         if add is None:
             if self.bias is None:
                 return torch.mm(x, self.weight_t)
@@ -121,12 +121,17 @@ def transpose_contiguous(x: Tensor, rows_per_copy: int = CHUNK_ROWS) -> Tensor:
     return out
 
 
-def matmul_tn(a: Tensor, b: Tensor) -> Tensor:
-    """``a.T @ b`` for ``a`` ``[R, N]``, ``b`` ``[R, K]`` with many rows R (weight gradients over T*B rows).
+def matmul_tn(a: Tensor, *bs: Tensor) -> Tensor | list[Tensor]:
+    """``a.T @ b`` for ``a`` ``[R, N]`` and each ``b`` ``[R, K]`` with many rows R (weight gradients over
+    T*B rows); one result, or a list for several ``b``.
 
-    oneDNN wants the contracted dimension contiguous in both operands, so on that path both are
-    transposed first (cheap next to the product for the big LSTM matrices); small products use torch.mm.
+    oneDNN wants the contracted dimension contiguous in both operands, so on that path the operands are
+    transposed first (``a`` once for all ``b``; cheap next to the products for the big LSTM matrices).
+    Small products use torch.mm, which takes the transposes as strides.
     """
-    if use_onednn(a) and a.shape[1] >= 256 and b.shape[1] >= 256:
-        return torch.ops.mkldnn._linear_pointwise(transpose_contiguous(a), transpose_contiguous(b), None, "none", [], "")
-    return torch.mm(a.t(), b)
+    if use_onednn(a) and a.shape[1] >= 256 and all(b.shape[1] >= 256 for b in bs):
+        at = transpose_contiguous(a)  # [N, R]
+        outs = [torch.ops.mkldnn._linear_pointwise(at, transpose_contiguous(b), None, "none", [], "") for b in bs]
+    else:
+        outs = [torch.mm(a.t(), b) for b in bs]
+    return outs[0] if len(bs) == 1 else outs

@@ -1,0 +1,135 @@
+"""Where the time of one training step goes: torch.profiler over forward+backward, by kind of op.
+
+    python benchmarks/profile_fused.py                 # H=650 (B=64, T=70); ~1 minute
+    python benchmarks/profile_fused.py --hidden 256
+
+For torch.nn.LSTM, moglm LSTM and the moglm Mogrifier (r=5, k=64) it profiles a few forward+backward
+passes (after a warm-up) and sums the self time of every op into: matrix products (oneDNN/MKL GEMMs and
+nn.LSTM's fused oneDNN RNN kernels), pointwise math (sigmoid, tanh, mul, add, ...), copies and layout
+(copy_, transposes, cat, index_select, ...), allocation, and the rest. The wall time not spent inside any op
+is Python outside ops and the profiler's own cost (the profiled step is slower than the unprofiled one,
+which is reported beside it); the self time of moglm's autograd.Function is the Python of the fused loop
+between its ops. Writes ``benchmarks/results/profile_fused.json`` and prints a markdown
+table (ms per step, median of the passes' totals) that docs/fused-recurrence.md quotes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from moglm.bench.throughput import build
+
+HERE = Path(__file__).resolve().parent
+MODELS = ("torch.nn.LSTM", "moglm LSTM", "moglm Mogrifier r=5 k=64")
+
+GEMM = ("mkldnn", "mm", "addmm", "bmm", "matmul", "linear", "_linear_pointwise", "mkldnn_rnn_layer",
+        "mkldnn_rnn_layer_backward")
+POINTWISE = ("sigmoid", "tanh", "mul", "add", "sub", "rsub", "div", "minimum", "where", "sigmoid_backward",
+             "tanh_backward", "sum", "fill_", "zero_", "mul_", "add_", "sub_", "neg", "lt", "eq", "bernoulli_",
+             "copysign", "clamp")
+LAYOUT = ("copy_", "contiguous", "clone", "t", "transpose", "cat", "stack", "index_select", "_reorder",
+          "view", "unbind", "select", "slice", "narrow", "as_strided", "reshape", "expand", "permute",
+          "_to_copy", "to", "unsqueeze", "squeeze", "split", "chunk", "detach", "alias", "_unsafe_view")
+ALLOC = ("empty", "empty_like", "new_empty", "zeros", "zeros_like", "ones_like", "empty_strided", "resize_")
+
+
+def category(name: str) -> str:
+    op = name.split("::")[-1]
+    if "Function" in op:  # the self time of moglm's autograd.Function: its Python loop between ops
+        return "Python in the fused loop"
+    if "reorder" in op:
+        return "copies and layout"
+    if op in GEMM or "linear" in op or "rnn" in op:
+        return "matrix products"
+    if op in POINTWISE or op.rstrip("_") in POINTWISE:
+        return "pointwise math"
+    if op in LAYOUT:
+        return "copies and layout"
+    if op in ALLOC:
+        return "allocation"
+    return "other ops"
+
+
+def profile_model(name: str, hidden: int, batch: int, bptt: int, passes: int) -> dict:
+    model = build(name, hidden).train()
+    x = torch.randn(bptt, batch, hidden, requires_grad=True)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        y, _ = model(x)
+        y.sum().backward()
+
+    for _ in range(2):
+        step()
+    plain = []
+    for _ in range(passes):
+        start = time.perf_counter()
+        step()
+        plain.append(time.perf_counter() - start)
+    walls, by_kind, by_op = [], defaultdict(float), defaultdict(float)
+    for _ in range(passes):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            start = time.perf_counter()
+            step()
+            walls.append(time.perf_counter() - start)
+        for event in prof.key_averages():
+            if event.key.startswith("ProfilerStep") or event.key.startswith("autograd::engine"):
+                continue
+            seconds = event.self_cpu_time_total / 1e6 / passes
+            by_kind[category(event.key)] += seconds
+            by_op[event.key] += seconds
+    wall = sorted(walls)[len(walls) // 2]
+    in_ops = sum(by_kind.values())
+    kinds = {k: 1e3 * v for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])}
+    kinds["rest of the wall time"] = max(0.0, 1e3 * (wall - in_ops))
+    top = sorted(by_op.items(), key=lambda kv: -kv[1])[:12]
+    return {"model": name, "hidden": hidden, "wall_ms": 1e3 * wall,
+            "unprofiled_ms": 1e3 * sorted(plain)[len(plain) // 2], "ms_by_kind": kinds,
+            "top_ops_ms": {k: 1e3 * v for k, v in top}}
+
+
+def markdown_table(rows: list[dict]) -> str:
+    kinds = ["matrix products", "pointwise math", "copies and layout", "allocation", "other ops",
+             "Python in the fused loop", "rest of the wall time"]
+    lines = ["| H | model | step ms | profiled | " + " | ".join(kinds) + " |",
+             "| ---: | --- | ---: | ---: | " + " | ".join("---:" for _ in kinds) + " |"]
+    for r in rows:
+        cells = [str(r["hidden"]), r["model"], f"{r['unprofiled_ms']:.1f}", f"{r['wall_ms']:.1f}"]
+        cells += [f"{r['ms_by_kind'].get(k, 0.0):.1f}" for k in kinds]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, nargs="+", default=[650])
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--bptt", type=int, default=70)
+    parser.add_argument("--passes", type=int, default=5)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--out", default=str(HERE / "results" / "profile_fused.json"))
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    rows = [profile_model(name, hidden, args.batch, args.bptt, args.passes)
+            for hidden in args.hidden for name in args.models]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"config": vars(args), "threads": torch.get_num_threads(), "results": rows}, indent=1))
+    print(markdown_table(rows))
+    for r in rows:
+        print(f"\n{r['model']} H={r['hidden']}: top ops (ms per step)")
+        for op, ms in r["top_ops_ms"].items():
+            print(f"  {ms:8.2f}  {op}")
+    print(f"written to {out}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""``moglm bench``: the throughput benchmark runs from the command line at tiny sizes and writes its JSON."""
+
+from __future__ import annotations
+
+import json
+
+from moglm.cli import main
+
+
+def test_bench_throughput_writes_ratios_to_nn_lstm_for_every_model(tmp_path, capsys):
+    out = tmp_path / "throughput.json"
+    code = main(["bench", "throughput", "--hidden", "65", "--batch", "3", "--bptt", "5", "--repeats", "1",
+                 "--memory-bptt", "0", "--model", "torch.nn.LSTM", "--model", "moglm Mogrifier r=5 k=64",
+                 "--out", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    rows = {r["model"]: r for r in report["results"]}
+    assert set(rows) == {"torch.nn.LSTM", "moglm Mogrifier r=5 k=64"}
+    assert rows["torch.nn.LSTM"]["train"]["vs_nn_lstm"] == 1.0
+    assert rows["moglm Mogrifier r=5 k=64"]["train"]["tokens_per_s"] > 0
+    assert report["gemm_gflops"]["peak"] > 0
+    assert "| 65 | moglm Mogrifier r=5 k=64 |" in capsys.readouterr().out
+
+
+def test_bench_throughput_rejects_an_unknown_model_in_one_line(tmp_path, capsys):
+    code = main(["bench", "throughput", "--model", "GRU", "--out", str(tmp_path / "t.json")])
+    assert code == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: unknown --model 'GRU'") and "\n" not in err
+    assert not (tmp_path / "t.json").exists()
+
+
+BUDGET = """
+[data]
+format = "word"
+[model]
+architecture = "{arch}"
+num_params = 6000
+{cell}
+[train]
+batch_size = 4
+bptt = 8
+max_steps = 6
+eval_every = 3
+eval_batch_size = 2
+device = "cpu"
+[evaluation]
+temperature_tokens = 100
+"""
+
+
+def test_bench_budget_trains_both_configs_at_one_budget_and_tabulates_them_with_a_plot(tiny_corpus, tmp_path, capsys):
+    configs = []
+    for arch in ("lstm", "mogrifier"):
+        path = tmp_path / f"{arch}.toml"
+        path.write_text(BUDGET.format(arch=arch, cell="cell = { rounds = 2, rank = 2 }" if arch == "mogrifier" else ""))
+        configs.append(str(path))
+    out = tmp_path / "budget.json"
+    code = main(["bench", "budget", *configs, "--runs", str(tmp_path / "runs"), "--out", str(out),
+                 "--set", f"data.path={tiny_corpus}", "--sequential"])
+    assert code == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [r["architecture"] for r in rows] == ["lstm", "mogrifier"]
+    assert all(abs(r["num_params"] - 6000) <= 6000 * 0.2 and r["training_tokens"] == 6 * 4 * 8 for r in rows)
+    assert all(r["splits"]["test"]["perplexity"] > 1 for r in rows)
+    assert out.with_suffix(".png").stat().st_size > 0
+    assert "| mogrifier |" in capsys.readouterr().out
