@@ -84,14 +84,12 @@ def compare(
 def plot_comparison(report: dict[str, Any], path: Path) -> Path | None:
     """Validation score against training tokens for every run of ``report`` on one axis (PNG), read back
     from the runs' ``metrics.jsonl``; ``None`` when matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
+    from ..figures import pyplot, save_figure
     from ..train.run_directory import RunDirectory
+
+    plt = pyplot()
+    if plt is None:
+        return None
 
     word = report["results"][0]["level"] == "word"
     fig, ax = plt.subplots(figsize=(7, 4.2))
@@ -108,11 +106,7 @@ def plot_comparison(report: dict[str, Any], path: Path) -> Path | None:
     ax.grid(alpha=0.3, which="both")
     ax.legend()
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return save_figure(fig, path)
 
 
 def markdown_table(report: dict[str, Any]) -> str:

@@ -273,11 +273,9 @@ def run_throughput(
 
 def _write(report: dict[str, Any], out_path: str | Path | None) -> None:
     if out_path:
-        path = Path(out_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(report, indent=1))
-        tmp.replace(path)
+        from ..train.checkpoint import atomic_write_text
+
+        atomic_write_text(Path(out_path), json.dumps(report, indent=1))
 
 
 def markdown_table(report: dict[str, Any]) -> str:

@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..figures import pyplot, save_figure
+
 
 def _binned(values: Tensor, counts: Tensor, width: int) -> list[float]:
     """Sums and counts ``[N]`` per position, pooled into bins of ``width`` positions -> bin means."""
@@ -61,12 +63,8 @@ def position_profile(static: Tensor, dynamic: Tensor, episodes: list[int] | None
 def plot_profile(profile: dict, path: Path, title: str = "") -> Path | None:
     """Two panels: binned loss by position, and the cumulative gain (static - dynamic). ``None`` without
     matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     x = [s + profile["bin_width"] / 2 for s in profile["bin_start"]]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
@@ -83,7 +81,4 @@ def plot_profile(profile: dict, path: Path, title: str = "") -> Path | None:
     bottom.set_xlabel(profile["position"])
     bottom.grid(alpha=0.3)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)  # written once, after the pass (no reader to race, unlike a learning curve)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -5,15 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..figures import pyplot, save_figure
+
 
 def plot_learning_curve(records: list[dict[str, Any]], path: Path, title: str = "") -> Path | None:
     """Draw ``metrics.jsonl`` records to ``path`` (PNG); returns ``None`` when matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     train = [r for r in records if r.get("kind") == "train"]
     valid = [r for r in records if r.get("kind") == "valid"]
@@ -35,9 +33,4 @@ def plot_learning_curve(records: list[dict[str, Any]], path: Path, title: str = 
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return save_figure(fig, path)

@@ -17,6 +17,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from ..figures import pyplot, save_figure
 from .search_space import SearchSpace
 
 NEIGHBOURHOOD = 0.15  # of each parameter's tuning range
@@ -42,14 +43,10 @@ def near_best(trials: list[FrozenTrial], best: FrozenTrial, space: SearchSpace, 
 
 def plot_study(study: optuna.Study, space: SearchSpace, directory: Path) -> dict[str, Path]:
     """Write the plots the study has enough trials for; returns them by description."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from optuna.visualization import matplotlib as ovm
-    except ImportError:
+    if pyplot() is None:
         return {}
+    from optuna.visualization import matplotlib as ovm
+
     done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
             if t.value is not None and math.isfinite(t.value)]
     if not done:
@@ -60,13 +57,13 @@ def plot_study(study: optuna.Study, space: SearchSpace, directory: Path) -> dict
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Optuna's matplotlib plots are marked experimental
-            _draw(study, space, directory, done, out, ovm, plt)
+            _draw(study, space, directory, done, out, ovm)
     finally:
         optuna.logging.set_verbosity(verbosity)
     return out
 
 
-def _draw(study, space: SearchSpace, directory: Path, done: list[FrozenTrial], out: dict[str, Path], ovm, plt) -> None:
+def _draw(study, space: SearchSpace, directory: Path, done: list[FrozenTrial], out: dict[str, Path], ovm) -> None:
     best = min(done, key=lambda t: t.value)
     names = [n for n in space.params if n in best.params]
     for width in WIDER:
@@ -78,15 +75,15 @@ def _draw(study, space: SearchSpace, directory: Path, done: list[FrozenTrial], o
     ax = ovm.plot_parallel_coordinate(subset, params=names, target_name=TARGET)
     where = "all completed trials" if width == math.inf else f"within {width:.0%} of each range of the best"
     _title(ax, f"{study.study_name}: {len(near)} trials {where}")
-    out["parallel coordinates"] = _save(ax, directory / "parallel_coordinate.png", plt, size=(11, 5))
+    out["parallel coordinates"] = _save(ax, directory / "parallel_coordinate.png", size=(11, 5))
     ax = ovm.plot_optimization_history(study, target_name=TARGET)
     _title(ax, f"{study.study_name}: optimisation history")
-    out["optimisation history"] = _save(ax, directory / "optimization_history.png", plt)
+    out["optimisation history"] = _save(ax, directory / "optimization_history.png")
     if len(done) >= MIN_FOR_IMPORTANCES and len(names) > 1:
         evaluator = optuna.importance.PedAnovaImportanceEvaluator()  # Optuna's default; fANOVA needs sklearn
         ax = ovm.plot_param_importances(study, evaluator=evaluator, params=names, target_name=TARGET)
         _title(ax, f"{study.study_name}: parameter importances (PED-ANOVA, {len(done)} trials)")
-        out["parameter importances"] = _save(ax, directory / "param_importances.png", plt)
+        out["parameter importances"] = _save(ax, directory / "param_importances.png")
 
 
 def _title(ax, text: str) -> None:
@@ -96,13 +93,8 @@ def _title(ax, text: str) -> None:
     ax.set_title(text, fontsize=9)
 
 
-def _save(ax, path: Path, plt, size: tuple[float, float] = (8, 5)) -> Path:
+def _save(ax, path: Path, size: tuple[float, float] = (8, 5)) -> Path:
     fig = ax.figure
     fig.set_size_inches(*size)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=90)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return save_figure(fig, path, dpi=90)
