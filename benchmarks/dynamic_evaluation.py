@@ -1,6 +1,6 @@
 """Dynamic evaluation of a CPU-budget PTB word model: static vs full vs sparse, with timings.
 
-    python benchmarks/dynamic_evaluation.py          # ~1 hour on one CPU thread
+    python benchmarks/dynamic_evaluation.py          # ~20 minutes on one CPU thread
 
 For each run directory (default: ``benchmarks/runs/ptb-word-mogrifier-cpu``, made by
 ``benchmarks/ptb_cpu_budget.py``) and each mode (full, then sparse): collects the global RMS statistics
@@ -8,7 +8,8 @@ For each run directory (default: ``benchmarks/runs/ptb-word-mogrifier-cpu``, mad
 the first ``--search-tokens`` validation tokens among the settings that take at most ``--max-cost``
 times the CPU time of static evaluation, then evaluates the test split statically and dynamically with the best
 setting, timing both (``moglm dyneval RUN --search --max-cost 3 [--sparse]`` does the same). Writes
-``benchmarks/results/dynamic_evaluation.json`` and prints a markdown table. Targets (issue 5): test
+``benchmarks/results/dynamic_evaluation.json`` (and copies the per-position loss plots of the test split
+beside it) and prints a markdown table. Targets (issue 5): test
 perplexity at least 10% lower than static, at most 3x the static evaluation time. Times are CPU
 seconds of this process (wall-clock seconds are in the JSON too): on a machine shared with other jobs
 the wall clock of one pass says more about the other jobs than about the pass.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -53,6 +55,9 @@ def benchmark(run_dir: Path, args) -> dict:
         report["adapted_parameters"] = adapted_parameters(run, sparse)
         for split in report["splits"].values():
             split.pop("profile")  # in the run directory's dyneval/<mode>.json
+        plot = run_dir / "dyneval" / f"{mode}-test.png"  # loss by position, static vs dynamic
+        if plot.exists():
+            shutil.copyfile(plot, Path(args.out).parent / f"dynamic_evaluation_{mode}_test.png")
         out["modes"][mode] = report
     return out
 

@@ -61,8 +61,8 @@ def position_profile(static: Tensor, dynamic: Tensor, episodes: list[int] | None
 
 
 def plot_profile(profile: dict, path: Path, title: str = "") -> Path | None:
-    """Two panels: binned loss by position, and the cumulative gain (static - dynamic). ``None`` without
-    matplotlib."""
+    """Two panels: binned loss by position, and the mean gain so far (the difference of the cumulative
+    means, static - dynamic). ``None`` without matplotlib."""
     plt = pyplot()
     if plt is None:
         return None
@@ -77,7 +77,7 @@ def plot_profile(profile: dict, path: Path, title: str = "") -> Path | None:
     gain = [s - d for s, d in zip(profile["static_cumulative"], profile["dynamic_cumulative"])]
     bottom.plot(x, gain, color="tab:green", lw=1)
     bottom.axhline(0, color="grey", lw=0.5)
-    bottom.set_ylabel("cumulative gain (nats)")
+    bottom.set_ylabel("mean gain so far\n(nats / token)")
     bottom.set_xlabel(profile["position"])
     bottom.grid(alpha=0.3)
     fig.tight_layout()
