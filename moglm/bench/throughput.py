@@ -178,13 +178,12 @@ def _peak_growth_mb(name: str, hidden: int, batch: int, bptt: int, device: str) 
 
 
 def _window_memory(name: str, hidden: int, batch: int, bptt: int, device: str) -> dict[str, float | None]:
-    """Both memory numbers of one model, measured where this runs (a fresh process on CPU)."""
-    x = torch.randn(bptt, batch, hidden, device=device, requires_grad=True)
-    saved = saved_tensor_mb(build(name, hidden, device), x)
-    del x
+    """Both memory numbers of one model, measured where this runs (a fresh process on CPU). The peak
+    comes first: memory the allocator kept from an earlier pass would hide part of the growth."""
     peak = _peak_growth_mb(name, hidden, batch, bptt, device) if (
         device.startswith("cuda") or Path("/proc/self/statm").exists()) else None
-    return {"saved_mb": saved, "peak_mb": peak}
+    x = torch.randn(bptt, batch, hidden, device=device, requires_grad=True)
+    return {"saved_mb": saved_tensor_mb(build(name, hidden, device), x), "peak_mb": peak}
 
 
 def window_memory(name: str, hidden: int, batch: int, bptt: int, device: str) -> dict[str, Any]:
