@@ -8,10 +8,10 @@ exact names, so ``moglm.LSTM(...).load_state_dict(nn_lstm.state_dict())`` works 
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from .cells.lstm import LSTMCell
-from .cells.mogrifier import MogrifierLSTMCell, reset_mogrifier_parameters, round_matrices
+from .cells.mogrifier import MogrifierLSTMCell, reset_mogrifier_parameters
 from .cells.multiplicative_lstm import MultiplicativeLSTMCell
 from .modules_rnn import (
     GRU,
@@ -22,12 +22,10 @@ from .modules_rnn import (
     MultiMatrixLSTM,
     MultiMatrixRNN,
     MultiplicativeRNN,
+    _layers,
+    _MogrifierRoundsAccess,
 )
-from .stack import RecurrentStack, check_num_layers
-
-
-def _layer_input_size(layer: int, input_size: int, hidden_size: int) -> int:
-    return input_size if layer == 0 else hidden_size
+from .stack import RecurrentStack
 
 
 class LSTM(RecurrentStack):
@@ -53,10 +51,9 @@ class LSTM(RecurrentStack):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        cells = [
-            LSTMCell(_layer_input_size(k, input_size, hidden_size), hidden_size, bias, capped_input_gate, init)
-            for k in range(check_num_layers(num_layers))
-        ]
+        cells = _layers(
+            num_layers, input_size, hidden_size, lambda m: LSTMCell(m, hidden_size, bias, capped_input_gate, init)
+        )
         super().__init__(cells, batch_first, dropout, state_dropout, backend, device, dtype)
 
 
@@ -81,16 +78,16 @@ class MultiplicativeLSTM(RecurrentStack):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        cells = [
-            MultiplicativeLSTMCell(
-                _layer_input_size(k, input_size, hidden_size), hidden_size, bias, capped_input_gate, init
-            )
-            for k in range(check_num_layers(num_layers))
-        ]
+        cells = _layers(
+            num_layers,
+            input_size,
+            hidden_size,
+            lambda m: MultiplicativeLSTMCell(m, hidden_size, bias, capped_input_gate, init),
+        )
         super().__init__(cells, batch_first, dropout, state_dropout, backend, device, dtype)
 
 
-class MogrifierLSTM(RecurrentStack):
+class MogrifierLSTM(_MogrifierRoundsAccess, RecurrentStack):
     """Multi-layer Mogrifier LSTM (Melis et al. 2020).
 
     Args:
@@ -118,26 +115,17 @@ class MogrifierLSTM(RecurrentStack):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        cells = [
-            MogrifierLSTMCell(
-                _layer_input_size(k, input_size, hidden_size),
-                hidden_size,
-                bias,
-                rounds,
-                rank,
-                zigzag,
-                capped_input_gate,
-                init,
-            )
-            for k in range(check_num_layers(num_layers))
-        ]
+        cells = _layers(
+            num_layers,
+            input_size,
+            hidden_size,
+            lambda m: MogrifierLSTMCell(m, hidden_size, bias, rounds, rank, zigzag, capped_input_gate, init),
+        )
         super().__init__(cells, batch_first, dropout, state_dropout, backend, device, dtype)
-        self.rounds = rounds
-        self.rank = cells[0].rank
-        self.zigzag = cells[0].zigzag
+        self._set_rounds()
 
     def _repr_options(self) -> list[tuple[str, object]]:
-        return [("rounds", None), ("rank", None), ("zigzag", True), ("capped_input_gate", False)]
+        return [*super()._repr_options(), ("capped_input_gate", False)]
 
     @classmethod
     def from_lstm(cls, lstm: nn.Module, rounds: int = 5, rank: int = 40, **kwargs) -> "MogrifierLSTM":
@@ -169,21 +157,6 @@ class MogrifierLSTM(RecurrentStack):
             for k in range(model.num_layers):
                 reset_mogrifier_parameters(model.layer_parameters(k), model.rank, identity=True)
         return model
-
-    def mogrify(self, x: Tensor, h: Tensor, layer: int = 0) -> tuple[Tensor, Tensor]:
-        """One step's rounds at ``layer`` (for analysis): ``x`` ``[B, m]``, ``h`` ``[B, H]`` -> ``(x_up, h_up)``."""
-        params = self.layer_parameters(layer)  # raises on a bad layer index
-        cell = self.cells[layer]
-        if x.shape[-1] != cell.input_size:
-            raise ValueError(f"x: last dimension must be {cell.input_size} at layer {layer}, got {x.shape[-1]}")
-        if h.shape[-1] != cell.hidden_size:
-            raise ValueError(f"h: last dimension must be {cell.hidden_size}, got {h.shape[-1]}")
-        return cell.mogrify(params, x, h)
-
-    def round_matrices(self, layer: int = 0) -> list[Tensor]:
-        """Dense Q_1, R_2, Q_3, ... of ``layer`` in round order. Q_i is ``[layer input size, hidden]`` (gates
-        x from h), R_i is ``[hidden, layer input size]`` (gates h from x)."""
-        return round_matrices(self.layer_parameters(layer), self.rounds)
 
 
 #: Architecture name (as used in configs) -> module class. Every class takes
