@@ -3,10 +3,14 @@
 ``run_layer`` is the only place a stack calls to run a cell over a window. Backends:
 
 * ``"reference"``: the plain step loop of :mod:`moglm.recurrence.reference`.
-* ``"fused"``: one custom autograd node per layer and window (:mod:`moglm.recurrence.fused_lstm`,
-  :mod:`moglm.recurrence.fused_multiplicative_lstm`); raises ``ValueError`` where it cannot run.
-* ``"auto"`` (default): fused where it can run, otherwise the reference loop, with a
-  :class:`FusedFallbackWarning` once per reason (see :mod:`moglm.recurrence.fallback`).
+* ``"compiled"``: the fused window in C++ for CPU (:mod:`moglm.recurrence.compiled`), one autograd node
+  per layer and window; raises ``ValueError`` where it cannot run.
+* ``"fused"``: the fused window in Python, one autograd node per layer and window
+  (:mod:`moglm.recurrence.fused_lstm`, :mod:`moglm.recurrence.fused_multiplicative_lstm`), on any device;
+  raises ``ValueError`` where it cannot run.
+* ``"auto"`` (default): compiled where it can run (CPU, float32/float64, built), else fused, else the
+  reference loop, with a :class:`FusedFallbackWarning` once per reason (see
+  :mod:`moglm.recurrence.fallback`).
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ from ..cells.base import Cell, Params, State
 from ..cells.lstm import LSTMCell
 from ..cells.mogrifier import MogrifierLSTMCell
 from ..cells.multiplicative_lstm import MultiplicativeLSTMCell
+from . import compiled
+from .compiled import CompiledLSTMFunction, CompiledMultiplicativeLSTMFunction, run_compiled
 from .fallback import FusedFallbackWarning, runtime_reason, warn_once
-from .fused_lstm import fused_lstm_layer
+from .fused_lstm import fused_lstm_layer, layer_spec
 from .fused_multiplicative_lstm import fused_multiplicative_lstm_layer
 from .reference import reference_layer
 
-BACKENDS = ("auto", "fused", "reference")
+BACKENDS = ("auto", "compiled", "fused", "reference")
 
 #: exact cell type -> fused implementation (subclasses may change the step, so they are not matched).
 FUSED = {
@@ -48,6 +54,14 @@ def unsupported_reason(cell: Cell, params: Params, xs: Tensor, state: State, h_m
     return runtime_reason([xs, *state, h_mask, *params.values()], h_mask)
 
 
+#: exact cell type -> compiled autograd Function
+COMPILED = {
+    LSTMCell: CompiledLSTMFunction,
+    MogrifierLSTMCell: CompiledLSTMFunction,
+    MultiplicativeLSTMCell: CompiledMultiplicativeLSTMFunction,
+}
+
+
 def run_layer(
     cell: Cell, params: Params, xs: Tensor, state: State, h_mask: Tensor | None = None, backend: str = "auto"
 ) -> tuple[Tensor, State]:
@@ -55,12 +69,19 @@ def run_layer(
     if backend == "reference":
         return reference_layer(cell, params, xs, state, h_mask)
     reason = unsupported_reason(cell, params, xs, state, h_mask)
+    if reason is None and backend in ("auto", "compiled"):
+        why_not = compiled.can_run(xs)
+        if why_not is None:
+            spec = layer_spec(cell, params)
+            return run_compiled(COMPILED[type(cell)], spec, cell, params, xs, state, h_mask)
+        if backend == "compiled":
+            raise ValueError(f"backend='compiled' cannot run this layer: {why_not} (use backend='auto' or 'fused')")
     if reason is None:
         return FUSED[type(cell)](cell, params, xs, state, h_mask)
-    if backend == "fused":
-        raise ValueError(f"backend='fused' cannot run this layer: {reason} (use backend='auto' or 'reference')")
+    if backend != "auto":
+        raise ValueError(f"backend={backend!r} cannot run this layer: {reason} (use backend='auto' or 'reference')")
     warn_once(reason)
     return reference_layer(cell, params, xs, state, h_mask)
 
 
-__all__ = ["BACKENDS", "FUSED", "FusedFallbackWarning", "check_backend", "reference_layer", "run_layer"]
+__all__ = ["BACKENDS", "COMPILED", "FUSED", "FusedFallbackWarning", "check_backend", "reference_layer", "run_layer"]

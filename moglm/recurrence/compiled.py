@@ -1,0 +1,337 @@
+"""The compiled recurrence: the fused window in C++ for CPU (``csrc/``), built for this machine at first use.
+
+What it computes is what :mod:`moglm.recurrence.fused_lstm` and :mod:`.fused_multiplicative_lstm`
+compute (and what :mod:`.reference` computes step by step); how it runs (docs/fused-recurrence.md):
+
+* the forward loop and the backward data-gradient loop are batch-parallel: each thread takes a block of
+  batch rows through all T steps alone, with single-threaded products on its rows;
+* per step only what is sequential (the mogrifier rounds, the gate product, the cell), with the pointwise
+  work of a step in one vectorised loop per cell or round;
+* everything else (input projections, dX when it does not depend on the recurrence, every weight
+  gradient) as multi-threaded products over all T*B rows, before or after the loop.
+
+Building: ``torch.utils.cpp_extension.load`` (ninja) with ``-O3 -march=native -fopenmp``, into a cache
+directory keyed by the sources, torch, Python and this CPU (``MOGLM_EXTENSIONS_DIR``, default
+``~/.cache/moglm/extensions``), so a machine builds once (about a minute on two cores) and every later
+process loads it. ``MOGLM_COMPILED=0`` turns it off. Where it cannot be built (no compiler, a build
+error), :func:`available` is False, :func:`unavailable_reason` says why, and the stack runs the Python
+fused path instead, saying so once.
+
+GEMM routes (the products inside the loop, each on one thread's rows):
+
+* ``aten``: ``at::mm_out`` on views (public API, any build);
+* ``blas``: the BLAS ``sgemm_``/``dgemm_`` that torch's CPU library exports (MKL on x86), with MKL's
+  thread-local thread count set to 1 in each worker;
+* ``mkl_packed``: MKL's packed GEMM (``cblas_sgemm_pack``/``_compute``), each weight packed once per window;
+* ``panels`` (float32): moglm's own kernel, each weight packed once per window into column panels and
+  multiplied by a register-blocked micro-kernel (``csrc/window.h``).
+
+None is right on every machine, so :func:`gemm_route` times the available ones once per process, on this
+machine, and keeps the fastest; ``MOGLM_GEMM_ROUTE=aten|blas|mkl_packed|panels`` forces one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import sys
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..cells.base import Params
+from .fallback import FusedFallbackWarning, double_backward_by_reference
+
+SOURCES = ("window.h", "mogrifier_lstm.cpp", "multiplicative_lstm.cpp")
+CFLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-DNDEBUG")
+LDFLAGS = ("-fopenmp",)
+ROUTES = {"aten": 0, "blas": 1, "panels": 2, "mkl_packed": 3}
+
+#: a worker thread takes at least this many batch rows; with fewer rows per thread the window runs on
+#: one thread and its products use every thread instead (batch 1 sampling, small dynamic evaluation)
+MIN_ROWS = 8
+
+_lock = threading.Lock()
+_state: dict = {"loaded": None, "reason": None, "build_dir": None, "routes": {}}
+
+
+class CompiledUnavailableWarning(FusedFallbackWarning):
+    """The compiled recurrence could not be built or loaded here; the Python fused path runs instead."""
+
+
+def _cpu_id() -> str:
+    """The CPU's model and feature flags (what ``-march=native`` compiles for)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        fields = {}
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+        return f"{fields.get('model name', '')}|{fields.get('flags', fields.get('Features', ''))}"
+    except OSError:
+        return f"{platform.machine()}|{platform.processor()}"
+
+
+def source_dir() -> Path:
+    return Path(__file__).with_name("csrc")
+
+
+def build_key() -> str:
+    """Hash of everything the built library depends on."""
+    digest = hashlib.sha256()
+    for name in SOURCES:
+        digest.update((source_dir() / name).read_bytes())
+    for part in (torch.__version__, sys.version, _cpu_id(), " ".join(CFLAGS + LDFLAGS)):
+        digest.update(part.encode())
+    return digest.hexdigest()[:16]
+
+
+def extensions_dir() -> Path:
+    if os.environ.get("MOGLM_EXTENSIONS_DIR"):
+        return Path(os.environ["MOGLM_EXTENSIONS_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "moglm" / "extensions"
+
+
+def _load() -> bool:
+    if os.environ.get("MOGLM_COMPILED", "1").strip().lower() in ("0", "false", "no", "off"):
+        _state["reason"] = "turned off by MOGLM_COMPILED=0"
+        return False
+    try:
+        from torch.utils import cpp_extension
+
+        key = build_key()
+        name = f"moglm_recurrence_{key}"
+        build_dir = extensions_dir() / name
+        build_dir.mkdir(parents=True, exist_ok=True)
+        _state["build_dir"] = str(build_dir)
+        if not any(build_dir.glob(f"{name}*.so")):
+            print("moglm: building the compiled recurrence for this machine (once; about a minute)...",
+                  file=sys.stderr, flush=True)
+        cpp_extension.load(
+            name=name,
+            sources=[str(source_dir() / s) for s in SOURCES if s.endswith(".cpp")],
+            extra_cflags=list(CFLAGS),
+            extra_ldflags=list(LDFLAGS),
+            build_directory=str(build_dir),
+            is_python_module=False,
+            verbose=False,
+        )
+        torch.ops.moglm.mogrifier_lstm_forward  # noqa: B018 - the ops are registered
+        return True
+    except Exception as error:  # noqa: BLE001 - any build or load failure means: fall back
+        lines = [line for line in str(error).strip().splitlines() if line.strip()]
+        _state["reason"] = f"{type(error).__name__}: {lines[-1] if lines else error!r}"[:300]
+        return False
+
+
+def available() -> bool:
+    """Whether the compiled recurrence is built and loaded (building it on first call)."""
+    if _state["loaded"] is None:
+        with _lock:
+            if _state["loaded"] is None:
+                _state["loaded"] = _load()
+                if not _state["loaded"]:
+                    warnings.warn(
+                        f"moglm: the compiled recurrence is unavailable ({_state['reason']}); CPU layers run the "
+                        "Python fused recurrence (slower)",
+                        CompiledUnavailableWarning,
+                        stacklevel=3,
+                    )
+    return bool(_state["loaded"])
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`available` is False (``None`` when it is True or has not been asked yet)."""
+    return None if _state["loaded"] else _state["reason"]
+
+
+def _candidate_routes(dtype: torch.dtype) -> list[str]:
+    double = dtype == torch.float64
+    routes = ["aten"]
+    if torch.ops.moglm.blas_route_available(double):
+        routes.append("blas")
+        if not double and torch.ops.moglm.packed_gemm_available():
+            routes.append("mkl_packed")
+    if not double:
+        routes.append("panels")
+    return routes
+
+
+def gemm_route(dtype: torch.dtype) -> int:
+    """The GEMM route for products inside the loop, probed once per process and dtype (module docstring):
+    the best of three interleaved timings of a gate-sized and two round-sized products, batch-parallel
+    as the windows run them, with each route's weight packing included."""
+    routes = _state["routes"]
+    if dtype not in routes:
+        forced = os.environ.get("MOGLM_GEMM_ROUTE", "").strip().lower()
+        candidates = _candidate_routes(dtype)
+        double = dtype == torch.float64
+        if forced in candidates:
+            routes[dtype] = (ROUTES[forced], {})
+        elif len(candidates) == 1:
+            routes[dtype] = (ROUTES[candidates[0]], {})
+        else:
+            shapes = ((512, 1024, 10), (256, 32, 100), (32, 256, 100))  # (K, N, products per thread)
+            times = {route: float("inf") for route in candidates}
+            for _ in range(3):
+                for route in candidates:
+                    seconds = sum(torch.ops.moglm.time_gemm_route(ROUTES[route], 64, k, n, reps, double)
+                                  for k, n, reps in shapes)
+                    times[route] = min(times[route], seconds)
+            routes[dtype] = (ROUTES[min(times, key=times.get)], times)
+    return routes[dtype][0]
+
+
+def info() -> dict:
+    """What runs on CPU here: whether the compiled path is loaded, why not, its GEMM route and timings."""
+    ok = available()
+    out = {"compiled": ok, "reason": unavailable_reason(), "build_dir": _state["build_dir"], "cpu": _cpu_id().split("|")[0],
+           "threads": torch.get_num_threads()}
+    if ok:
+        code = gemm_route(torch.float32)
+        out["gemm_route"] = {v: k for k, v in ROUTES.items()}[code]
+        out["gemm_route_probe_seconds"] = _state["routes"][torch.float32][1]
+        out["mkl_thread_control"] = bool(torch.ops.moglm.mkl_thread_control_available())
+    return out
+
+
+def can_run(xs: Tensor) -> str | None:
+    """Why the compiled path cannot run on ``xs`` (``None`` if it can)."""
+    if xs.device.type != "cpu":
+        return f"the compiled recurrence runs on CPU only (input on {xs.device.type})"
+    if xs.dtype not in (torch.float32, torch.float64):
+        return f"the compiled recurrence takes float32 or float64 (input is {xs.dtype})"
+    if not available():
+        return f"the compiled recurrence is unavailable ({unavailable_reason()})"
+    return None
+
+
+# -- the layers ------------------------------------------------------------------------------------------
+
+
+def _round_lists(spec, p: Params) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+    """Per round (in round order): its matrix (full rank) or right factor, its left factor, its bias."""
+    mats, lefts, biases = [], [], []
+    for i in range(1, spec.rounds + 1):
+        kind, j = ("q", (i - 1) // 2) if i % 2 == 1 else ("r", i // 2 - 1)
+        prefix = f"mogrifier_{kind}_"
+        if spec.rank > 0:
+            mats.append(p[prefix + "right"][j])
+            lefts.append(p[prefix + "left"][j])
+        else:
+            mats.append(p[prefix + "weight"][j])
+        if prefix + "bias" in p:
+            biases.append(p[prefix + "bias"][j])
+    return mats, lefts, biases
+
+
+def _bias(p: Params) -> Tensor | None:
+    return p["bias_ih"] + p["bias_hh"] if "bias_ih" in p else None
+
+
+class _CompiledFunction(torch.autograd.Function):
+    """Autograd over a whole window: ``apply(spec, cell, xs, h0, c0, mask, *params) -> (ys, h_T, c_T)``.
+    Subclasses define ``run_forward`` and ``run_backward`` (the ops' calls)."""
+
+    @classmethod
+    def forward(cls, ctx, spec, cell, xs, h0, c0, mask, *params):
+        p = dict(zip(spec.names, params))
+        out = cls.run_forward(spec, xs, h0, c0, mask, p, save=True)
+        ctx.spec, ctx.cell = spec, cell
+        ctx.save_for_backward(xs, h0, c0, mask, *params, out[0], *out[3:])
+        return out[0], out[1], out[2]
+
+    @classmethod
+    def backward(cls, ctx, dys, dh_T, dc_T):
+        spec = ctx.spec
+        tensors = ctx.saved_tensors
+        k = 4 + len(spec.names)
+        needs = ctx.needs_input_grad[2:]
+        if torch.is_grad_enabled():  # create_graph=True: differentiate the reference loop instead
+            grads = double_backward_by_reference(ctx.cell, spec.names, needs, tensors[:k], (dys, dh_T, dc_T))
+            return (None, None, *grads)
+        xs, h0, c0, mask = tensors[:4]
+        p = dict(zip(spec.names, tensors[4:k]))
+        grads = cls.run_backward(spec, xs, h0, c0, mask, p, list(tensors[k:]), (dys, dh_T, dc_T),
+                                 bool(needs[0]), any(needs[4:]))
+        out = [grads["x"], grads["h0"], grads["c0"], None, *(grads.get(name) for name in spec.names)]
+        return (None, None, *(g if need else None for g, need in zip(out, needs)))
+
+
+class CompiledLSTMFunction(_CompiledFunction):
+    """The LSTM (rounds = 0) and the Mogrifier LSTM (``csrc/mogrifier_lstm.cpp``)."""
+
+    @staticmethod
+    def run_forward(spec, xs, h0, c0, mask, p: Params, save: bool) -> list[Tensor]:
+        mats, lefts, biases = _round_lists(spec, p)
+        return torch.ops.moglm.mogrifier_lstm_forward(
+            xs, h0, c0, mask, p["weight_ih"], p["weight_hh"], _bias(p), mats, lefts, biases, spec.rounds,
+            spec.rank, spec.zigzag, spec.capped, save, gemm_route(xs.dtype), MIN_ROWS,
+        )
+
+    @staticmethod
+    def run_backward(spec, xs, h0, c0, mask, p: Params, saved, grads_out, need_dx: bool, need_weights: bool) -> dict:
+        mats, lefts, biases = _round_lists(spec, p)
+        g = torch.ops.moglm.mogrifier_lstm_backward(
+            xs, h0, c0, mask, p["weight_ih"], p["weight_hh"], "bias_ih" in p, mats, lefts, biases, spec.rounds,
+            spec.rank, spec.zigzag, spec.capped, saved, *grads_out, need_dx, need_weights, gemm_route(xs.dtype),
+            MIN_ROWS,
+        )
+        out = {"x": g[0], "h0": g[1], "c0": g[2], "weight_ih": g[3], "weight_hh": g[4]}
+        if "bias_ih" in p:
+            out["bias_ih"] = out["bias_hh"] = g[5]
+        if need_weights and spec.rounds:
+            per_round = [g[6 + 3 * i : 9 + 3 * i] for i in range(spec.rounds)]  # (mat or right, left, bias)
+            for kind, first in (("q", 0), ("r", 1)):
+                rounds = per_round[first::2]
+                if not rounds:
+                    continue
+                prefix = f"mogrifier_{kind}_"
+                if spec.rank > 0:
+                    out[prefix + "right"] = torch.stack([r[0] for r in rounds])
+                    out[prefix + "left"] = torch.stack([r[1] for r in rounds])
+                else:
+                    out[prefix + "weight"] = torch.stack([r[0] for r in rounds])
+                if prefix + "bias" in p:
+                    out[prefix + "bias"] = torch.stack([r[2] for r in rounds])
+        return out
+
+
+class CompiledMultiplicativeLSTMFunction(_CompiledFunction):
+    """Krause's multiplicative LSTM (``csrc/multiplicative_lstm.cpp``)."""
+
+    @staticmethod
+    def run_forward(spec, xs, h0, c0, mask, p: Params, save: bool) -> list[Tensor]:
+        return torch.ops.moglm.multiplicative_lstm_forward(
+            xs, h0, c0, mask, p["weight_ih"], p["weight_hh"], _bias(p), p["weight_mx"], p["weight_mh"], spec.capped,
+            save, gemm_route(xs.dtype), MIN_ROWS,
+        )
+
+    @staticmethod
+    def run_backward(spec, xs, h0, c0, mask, p: Params, saved, grads_out, need_dx: bool, need_weights: bool) -> dict:
+        g = torch.ops.moglm.multiplicative_lstm_backward(
+            xs, h0, c0, mask, p["weight_ih"], p["weight_hh"], "bias_ih" in p, p["weight_mx"], p["weight_mh"],
+            spec.capped, saved, *grads_out, need_dx, need_weights, gemm_route(xs.dtype), MIN_ROWS,
+        )
+        out = {"x": g[0], "h0": g[1], "c0": g[2], "weight_ih": g[3], "weight_hh": g[4], "weight_mx": g[6],
+               "weight_mh": g[7]}
+        if "bias_ih" in p:
+            out["bias_ih"] = out["bias_hh"] = g[5]
+        return out
+
+
+def run_compiled(function, spec, cell, params: Params, xs: Tensor, state, h_mask: Tensor | None):
+    """Run ``function`` over ``xs`` ``[T, B, m]``; ``(ys, (h_T, c_T))``. Without anything to differentiate,
+    only the forward runs, saving nothing."""
+    xs = xs.contiguous()
+    h0, c0 = (s.contiguous() for s in state)
+    values = tuple(params.values())
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (xs, h0, c0, *values)):
+        ys, h_T, c_T = function.apply(spec, cell, xs, h0, c0, h_mask, *values)
+    else:
+        ys, h_T, c_T = function.run_forward(spec, xs, h0, c0, h_mask, params, save=False)[:3]
+    return ys, (h_T, c_T)

@@ -1,0 +1,381 @@
+// The LSTM and Mogrifier LSTM window, forward and backward (Mogrifier paper, section 2, eq. 1-2).
+//
+//   h~ = h_{t-1} * mask                                       variational state dropout (optional)
+//   odd i:  x^i = 2 sigmoid(Q_i h + a_i) * x^{i-2}            even i: h^i = 2 sigmoid(R_i x + b_i) * h^{i-2}
+//   [i, f, j, o] = [x_up; h_up] @ [W_ih, W_hh]^T + b          c = f c_prev + i j,  h = o tanh(c)
+//
+// Forward and the backward data-gradient loop run batch-parallel (window.h), with each thread's fixed
+// operands packed once per window. Per step: the rounds (low rank: two small products each) and one
+// [x_up; h_up] @ [W_ih, W_hh]^T product (rounds = 0: [x; h~], so the LSTM's input projection runs in the
+// same product); backward per step: the cell's derivative, one dG @ [W_ih, W_hh] product giving
+// [dx_up; dh_up], and the rounds' derivatives. Every weight gradient is one multi-threaded product over
+// all T*B rows after the loop.
+//
+// Saved for backward (all linear in T): gate activations [T, B, 4n], c [T, B, n], [x_up; h_up]
+// [T, B, m+n], per round its sigmoid [T, B, out] and (low rank) its low [T, B, k], and the intermediate
+// chain values x^1..x^{nq-1} [T, B, m], h^1..h^{nr-1} [T, B, n]. h~ is recomputed.
+
+#include "window.h"
+
+#include <torch/library.h>
+
+#include <vector>
+
+namespace moglm {
+namespace {
+
+struct Rounds {
+  i64 r = 0, nq = 0, nr = 0, rank = 0;  // rank 0: full rank
+  bool zigzag = true;
+  std::vector<at::Tensor> mats;   // per round: full [out, in] or right factor [k, in]
+  std::vector<at::Tensor> lefts;  // per round (low rank): left factor [out, k]
+  std::vector<at::Tensor> bias;   // per round: [out] (empty list: no bias)
+  bool is_q(i64 i) const { return i % 2 == 1; }        // round i (1-based) gates x
+  i64 j(i64 i) const { return is_q(i) ? (i - 1) / 2 : i / 2 - 1; }  // it takes chain j to j+1
+  i64 src_j(i64 i) const { return zigzag ? (is_q(i) ? j(i) : j(i) + 1) : 0; }
+};
+
+// Pointers into the per-step chain values of rows [b0, ...) at slot s: chain x (index 0..nq) and h (0..nr).
+template <typename T>
+struct Chains {
+  std::vector<T*> x, h;
+  std::vector<i64> ldx, ldh;
+};
+
+template <typename T>
+Chains<T> chains_at(const Rounds& R, i64 m, i64 n, i64 B, i64 t, i64 s, i64 b0, const T* xs, T* h_first,
+                    i64 ld_first, const std::vector<at::Tensor>& xc, const std::vector<at::Tensor>& hc, T* xh) {
+  Chains<T> c;
+  const i64 mn = m + n;
+  c.x.push_back(const_cast<T*>(xs) + (t * B + b0) * m);
+  c.ldx.push_back(m);
+  for (i64 j = 1; j < R.nq; ++j) {
+    c.x.push_back(ptr<T>(xc[j - 1]) + (s * B + b0) * m);
+    c.ldx.push_back(m);
+  }
+  c.x.push_back(xh + (s * B + b0) * mn);
+  c.ldx.push_back(mn);
+  c.h.push_back(h_first);
+  c.ldh.push_back(ld_first);
+  for (i64 j = 1; j < R.nr; ++j) {
+    c.h.push_back(ptr<T>(hc[j - 1]) + (s * B + b0) * n);
+    c.ldh.push_back(n);
+  }
+  if (R.nr > 0) {
+    c.h.push_back(xh + (s * B + b0) * mn + m);
+    c.ldh.push_back(mn);
+  }
+  return c;
+}
+
+template <typename T>
+std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0, const at::Tensor& c0,
+                                     const at::Tensor& mask, const at::Tensor& w_ih, const at::Tensor& w_hh,
+                                     const at::Tensor& bias, const Rounds& R, bool capped, bool save, Route route,
+                                     i64 min_rows) {
+  const i64 T_ = xs.size(0), B = xs.size(1), m = xs.size(2), n = h0.size(1), mn = m + n;
+  const i64 S = save ? T_ : 1;
+  auto opts = xs.options();
+  at::Tensor ys = at::empty({T_, B, n}, opts);
+  at::Tensor cs = save ? at::empty({T_, B, n}, opts) : c0.clone();  // no save: c is updated in place
+  at::Tensor wcat = at::cat({w_ih, w_hh}, 1).contiguous();             // [4n, m+n]
+  at::Tensor acts = at::empty({S, B, 4 * n}, opts);
+  at::Tensor xh = at::empty({S, B, mn}, opts);  // [x_up; h_up]
+  at::Tensor htil = at::empty({B, n}, opts);    // h~ when it is not stored in xh
+  std::vector<at::Tensor> xc, hc, sig, low;
+  for (i64 j = 1; j < R.nq; ++j) xc.push_back(at::empty({S, B, m}, opts));
+  for (i64 j = 1; j < R.nr; ++j) hc.push_back(at::empty({S, B, n}, opts));
+  for (i64 i = 1; i <= R.r; ++i) {
+    sig.push_back(at::empty({S, B, R.is_q(i) ? m : n}, opts));
+    if (R.rank > 0) low.push_back(at::empty({S, B, R.rank}, opts));
+  }
+  const T* b_ptr = ptr<T>(bias);
+  const T* mk = ptr<T>(mask);
+  T* y = ptr<T>(ys);
+  T* c = ptr<T>(cs);
+  for_row_blocks(B, min_rows, [&](i64 b0, i64 b1, bool) {
+    const i64 rows = b1 - b0;
+    // this thread's products, their fixed operands packed once for the window
+    PackedB<T> gates(route, rows, 4 * n, mn, ptr<T>(wcat), mn, true);  // [x_up; h_up] -> gate pre-activations
+    std::vector<PackedB<T>> first, second;  // per round: src -> low -> p (low rank) or src -> p (full)
+    for (i64 i = 1; i <= R.r; ++i) {
+      const i64 w = R.is_q(i) ? m : n, win = R.is_q(i) ? n : m;
+      if (R.rank > 0) {
+        first.emplace_back(route, rows, R.rank, win, ptr<T>(R.mats[i - 1]), win, true);
+        second.emplace_back(route, rows, w, R.rank, ptr<T>(R.lefts[i - 1]), R.rank, true);
+      } else {
+        first.emplace_back(route, rows, w, win, ptr<T>(R.mats[i - 1]), win, true);
+      }
+    }
+    for (i64 t = 0; t < T_; ++t) {
+      const i64 s = save ? t : 0;
+      T* xh_s = ptr<T>(xh) + (s * B + b0) * mn;
+      if (R.nq == 0) copy_rows(rows, m, ptr<T>(xs) + (t * B + b0) * m, m, xh_s, mn);  // x_up is x itself
+      // h^0 = h~
+      const T* hp = t == 0 ? ptr<T>(h0) + b0 * n : y + ((t - 1) * B + b0) * n;
+      T* h_first;
+      i64 ld_first;
+      if (R.nr == 0) {  // h_up is h~ itself: it goes straight into xh
+        h_first = xh_s + m;
+        ld_first = mn;
+        if (mk != nullptr)
+          mul_rows(rows, n, hp, n, mk + b0 * n, n, h_first, mn);
+        else
+          copy_rows(rows, n, hp, n, h_first, mn);
+      } else if (mk != nullptr) {
+        h_first = ptr<T>(htil) + b0 * n;
+        ld_first = n;
+        mul_rows(rows, n, hp, n, mk + b0 * n, n, h_first, n);
+      } else {
+        h_first = const_cast<T*>(hp);
+        ld_first = n;
+      }
+      Chains<T> ch = chains_at<T>(R, m, n, B, t, s, b0, ptr<T>(xs), h_first, ld_first, xc, hc, ptr<T>(xh));
+      for (i64 i = 1; i <= R.r; ++i) {
+        const bool q = R.is_q(i);
+        const i64 j = R.j(i), sj = R.src_j(i), w = q ? m : n;
+        const T* src = q ? ch.h[sj] : ch.x[sj];
+        const i64 lds = q ? ch.ldh[sj] : ch.ldx[sj];
+        T* sg = ptr<T>(sig[i - 1]) + (s * B + b0) * w;
+        if (R.rank > 0) {
+          T* lw = ptr<T>(low[i - 1]) + (s * B + b0) * R.rank;
+          first[i - 1](rows, src, lds, T(0), lw, R.rank);  // low = src Right^T
+          second[i - 1](rows, lw, R.rank, T(0), sg, w);    // p = low Left^T
+        } else {
+          first[i - 1](rows, src, lds, T(0), sg, w);  // p = src M^T
+        }
+        const T* rb = R.bias.empty() ? nullptr : ptr<T>(R.bias[i - 1]);
+        if (q)
+          round_forward(rows, w, sg, w, rb, ch.x[j], ch.ldx[j], ch.x[j + 1], ch.ldx[j + 1]);
+        else
+          round_forward(rows, w, sg, w, rb, ch.h[j], ch.ldh[j], ch.h[j + 1], ch.ldh[j + 1]);
+      }
+      T* g = ptr<T>(acts) + (s * B + b0) * 4 * n;
+      gates(rows, xh_s, mn, T(0), g, 4 * n);
+      const T* cp = save ? (t == 0 ? ptr<T>(c0) + b0 * n : c + ((t - 1) * B + b0) * n) : c + b0 * n;
+      T* co = save ? c + (t * B + b0) * n : c + b0 * n;
+      cell_forward(rows, n, g, 4 * n, b_ptr, cp, co, y + (t * B + b0) * n, n, capped);
+    }
+  });
+  at::Tensor cT = save ? cs[T_ - 1].clone() : cs;
+  std::vector<at::Tensor> out{ys, ys[T_ - 1].clone(), cT};
+  if (save) {
+    out.push_back(acts);
+    out.push_back(cs);
+    out.push_back(xh);
+    for (auto& t : sig) out.push_back(t);
+    for (auto& t : low) out.push_back(t);
+    for (auto& t : xc) out.push_back(t);
+    for (auto& t : hc) out.push_back(t);
+  }
+  return out;
+}
+
+// Gradients: [dxs, dh0, dc0, dW_ih, dW_hh, dbias, per round: d mat (or right), d left, d bias]; undefined
+// where not needed (weights: when need_weights is false).
+template <typename T>
+std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0, const at::Tensor& c0,
+                                      const at::Tensor& mask, const at::Tensor& w_ih, const at::Tensor& w_hh,
+                                      bool has_bias, const Rounds& R, bool capped, const std::vector<at::Tensor>& saved,
+                                      const at::Tensor& dys, const at::Tensor& dhT, const at::Tensor& dcT,
+                                      bool need_dx, bool need_weights, Route route, i64 min_rows) {
+  const i64 T_ = xs.size(0), B = xs.size(1), m = xs.size(2), n = h0.size(1), mn = m + n;
+  auto opts = xs.options();
+  const at::Tensor& ys = saved[0];
+  const at::Tensor& acts = saved[1];
+  const at::Tensor& cs = saved[2];
+  const at::Tensor& xh = saved[3];
+  std::vector<at::Tensor> sig(saved.begin() + 4, saved.begin() + 4 + R.r);
+  i64 k = 4 + R.r;
+  std::vector<at::Tensor> low, xc, hc;
+  if (R.rank > 0)
+    for (i64 i = 0; i < R.r; ++i) low.push_back(saved[k++]);
+  for (i64 j = 1; j < R.nq; ++j) xc.push_back(saved[k++]);
+  for (i64 j = 1; j < R.nr; ++j) hc.push_back(saved[k++]);
+  // h~ for every step: the chain h^0 (a round's source or old value) when rounds >= 2
+  at::Tensor htil = R.nr > 0 || R.nq > 0 ? h_tilde_all(h0, ys, mask) : at::Tensor();  // [T, B, n]
+  at::Tensor wcat = at::cat({w_ih, w_hh}, 1).contiguous();  // [4n, m+n]
+  at::Tensor dG = at::empty({T_, B, 4 * n}, opts);
+  std::vector<at::Tensor> dps, dlows;
+  for (i64 i = 1; i <= R.r; ++i) {
+    dps.push_back(at::empty({T_, B, R.is_q(i) ? m : n}, opts));
+    if (R.rank > 0) dlows.push_back(at::empty({T_, B, R.rank}, opts));
+  }
+  at::Tensor dx = need_dx ? at::empty({T_, B, m}, opts) : at::Tensor();
+  at::Tensor gxh = at::empty({B, mn}, opts);  // gradients of the chains' current ends [x; h]
+  at::Tensor extra = R.zigzag ? at::Tensor() : at::empty({B, mn}, opts);  // no zigzag: into x^0, h^0
+  at::Tensor dh_next = dhT.defined() ? dhT.clone() : at::zeros({B, n}, opts);
+  at::Tensor dc = dcT.defined() ? dcT.clone() : at::zeros({B, n}, opts);
+  at::Tensor dh = at::empty({B, n}, opts);
+  const T* mk = ptr<T>(mask);
+  const T* dy = dys.defined() ? ptr<T>(dys) : nullptr;
+  const T* a = ptr<T>(acts);
+  const T* c = ptr<T>(cs);
+  T* dg = ptr<T>(dG);
+  for_row_blocks(B, min_rows, [&](i64 b0, i64 b1, bool) {
+    const i64 rows = b1 - b0;
+    PackedB<T> d_gates(route, rows, mn, 4 * n, ptr<T>(wcat), mn, false);  // dG -> [dx_up; dh_up]
+    std::vector<PackedB<T>> d_first, d_second;  // per round: dp -> dlow -> d src (low rank) or dp -> d src
+    for (i64 i = 1; i <= R.r; ++i) {
+      const i64 w = R.is_q(i) ? m : n, win = R.is_q(i) ? n : m;
+      if (R.rank > 0) {
+        d_first.emplace_back(route, rows, R.rank, w, ptr<T>(R.lefts[i - 1]), R.rank, false);
+        d_second.emplace_back(route, rows, win, R.rank, ptr<T>(R.mats[i - 1]), win, false);
+      } else {
+        d_first.emplace_back(route, rows, win, w, ptr<T>(R.mats[i - 1]), win, false);
+      }
+    }
+    T* gx = ptr<T>(gxh) + b0 * mn;
+    T* gh = gx + m;
+    T* ex = R.zigzag ? nullptr : ptr<T>(extra) + b0 * mn;
+    T* dhn = ptr<T>(dh_next) + b0 * n;
+    T* dhr = ptr<T>(dh) + b0 * n;
+    for (i64 t = T_ - 1; t >= 0; --t) {
+      if (dy != nullptr)
+        add_rows(rows, n, dy + (t * B + b0) * n, n, dhn, n, dhr, n);
+      else
+        copy_rows(rows, n, dhn, n, dhr, n);
+      const T* cp = t == 0 ? ptr<T>(c0) + b0 * n : c + ((t - 1) * B + b0) * n;
+      T* g = dg + (t * B + b0) * 4 * n;
+      cell_backward(rows, n, a + (t * B + b0) * 4 * n, cp, c + (t * B + b0) * n, dhr, ptr<T>(dc) + b0 * n, g, capped);
+      d_gates(rows, g, 4 * n, T(0), gx, mn);
+      if (R.r > 0) {
+        if (ex != nullptr)
+          for (i64 r = 0; r < rows; ++r) std::fill(ex + r * mn, ex + r * mn + mn, T(0));
+        Chains<T> ch = chains_at<T>(R, m, n, B, t, t, b0, ptr<T>(xs), ptr<T>(htil) + (t * B + b0) * n, n, xc, hc,
+                                    ptr<T>(xh));
+        for (i64 i = R.r; i >= 1; --i) {
+          const bool q = R.is_q(i);
+          const i64 j = R.j(i), w = q ? m : n;
+          T* dp = ptr<T>(dps[i - 1]) + (t * B + b0) * w;
+          round_backward(rows, w, q ? gx : gh, mn, q ? ch.x[j] : ch.h[j], q ? ch.ldx[j] : ch.ldh[j],
+                         ptr<T>(sig[i - 1]) + (t * B + b0) * w, w, dp, w);
+          T* dst = R.zigzag ? (q ? gh : gx) : (q ? ex + m : ex);  // the source's gradient (accumulated)
+          if (R.rank > 0) {
+            T* dl = ptr<T>(dlows[i - 1]) + (t * B + b0) * R.rank;
+            d_first[i - 1](rows, dp, w, T(0), dl, R.rank);  // dlow = dp Left
+            d_second[i - 1](rows, dl, R.rank, T(1), dst, mn);  // d src += dlow Right
+          } else {
+            d_first[i - 1](rows, dp, w, T(1), dst, mn);  // d src += dp M
+          }
+        }
+        if (ex != nullptr) add_rows(rows, mn, gx, mn, ex, mn, gx, mn);
+      }
+      if (need_dx) copy_rows(rows, m, gx, mn, ptr<T>(dx) + (t * B + b0) * m, m);
+      if (mk != nullptr)
+        mul_rows(rows, n, gh, mn, mk + b0 * n, n, dhn, n);
+      else
+        copy_rows(rows, n, gh, mn, dhn, n);
+    }
+  });
+  std::vector<at::Tensor> grads(6 + 3 * R.r);
+  at::Tensor dG2 = dG.view({T_ * B, 4 * n});
+  if (need_dx) grads[0] = dx;
+  if (need_weights) {
+    at::Tensor dw = at::mm(dG2.t(), xh.view({T_ * B, mn}));  // [4n, m+n]
+    grads[3] = dw.narrow(1, 0, m).contiguous();
+    grads[4] = dw.narrow(1, m, n).contiguous();
+    if (has_bias) grads[5] = dG2.sum(0);
+    // the chains as [T, B, width] tensors, to read each round's source from
+    std::vector<at::Tensor> cx{xs}, chh{htil};
+    for (auto& t : xc) cx.push_back(t);
+    cx.push_back(xh.narrow(2, 0, m));
+    for (auto& t : hc) chh.push_back(t);
+    if (R.nr > 0) chh.push_back(xh.narrow(2, m, n));
+    for (i64 i = 1; i <= R.r; ++i) {
+      const bool q = R.is_q(i);
+      const i64 sj = R.src_j(i), w = q ? m : n, win = q ? n : m;
+      at::Tensor src = (q ? chh[sj] : cx[sj]).reshape({T_ * B, win});
+      at::Tensor dp2 = dps[i - 1].view({T_ * B, w});
+      if (R.rank > 0) {
+        grads[6 + 3 * (i - 1)] = at::mm(dlows[i - 1].view({T_ * B, R.rank}).t(), src);      // right [k, in]
+        grads[6 + 3 * (i - 1) + 1] = at::mm(dp2.t(), low[i - 1].view({T_ * B, R.rank}));  // left [out, k]
+      } else {
+        grads[6 + 3 * (i - 1)] = at::mm(dp2.t(), src);  // [out, in]
+      }
+      if (!R.bias.empty()) grads[6 + 3 * (i - 1) + 2] = dp2.sum(0);
+    }
+  }
+  grads[1] = dh_next;
+  grads[2] = dc;
+  return grads;
+}
+
+Rounds make_rounds(int64_t rounds, int64_t rank, bool zigzag, at::TensorList mats, at::TensorList lefts,
+                   at::TensorList bias) {
+  Rounds R;
+  R.r = rounds;
+  R.nq = (rounds + 1) / 2;
+  R.nr = rounds / 2;
+  R.rank = rank > 0 ? rank : 0;
+  R.zigzag = zigzag;
+  TORCH_CHECK((i64)mats.size() == rounds, "moglm compiled recurrence: expected one matrix per round");
+  TORCH_CHECK(R.rank == 0 || (i64)lefts.size() == rounds, "moglm compiled recurrence: expected one left factor per round");
+  TORCH_CHECK(bias.empty() || (i64)bias.size() == rounds, "moglm compiled recurrence: expected one bias per round");
+  for (const auto& t : mats) R.mats.push_back(t.contiguous());
+  for (const auto& t : lefts) R.lefts.push_back(t.contiguous());
+  for (const auto& t : bias) R.bias.push_back(t.contiguous());
+  return R;
+}
+
+std::vector<at::Tensor> mogrifier_lstm_forward(const at::Tensor& xs, const at::Tensor& h0, const at::Tensor& c0,
+                                               const std::optional<at::Tensor>& mask, const at::Tensor& w_ih,
+                                               const at::Tensor& w_hh, const std::optional<at::Tensor>& bias,
+                                               at::TensorList mats, at::TensorList lefts, at::TensorList rbias,
+                                               int64_t rounds, int64_t rank, bool zigzag, bool capped, bool save,
+                                               int64_t route, int64_t min_rows) {
+  checked(xs, "input");
+  checked(h0, "h0");
+  checked(c0, "c0");
+  Rounds R = make_rounds(rounds, rank, zigzag, mats, lefts, rbias);
+  at::Tensor wih = w_ih.contiguous(), whh = w_hh.contiguous();
+  at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
+  at::Tensor mk = mask.has_value() ? mask->contiguous() : at::Tensor();
+  std::vector<at::Tensor> out;
+  AT_DISPATCH_FLOATING_TYPES(xs.scalar_type(), "mogrifier_lstm_forward", [&] {
+    out = forward_impl<scalar_t>(xs, h0, c0, mk, wih, whh, b, R, capped, save, Route(route), min_rows);
+  });
+  return out;
+}
+
+std::vector<at::Tensor> mogrifier_lstm_backward(
+    const at::Tensor& xs, const at::Tensor& h0, const at::Tensor& c0, const std::optional<at::Tensor>& mask,
+    const at::Tensor& w_ih, const at::Tensor& w_hh, bool has_bias, at::TensorList mats, at::TensorList lefts,
+    at::TensorList rbias, int64_t rounds, int64_t rank, bool zigzag, bool capped, at::TensorList saved,
+    const std::optional<at::Tensor>& dys, const std::optional<at::Tensor>& dhT, const std::optional<at::Tensor>& dcT,
+    bool need_dx, bool need_weights, int64_t route, int64_t min_rows) {
+  Rounds R = make_rounds(rounds, rank, zigzag, mats, lefts, rbias);
+  std::vector<at::Tensor> sv(saved.begin(), saved.end());
+  at::Tensor wih = w_ih.contiguous(), whh = w_hh.contiguous();
+  at::Tensor mk = mask.has_value() ? mask->contiguous() : at::Tensor();
+  at::Tensor gy = dys.has_value() ? dys->contiguous() : at::Tensor();
+  at::Tensor gh = dhT.has_value() ? dhT->contiguous() : at::Tensor();
+  at::Tensor gc = dcT.has_value() ? dcT->contiguous() : at::Tensor();
+  std::vector<at::Tensor> out;
+  AT_DISPATCH_FLOATING_TYPES(xs.scalar_type(), "mogrifier_lstm_backward", [&] {
+    out = backward_impl<scalar_t>(xs, h0, c0, mk, wih, whh, has_bias, R, capped, sv, gy, gh, gc, need_dx,
+                                  need_weights, Route(route), min_rows);
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(moglm, m) {
+  m.def(
+      "mogrifier_lstm_forward(Tensor xs, Tensor h0, Tensor c0, Tensor? mask, Tensor w_ih, Tensor w_hh, Tensor? bias, "
+      "Tensor[] mats, Tensor[] lefts, Tensor[] rbias, int rounds, int rank, bool zigzag, bool capped, bool save, "
+      "int route, int min_rows) -> Tensor[]");
+  m.def(
+      "mogrifier_lstm_backward(Tensor xs, Tensor h0, Tensor c0, Tensor? mask, Tensor w_ih, Tensor w_hh, "
+      "bool has_bias, Tensor[] mats, Tensor[] lefts, Tensor[] rbias, int rounds, int rank, bool zigzag, "
+      "bool capped, Tensor[] saved, Tensor? dys, Tensor? dhT, Tensor? dcT, bool need_dx, bool need_weights, "
+      "int route, int min_rows) -> Tensor[]");
+}
+
+TORCH_LIBRARY_IMPL(moglm, CPU, m) {
+  m.impl("mogrifier_lstm_forward", &mogrifier_lstm_forward);
+  m.impl("mogrifier_lstm_backward", &mogrifier_lstm_backward);
+}
+
+}  // namespace moglm

@@ -1,0 +1,233 @@
+// The multiplicative LSTM window, forward and backward (Krause's thesis, section 3.3, eq. 3.5-3.9).
+//
+//   h~ = h_{t-1} * mask                                     variational state dropout (optional)
+//   m_t = (W_mx x_t) * (W_mh h~)                            eq. 3.5
+//   [i, f, j, o] = W_ih x_t + W_hh m_t + b                  an LSTM with m_t in place of h_{t-1}
+//
+// Batch-parallel (window.h), each thread's fixed operands packed once per window. A step: W_mx x and
+// W_mh h~, their product m_t, and one [x; m_t] @ [W_ih, W_hh]^T gate product. Backward per step: the
+// cell's derivative, dG @ [W_ih, W_hh] giving [dx; dm], and the two projections' data gradients; the
+// four weight gradients are products over all T*B rows after the loop.
+// Saved: gate activations [T, B, 4n], c [T, B, n], [x; m] [T, B, m+n], W_mx x and W_mh h~ ([T, B, n]);
+// h~ is recomputed.
+
+#include "window.h"
+
+#include <torch/library.h>
+
+#include <chrono>
+#include <vector>
+
+namespace moglm {
+namespace {
+
+template <typename T>
+std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0, const at::Tensor& c0,
+                                     const at::Tensor& mask, const at::Tensor& w_ih, const at::Tensor& w_hh,
+                                     const at::Tensor& bias, const at::Tensor& w_mx, const at::Tensor& w_mh,
+                                     bool capped, bool save, Route route, i64 min_rows) {
+  const i64 T_ = xs.size(0), B = xs.size(1), m = xs.size(2), n = h0.size(1), mn = m + n;
+  const i64 S = save ? T_ : 1;
+  auto opts = xs.options();
+  at::Tensor wcat = at::cat({w_ih, w_hh}, 1).contiguous();  // [4n, m+n]: [x; m_t] -> gates
+  at::Tensor ys = at::empty({T_, B, n}, opts);
+  at::Tensor cs = save ? at::empty({T_, B, n}, opts) : c0.clone();
+  at::Tensor acts = at::empty({S, B, 4 * n}, opts);
+  at::Tensor xm = at::empty({S, B, mn}, opts);  // [x; m_t]
+  at::Tensor px = at::empty({S, B, n}, opts);   // W_mx x
+  at::Tensor ph = at::empty({S, B, n}, opts);   // W_mh h~
+  at::Tensor htil = mask.defined() ? at::empty({B, n}, opts) : at::Tensor();
+  const T* b_ptr = ptr<T>(bias);
+  const T* mk = ptr<T>(mask);
+  T* y = ptr<T>(ys);
+  T* c = ptr<T>(cs);
+  for_row_blocks(B, min_rows, [&](i64 b0, i64 b1, bool) {
+    const i64 rows = b1 - b0;
+    PackedB<T> gates(route, rows, 4 * n, mn, ptr<T>(wcat), mn, true);
+    PackedB<T> proj_x(route, rows, n, m, ptr<T>(w_mx), m, true);
+    PackedB<T> proj_h(route, rows, n, n, ptr<T>(w_mh), n, true);
+    for (i64 t = 0; t < T_; ++t) {
+      const i64 s = save ? t : 0, o = (s * B + b0) * n;
+      T* xm_s = ptr<T>(xm) + (s * B + b0) * mn;
+      const T* x = ptr<T>(xs) + (t * B + b0) * m;
+      const T* hp = t == 0 ? ptr<T>(h0) + b0 * n : y + ((t - 1) * B + b0) * n;
+      if (mk != nullptr) {
+        T* ht = ptr<T>(htil) + b0 * n;
+        mul_rows(rows, n, hp, n, mk + b0 * n, n, ht, n);
+        hp = ht;
+      }
+      copy_rows(rows, m, x, m, xm_s, mn);
+      proj_x(rows, x, m, T(0), ptr<T>(px) + o, n);   // W_mx x
+      proj_h(rows, hp, n, T(0), ptr<T>(ph) + o, n);  // W_mh h~
+      mul_rows(rows, n, ptr<T>(px) + o, n, ptr<T>(ph) + o, n, xm_s + m, mn);  // m_t (eq. 3.5)
+      T* g = ptr<T>(acts) + (s * B + b0) * 4 * n;
+      gates(rows, xm_s, mn, T(0), g, 4 * n);
+      const T* cp = save ? (t == 0 ? ptr<T>(c0) + b0 * n : c + ((t - 1) * B + b0) * n) : c + b0 * n;
+      T* co = save ? c + (t * B + b0) * n : c + b0 * n;
+      cell_forward(rows, n, g, 4 * n, b_ptr, cp, co, y + (t * B + b0) * n, n, capped);
+    }
+  });
+  at::Tensor cT = save ? cs[T_ - 1].clone() : cs;
+  std::vector<at::Tensor> out{ys, ys[T_ - 1].clone(), cT};
+  if (save) {
+    for (const auto& t : {acts, cs, xm, px, ph}) out.push_back(t);
+  }
+  return out;
+}
+
+// Gradients: [dxs, dh0, dc0, dW_ih, dW_hh, dbias, dW_mx, dW_mh].
+template <typename T>
+std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0, const at::Tensor& c0,
+                                      const at::Tensor& mask, const at::Tensor& w_ih, const at::Tensor& w_hh,
+                                      bool has_bias, const at::Tensor& w_mx, const at::Tensor& w_mh, bool capped,
+                                      const std::vector<at::Tensor>& saved, const at::Tensor& dys,
+                                      const at::Tensor& dhT, const at::Tensor& dcT, bool need_dx, bool need_weights,
+                                      Route route, i64 min_rows) {
+  const i64 T_ = xs.size(0), B = xs.size(1), m = xs.size(2), n = h0.size(1), mn = m + n;
+  auto opts = xs.options();
+  const at::Tensor &ys = saved[0], &acts = saved[1], &cs = saved[2], &xm = saved[3], &px = saved[4], &ph = saved[5];
+  at::Tensor wcat = at::cat({w_ih, w_hh}, 1).contiguous();
+  at::Tensor dG = at::empty({T_, B, 4 * n}, opts);
+  at::Tensor d_px = at::empty({T_, B, n}, opts);  // dL/d(W_mx x)
+  at::Tensor d_ph = at::empty({T_, B, n}, opts);  // dL/d(W_mh h~)
+  at::Tensor dx = need_dx ? at::empty({T_, B, m}, opts) : at::Tensor();
+  at::Tensor gxm = at::empty({B, mn}, opts);  // [dx (gate part); dm]
+  at::Tensor dh = at::empty({B, n}, opts);
+  at::Tensor dh_next = dhT.defined() ? dhT.clone() : at::zeros({B, n}, opts);
+  at::Tensor dc = dcT.defined() ? dcT.clone() : at::zeros({B, n}, opts);
+  const T* mk = ptr<T>(mask);
+  const T* dy = dys.defined() ? ptr<T>(dys) : nullptr;
+  const T* c = ptr<T>(cs);
+  for_row_blocks(B, min_rows, [&](i64 b0, i64 b1, bool) {
+    const i64 rows = b1 - b0;
+    PackedB<T> d_gates(route, rows, mn, 4 * n, ptr<T>(wcat), mn, false);  // dG -> [dx; dm]
+    PackedB<T> d_proj_x(route, rows, m, n, ptr<T>(w_mx), m, false);       // d(W_mx x) -> dx
+    PackedB<T> d_proj_h(route, rows, n, n, ptr<T>(w_mh), n, false);       // d(W_mh h~) -> dh~
+    T* gx = ptr<T>(gxm) + b0 * mn;
+    T* dhn = ptr<T>(dh_next) + b0 * n;
+    T* dhr = ptr<T>(dh) + b0 * n;
+    for (i64 t = T_ - 1; t >= 0; --t) {
+      const i64 o = (t * B + b0) * n;
+      if (dy != nullptr)
+        add_rows(rows, n, dy + o, n, dhn, n, dhr, n);
+      else
+        copy_rows(rows, n, dhn, n, dhr, n);
+      const T* cp = t == 0 ? ptr<T>(c0) + b0 * n : c + o - B * n;
+      T* g = ptr<T>(dG) + (t * B + b0) * 4 * n;
+      cell_backward(rows, n, ptr<T>(acts) + (t * B + b0) * 4 * n, cp, c + o, dhr, ptr<T>(dc) + b0 * n, g, capped);
+      d_gates(rows, g, 4 * n, T(0), gx, mn);
+      mul_rows(rows, n, gx + m, mn, ptr<T>(ph) + o, n, ptr<T>(d_px) + o, n);
+      mul_rows(rows, n, gx + m, mn, ptr<T>(px) + o, n, ptr<T>(d_ph) + o, n);
+      if (need_dx) {
+        T* dxr = ptr<T>(dx) + (t * B + b0) * m;
+        copy_rows(rows, m, gx, mn, dxr, m);
+        d_proj_x(rows, ptr<T>(d_px) + o, n, T(1), dxr, m);
+      }
+      d_proj_h(rows, ptr<T>(d_ph) + o, n, T(0), dhn, n);  // dL/dh~
+      if (mk != nullptr) mul_rows(rows, n, dhn, n, mk + b0 * n, n, dhn, n);
+    }
+  });
+  std::vector<at::Tensor> grads(8);
+  if (need_dx) grads[0] = dx;
+  if (need_weights) {
+    at::Tensor dG2 = dG.view({T_ * B, 4 * n});
+    at::Tensor dw = at::mm(dG2.t(), xm.view({T_ * B, mn}));  // [4n, m+n]
+    grads[3] = dw.narrow(1, 0, m).contiguous();
+    grads[4] = dw.narrow(1, m, n).contiguous();
+    if (has_bias) grads[5] = dG2.sum(0);
+    grads[6] = at::mm(d_px.view({T_ * B, n}).t(), xs.view({T_ * B, m}));
+    grads[7] = at::mm(d_ph.view({T_ * B, n}).t(), h_tilde_all(h0, ys, mask).view({T_ * B, n}));
+  }
+  grads[1] = dh_next;
+  grads[2] = dc;
+  return grads;
+}
+
+std::vector<at::Tensor> multiplicative_lstm_forward(const at::Tensor& xs, const at::Tensor& h0, const at::Tensor& c0,
+                                                    const std::optional<at::Tensor>& mask, const at::Tensor& w_ih,
+                                                    const at::Tensor& w_hh, const std::optional<at::Tensor>& bias,
+                                                    const at::Tensor& w_mx, const at::Tensor& w_mh, bool capped,
+                                                    bool save, int64_t route, int64_t min_rows) {
+  checked(xs, "input");
+  checked(h0, "h0");
+  checked(c0, "c0");
+  at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
+  at::Tensor mk = mask.has_value() ? mask->contiguous() : at::Tensor();
+  std::vector<at::Tensor> out;
+  AT_DISPATCH_FLOATING_TYPES(xs.scalar_type(), "multiplicative_lstm_forward", [&] {
+    out = forward_impl<scalar_t>(xs, h0, c0, mk, w_ih.contiguous(), w_hh.contiguous(), b, w_mx.contiguous(),
+                                 w_mh.contiguous(), capped, save, Route(route), min_rows);
+  });
+  return out;
+}
+
+std::vector<at::Tensor> multiplicative_lstm_backward(
+    const at::Tensor& xs, const at::Tensor& h0, const at::Tensor& c0, const std::optional<at::Tensor>& mask,
+    const at::Tensor& w_ih, const at::Tensor& w_hh, bool has_bias, const at::Tensor& w_mx, const at::Tensor& w_mh,
+    bool capped, at::TensorList saved, const std::optional<at::Tensor>& dys, const std::optional<at::Tensor>& dhT,
+    const std::optional<at::Tensor>& dcT, bool need_dx, bool need_weights, int64_t route, int64_t min_rows) {
+  std::vector<at::Tensor> sv(saved.begin(), saved.end());
+  at::Tensor mk = mask.has_value() ? mask->contiguous() : at::Tensor();
+  at::Tensor gy = dys.has_value() ? dys->contiguous() : at::Tensor();
+  at::Tensor gh = dhT.has_value() ? dhT->contiguous() : at::Tensor();
+  at::Tensor gc = dcT.has_value() ? dcT->contiguous() : at::Tensor();
+  std::vector<at::Tensor> out;
+  AT_DISPATCH_FLOATING_TYPES(xs.scalar_type(), "multiplicative_lstm_backward", [&] {
+    out = backward_impl<scalar_t>(xs, h0, c0, mk, w_ih.contiguous(), w_hh.contiguous(), has_bias, w_mx.contiguous(),
+                                  w_mh.contiguous(), capped, sv, gy, gh, gc, need_dx, need_weights, Route(route),
+                                  min_rows);
+  });
+  return out;
+}
+
+// Time ``reps`` calls of a row-major [rows, K] @ [N, K]^T product per thread, batch-parallel over
+// ``batch`` rows as the windows run them: how the GEMM-route probe compares the routes on this machine.
+double time_gemm_route(int64_t route, int64_t batch, int64_t K, int64_t N, int64_t reps, bool dbl) {
+  auto opts = at::TensorOptions().dtype(dbl ? at::kDouble : at::kFloat);
+  // constant operands: the probe must not draw from torch's global generator (it would shift the user's RNG)
+  at::Tensor a = at::full({batch, K}, 0.01, opts), w = at::full({N, K}, 0.02, opts), c = at::empty({batch, N}, opts);
+  double seconds = 0;
+  AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "time_gemm_route", [&] {
+    auto run = [&] {
+      for_row_blocks(batch, 1, [&](i64 b0, i64 b1, bool) {
+        PackedB<scalar_t> op(Route(route), b1 - b0, N, K, ptr<scalar_t>(w), K, true);
+        for (i64 r = 0; r < reps; ++r)
+          op(b1 - b0, ptr<scalar_t>(a) + b0 * K, K, scalar_t(0), ptr<scalar_t>(c) + b0 * N, N);
+      });
+    };
+    run();  // warm-up
+    auto start = std::chrono::steady_clock::now();
+    run();
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  });
+  return seconds;
+}
+
+bool blas_route_available(bool dbl) { return blas_available(dbl ? at::kDouble : at::kFloat); }
+
+bool mkl_thread_control_available() { return mkl_local_threads_available(); }
+
+bool packed_gemm_available() { return packed_available(); }
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(moglm, m) {
+  m.def(
+      "multiplicative_lstm_forward(Tensor xs, Tensor h0, Tensor c0, Tensor? mask, Tensor w_ih, Tensor w_hh, "
+      "Tensor? bias, Tensor w_mx, Tensor w_mh, bool capped, bool save, int route, int min_rows) -> Tensor[]");
+  m.def(
+      "multiplicative_lstm_backward(Tensor xs, Tensor h0, Tensor c0, Tensor? mask, Tensor w_ih, Tensor w_hh, "
+      "bool has_bias, Tensor w_mx, Tensor w_mh, bool capped, Tensor[] saved, Tensor? dys, Tensor? dhT, Tensor? dcT, "
+      "bool need_dx, bool need_weights, int route, int min_rows) -> Tensor[]");
+  m.def("time_gemm_route(int route, int batch, int K, int N, int reps, bool dbl) -> float", &time_gemm_route);
+  m.def("blas_route_available(bool dbl) -> bool", &blas_route_available);
+  m.def("mkl_thread_control_available() -> bool", &mkl_thread_control_available);
+  m.def("packed_gemm_available() -> bool", &packed_gemm_available);
+}
+
+TORCH_LIBRARY_IMPL(moglm, CPU, m) {
+  m.impl("multiplicative_lstm_forward", &multiplicative_lstm_forward);
+  m.impl("multiplicative_lstm_backward", &multiplicative_lstm_backward);
+}
+
+}  // namespace moglm

@@ -1,0 +1,487 @@
+// Shared parts of the compiled recurrences (moglm/recurrence/compiled.py builds and loads them).
+//
+// * GEMM routes: a row-major ``gemm`` with two implementations, chosen at run time:
+//     - ATen: at::mm_out / at::addmm_out on views of the caller's buffers (public API, any build);
+//     - BLAS: the Fortran ``sgemm_`` / ``dgemm_`` that torch's CPU library exports when it links a BLAS
+//       (MKL on x86). Declared weak, so a build without them loads and reports the route as absent.
+//   Inside a batch-parallel worker every product must be single-threaded; MKL is told so with its
+//   thread-local thread count (``mkl_set_num_threads_local_``, the Fortran entry point: it takes a
+//   pointer). ``ThreadGemmScope`` does that for the worker's lifetime.
+// * Batch-parallel loops: ``for_row_blocks`` gives each thread one block of batch rows, which it runs
+//   through all T steps alone (rows of a recurrence are independent: no synchronisation in the loop).
+// * Pointwise kernels: one loop per step for the LSTM cell and its derivative and for each mogrifier
+//   round, written so that the compiler vectorises them (the float exp below is branch-free).
+
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+extern "C" {
+void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*, const float*, const int*,
+            const float*, const int*, const float*, float*, const int*) __attribute__((weak));
+void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*, const double*, const int*,
+            const double*, const int*, const double*, double*, const int*) __attribute__((weak));
+int mkl_set_num_threads_local_(const int*) __attribute__((weak));
+// MKL's packed GEMM (CBLAS enums as ints: row-major 101, no-trans 111, trans 112, packed 151, B matrix 162)
+size_t cblas_sgemm_pack_get_size(int, int, int, int) __attribute__((weak));
+void cblas_sgemm_pack(int, int, int, int, int, int, float, const float*, int, float*) __attribute__((weak));
+void cblas_sgemm_compute(int, int, int, int, int, int, const float*, int, const float*, int, float, float*, int)
+    __attribute__((weak));
+}
+
+namespace moglm {
+
+using i64 = int64_t;
+
+// ---------------------------------------------------------------------------------------------------
+// GEMM routes
+// ---------------------------------------------------------------------------------------------------
+
+enum Route : int64_t { ROUTE_ATEN = 0, ROUTE_BLAS = 1, ROUTE_PANELS = 2, ROUTE_MKL_PACKED = 3 };
+
+inline bool blas_available(at::ScalarType dtype) {
+  return dtype == at::kFloat ? sgemm_ != nullptr : (dtype == at::kDouble ? dgemm_ != nullptr : false);
+}
+
+inline bool mkl_local_threads_available() { return mkl_set_num_threads_local_ != nullptr; }
+
+// While alive inside a parallel worker: BLAS calls on this thread use one thread.
+struct ThreadGemmScope {
+  bool active = false;
+  explicit ThreadGemmScope(bool single) {
+    if (single && mkl_set_num_threads_local_ != nullptr) {
+      const int one = 1;
+      mkl_set_num_threads_local_(&one);
+      active = true;
+    }
+  }
+  ~ThreadGemmScope() {
+    if (active) {
+      const int zero = 0;  // 0: back to the global setting
+      mkl_set_num_threads_local_(&zero);
+    }
+  }
+};
+
+template <typename T>
+inline void blas_gemm(char ta, char tb, int m, int n, int k, T alpha, const T* a, int lda, const T* b, int ldb,
+                      T beta, T* c, int ldc);
+
+template <>
+inline void blas_gemm<float>(char ta, char tb, int m, int n, int k, float alpha, const float* a, int lda,
+                             const float* b, int ldb, float beta, float* c, int ldc) {
+  sgemm_(&ta, &tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
+}
+
+template <>
+inline void blas_gemm<double>(char ta, char tb, int m, int n, int k, double alpha, const double* a, int lda,
+                              const double* b, int ldb, double beta, double* c, int ldc) {
+  dgemm_(&ta, &tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
+}
+
+template <typename T>
+inline at::ScalarType scalar_type_of();
+template <>
+inline at::ScalarType scalar_type_of<float>() { return at::kFloat; }
+template <>
+inline at::ScalarType scalar_type_of<double>() { return at::kDouble; }
+
+// A row-major [rows, cols] view of memory with leading dimension ld, as a tensor.
+template <typename T>
+inline at::Tensor view2d(const T* p, i64 rows, i64 cols, i64 ld) {
+  return at::from_blob(const_cast<T*>(p), {rows, cols}, {ld, 1}, at::TensorOptions().dtype(scalar_type_of<T>()));
+}
+
+// Row-major C[M, N] = op(A)[M, K] @ op(B)[K, N] + beta * C, where op(X) = X^T when tX.
+// A is stored [M, K] (or [K, M] when ta) with leading dimension lda; likewise B and C.
+template <typename T>
+inline void gemm(Route route, bool ta, bool tb, i64 M, i64 N, i64 K, const T* A, i64 lda, const T* B, i64 ldb,
+                 T beta, T* C, i64 ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    for (i64 r = 0; r < M; ++r)
+      for (i64 c = 0; c < N; ++c) C[r * ldc + c] = beta == T(0) ? T(0) : beta * C[r * ldc + c];
+    return;
+  }
+  if (route == ROUTE_BLAS || route == ROUTE_MKL_PACKED || route == ROUTE_PANELS) {
+    // column-major view: C^T = op(B)^T @ op(A)^T
+    blas_gemm<T>(tb ? 'T' : 'N', ta ? 'T' : 'N', (int)N, (int)M, (int)K, T(1), B, (int)ldb, A, (int)lda, beta, C,
+                 (int)ldc);
+    return;
+  }
+  at::Tensor a = ta ? view2d(A, K, M, lda).t() : view2d(A, M, K, lda);
+  at::Tensor b = tb ? view2d(B, N, K, ldb).t() : view2d(B, K, N, ldb);
+  at::Tensor c = view2d(C, M, N, ldc);
+  if (beta == T(0)) {
+    at::mm_out(c, a, b);
+  } else {
+    at::addmm_out(c, c, a, b, beta, 1);
+  }
+}
+
+inline bool packed_available() {
+  return cblas_sgemm_pack_get_size != nullptr && cblas_sgemm_pack != nullptr && cblas_sgemm_compute != nullptr;
+}
+
+// The panels route: op(B) [K, N] packed once into panels of NR columns (zero-padded), each panel K rows of
+// NR contiguous floats; a product walks the panels and, for each, blocks of MR rows of A through a
+// register-blocked micro-kernel (MR x NR accumulators). GCC vector extensions: -march=native picks the
+// instruction set. float32 only.
+namespace panels {
+constexpr i64 NR = 16, MR = 6;
+typedef float v8 __attribute__((vector_size(32)));
+
+inline v8 load8(const float* p) {
+  v8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline std::vector<float> pack(i64 N, i64 K, const float* B, i64 ldb, bool tb) {
+  const i64 np = (N + NR - 1) / NR;
+  std::vector<float> out(np * K * NR, 0.0f);
+  for (i64 p = 0; p < np; ++p)
+    for (i64 k = 0; k < K; ++k)
+      for (i64 c = 0; c < NR && p * NR + c < N; ++c) {
+        const i64 col = p * NR + c;
+        out[(p * K + k) * NR + c] = tb ? B[col * ldb + k] : B[k * ldb + col];
+      }
+  return out;
+}
+
+// tile[R, NR] = A[R, K] @ panel[K, NR]
+template <int R>
+inline void micro(i64 K, const float* A, i64 lda, const float* panel, float* tile) {
+  v8 c0[R], c1[R];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) c0[r] = c1[r] = v8{};
+  for (i64 k = 0; k < K; ++k) {
+    const v8 b0 = load8(panel + k * NR), b1 = load8(panel + k * NR + 8);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const float a = A[r * lda + k];
+      c0[r] += a * b0;
+      c1[r] += a * b1;
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+    std::memcpy(tile + r * NR, &c0[r], sizeof(v8));
+    std::memcpy(tile + r * NR + 8, &c1[r], sizeof(v8));
+  }
+}
+
+// C[M, N] = A[M, K] @ packed + beta C
+inline void gemm(i64 M, i64 N, i64 K, const float* A, i64 lda, const float* packed, float beta, float* C, i64 ldc) {
+  alignas(64) float tile[MR * NR];
+  const i64 np = (N + NR - 1) / NR;
+  for (i64 p = 0; p < np; ++p) {
+    const float* panel = packed + p * K * NR;
+    const i64 c0 = p * NR, cols = std::min(NR, N - c0);
+    for (i64 r0 = 0; r0 < M; r0 += MR) {
+      const i64 R = std::min(MR, M - r0);
+      const float* a = A + r0 * lda;
+      switch (R) {
+        case 6: micro<6>(K, a, lda, panel, tile); break;
+        case 5: micro<5>(K, a, lda, panel, tile); break;
+        case 4: micro<4>(K, a, lda, panel, tile); break;
+        case 3: micro<3>(K, a, lda, panel, tile); break;
+        case 2: micro<2>(K, a, lda, panel, tile); break;
+        default: micro<1>(K, a, lda, panel, tile); break;
+      }
+      for (i64 r = 0; r < R; ++r) {
+        float* c = C + (r0 + r) * ldc + c0;
+        const float* tr = tile + r * NR;
+        if (beta == 0.0f)
+          for (i64 j = 0; j < cols; ++j) c[j] = tr[j];
+        else
+          for (i64 j = 0; j < cols; ++j) c[j] = tr[j] + beta * c[j];
+      }
+    }
+  }
+}
+}  // namespace panels
+
+// The right operand of C[M, N] = A[M, K] @ op(B)[K, N] for a fixed B used at every step of a window.
+// Packed once per window where the route packs: the panels route (float32), or the BLAS route with
+// MKL's packed-GEMM API (float32, for this thread's M); otherwise each product is a plain ``gemm``.
+template <typename T>
+struct PackedB {
+  const T* b = nullptr;
+  i64 ldb = 0, N = 0, K = 0;
+  bool tb = false;
+  Route route = ROUTE_ATEN;
+  std::vector<float> mkl, panel;  // packed B (float32 only)
+
+  PackedB(Route route_, i64 M, i64 N_, i64 K_, const T* b_, i64 ldb_, bool tb_)
+      : b(b_), ldb(ldb_), N(N_), K(K_), tb(tb_), route(route_) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (M <= 0 || N <= 0 || K <= 0) return;
+      if (route == ROUTE_PANELS) {
+        panel = panels::pack(N, K, b, ldb, tb);
+      } else if (route == ROUTE_MKL_PACKED && packed_available()) {
+        mkl.resize(cblas_sgemm_pack_get_size(162, (int)M, (int)N, (int)K) / sizeof(float) + 16);
+        cblas_sgemm_pack(101, 162, tb ? 112 : 111, (int)M, (int)N, (int)K, 1.0f, b, (int)ldb, mkl.data());
+      }
+    }
+    if (route != ROUTE_ATEN && !blas_available(scalar_type_of<T>())) route = ROUTE_ATEN;  // unpacked fallback
+  }
+
+  // C[M, N] = A[M, K] @ op(B) + beta C
+  void operator()(i64 M, const T* A, i64 lda, T beta, T* C, i64 ldc) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (!panel.empty()) {
+        panels::gemm(M, N, K, A, lda, panel.data(), beta, C, ldc);
+        return;
+      }
+      if (!mkl.empty()) {
+        cblas_sgemm_compute(101, 111, 151, (int)M, (int)N, (int)K, A, (int)lda, mkl.data(), (int)N, beta, C,
+                            (int)ldc);
+        return;
+      }
+    }
+    gemm<T>(route, false, tb, M, N, K, A, lda, b, ldb, beta, C, ldc);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------------
+// Batch-parallel loops
+// ---------------------------------------------------------------------------------------------------
+
+// Run fn(b0, b1, single) over blocks of batch rows, one block per thread. ``single`` tells the body that
+// it runs inside a parallel region (its products must be single-threaded). With few rows (fewer than
+// ``min_rows`` per thread) one block runs on the calling thread and its products may use every thread.
+template <typename F>
+inline void for_row_blocks(i64 B, i64 min_rows, const F& fn) {
+  const i64 threads = std::max<i64>(1, std::min<i64>(at::get_num_threads(), B / std::max<i64>(min_rows, 1)));
+  if (threads <= 1) {
+    fn(i64(0), B, false);
+    return;
+  }
+  const i64 grain = (B + threads - 1) / threads;
+  at::parallel_for(0, B, grain, [&](i64 b0, i64 b1) {
+    ThreadGemmScope scope(true);
+    fn(b0, b1, true);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Pointwise math
+// ---------------------------------------------------------------------------------------------------
+
+// exp for float without branches or calls, so loops using it vectorise: Cody-Waite range reduction
+// x = n ln2 + r, |r| <= ln2/2, and a degree-6 polynomial for e^r (relative error ~2e-7, about 1-2 ulp).
+inline float exp_f(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  // round to nearest by the 1.5 * 2^23 trick (no call, so the loop vectorises; never built with fast-math)
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = x - n * 0.693145751953125f;  // ln2 high part (exact product)
+  r = r - n * 1.42860682030941723212e-6f;  // ln2 low part
+  float p = 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  return p * __builtin_bit_cast(float, bits);
+}
+
+template <typename T>
+inline T sigmoid(T x);
+template <>
+inline float sigmoid<float>(float x) { return 1.0f / (1.0f + exp_f(-x)); }
+template <>
+inline double sigmoid<double>(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+template <typename T>
+inline T tanh_(T x) { return T(2) * sigmoid<T>(T(2) * x) - T(1); }
+template <>
+inline double tanh_<double>(double x) { return std::tanh(x); }
+
+// LSTM cell forward for rows of one step, torch's gate order [i, f, j, o] (Mogrifier paper, section 2):
+//   g (in: pre-activations without bias, out: activations), ld 4n;  c = f c_prev + i j (capped:
+//   min(1 - f, i) j);  h = o tanh(c).  c_prev and c_out may alias (in-place update).
+template <typename T>
+inline void cell_forward(i64 rows, i64 n, T* g, i64 ldg, const T* bias, const T* c_prev, T* c_out, T* h_out,
+                         i64 ldh, bool capped) {
+  for (i64 r = 0; r < rows; ++r) {
+    T* gi = g + r * ldg;
+    T* gf = gi + n;
+    T* gj = gi + 2 * n;
+    T* go = gi + 3 * n;
+    const T* cp = c_prev + r * n;
+    T* co = c_out + r * n;
+    T* ho = h_out + r * ldh;
+    if (bias != nullptr) {
+#pragma GCC ivdep
+      for (i64 k = 0; k < n; ++k) {
+        gi[k] += bias[k];
+        gf[k] += bias[n + k];
+        gj[k] += bias[2 * n + k];
+        go[k] += bias[3 * n + k];
+      }
+    }
+#pragma GCC ivdep
+    for (i64 k = 0; k < n; ++k) {
+      const T i = sigmoid<T>(gi[k]);
+      const T f = sigmoid<T>(gf[k]);
+      const T j = tanh_<T>(gj[k]);
+      const T o = sigmoid<T>(go[k]);
+      const T ii = capped ? std::min(T(1) - f, i) : i;
+      const T c = f * cp[k] + ii * j;
+      gi[k] = i;
+      gf[k] = f;
+      gj[k] = j;
+      go[k] = o;
+      co[k] = c;
+      ho[k] = o * tanh_<T>(c);
+    }
+  }
+}
+
+// LSTM cell backward for rows of one step. In: activations ``act`` (ld 4n), c_prev, c_t, dL/dh_t (all of
+// it) ``dh``, and ``dc`` = dL/dc_t carried from step t+1. Out: pre-activation gradient ``dg`` (ld 4n) and
+// ``dc`` overwritten with dL/dc_{t-1}. torch.minimum's derivative: all to the smaller argument, half to
+// each on a tie.
+template <typename T>
+inline void cell_backward(i64 rows, i64 n, const T* act, const T* c_prev, const T* c_t, const T* dh, T* dc,
+                          T* dg, bool capped) {
+  for (i64 r = 0; r < rows; ++r) {
+    const T* ai = act + r * 4 * n;
+    const T* af = ai + n;
+    const T* aj = ai + 2 * n;
+    const T* ao = ai + 3 * n;
+    const T* cp = c_prev + r * n;
+    const T* ct = c_t + r * n;
+    const T* dhr = dh + r * n;
+    T* dcr = dc + r * n;
+    T* gi = dg + r * 4 * n;
+    T* gf = gi + n;
+    T* gj = gi + 2 * n;
+    T* go = gi + 3 * n;
+#pragma GCC ivdep
+    for (i64 k = 0; k < n; ++k) {
+      const T i = ai[k], f = af[k], j = aj[k], o = ao[k];
+      const T tc = tanh_<T>(ct[k]);
+      const T d_o = dhr[k] * tc;
+      const T dcell = dhr[k] * o * (T(1) - tc * tc) + dcr[k];
+      T d_i, d_f, d_j;
+      if (capped) {
+        const T omf = T(1) - f;
+        const T d_min = dcell * j;
+        const T share_i = i < omf ? T(1) : (i == omf ? T(0.5) : T(0));
+        d_i = d_min * share_i;
+        d_f = dcell * cp[k] - (d_min - d_i);
+        d_j = dcell * std::min(omf, i);
+      } else {
+        d_i = dcell * j;
+        d_f = dcell * cp[k];
+        d_j = dcell * i;
+      }
+      gi[k] = d_i * i * (T(1) - i);
+      gf[k] = d_f * f * (T(1) - f);
+      gj[k] = d_j * (T(1) - j * j);
+      go[k] = d_o * o * (T(1) - o);
+      dcr[k] = dcell * f;
+    }
+  }
+}
+
+// One mogrifier round (Mogrifier paper, eq. 1-2) for rows of one step:
+//   s = sigmoid(p + bias) (p in ``s``, overwritten with s);  new = 2 s * old.
+template <typename T>
+inline void round_forward(i64 rows, i64 w, T* s, i64 lds, const T* bias, const T* old, i64 ldo, T* out, i64 ldn) {
+  for (i64 r = 0; r < rows; ++r) {
+    T* sr = s + r * lds;
+    const T* o = old + r * ldo;
+    T* nw = out + r * ldn;
+#pragma GCC ivdep
+    for (i64 k = 0; k < w; ++k) {
+      const T v = sigmoid<T>(sr[k] + (bias != nullptr ? bias[k] : T(0)));
+      sr[k] = v;
+      nw[k] = T(2) * v * o[k];
+    }
+  }
+}
+
+// Its derivative: from g = dL/d new (overwritten with dL/d old = 2 s g), dp = g old 2 s (1 - s).
+template <typename T>
+inline void round_backward(i64 rows, i64 w, T* g, i64 ldg, const T* old, i64 ldo, const T* s, i64 lds, T* dp,
+                           i64 ldp) {
+  for (i64 r = 0; r < rows; ++r) {
+    T* gr = g + r * ldg;
+    const T* o = old + r * ldo;
+    const T* sr = s + r * lds;
+    T* d = dp + r * ldp;
+#pragma GCC ivdep
+    for (i64 k = 0; k < w; ++k) {
+      const T two_s = T(2) * sr[k];
+      d[k] = gr[k] * o[k] * two_s * (T(1) - sr[k]);
+      gr[k] = gr[k] * two_s;
+    }
+  }
+}
+
+// out = a * b (rows of width w, each with its own leading dimension); out may alias a.
+template <typename T>
+inline void mul_rows(i64 rows, i64 w, const T* a, i64 lda, const T* b, i64 ldb, T* out, i64 ldo) {
+  for (i64 r = 0; r < rows; ++r) {
+    const T* ar = a + r * lda;
+    const T* br = b + r * ldb;
+    T* o = out + r * ldo;
+#pragma GCC ivdep
+    for (i64 k = 0; k < w; ++k) o[k] = ar[k] * br[k];
+  }
+}
+
+// out = a + b (rows of width w); out may alias a or b.
+template <typename T>
+inline void add_rows(i64 rows, i64 w, const T* a, i64 lda, const T* b, i64 ldb, T* out, i64 ldo) {
+  for (i64 r = 0; r < rows; ++r) {
+    const T* ar = a + r * lda;
+    const T* br = b + r * ldb;
+    T* o = out + r * ldo;
+#pragma GCC ivdep
+    for (i64 k = 0; k < w; ++k) o[k] = ar[k] + br[k];
+  }
+}
+
+template <typename T>
+inline void copy_rows(i64 rows, i64 w, const T* a, i64 lda, T* out, i64 ldo) {
+  for (i64 r = 0; r < rows; ++r) std::memcpy(out + r * ldo, a + r * lda, sizeof(T) * w);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Small helpers for the op wrappers
+// ---------------------------------------------------------------------------------------------------
+
+inline const at::Tensor& checked(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.defined() && t.is_contiguous() && t.device().is_cpu(), "moglm compiled recurrence: ", name,
+              " must be a contiguous CPU tensor");
+  return t;
+}
+
+template <typename T>
+inline T* ptr(const at::Tensor& t) {
+  return t.defined() ? t.data_ptr<T>() : nullptr;
+}
+
+inline at::Tensor opt(const std::optional<at::Tensor>& t) { return t.has_value() ? *t : at::Tensor(); }
+
+// h_{t-1} for every t, times the state-dropout mask when there is one: [T, B, n].
+inline at::Tensor h_tilde_all(const at::Tensor& h0, const at::Tensor& ys, const at::Tensor& mask) {
+  at::Tensor hp = at::cat({h0.unsqueeze(0), ys.narrow(0, 0, ys.size(0) - 1)}, 0);
+  return mask.defined() ? hp.mul_(mask) : hp;
+}
+
+}  // namespace moglm
