@@ -123,6 +123,13 @@ def _build_app():
             typer.echo(f"{name:32s} {read_mapping(path).get('description', '')}")
 
     @app.command()
+    def info(
+        as_json: bool = typer.Option(False, "--json", help="Print the details as one JSON object."),
+    ) -> None:
+        """What runs here: versions, threads, the CPU, the compiled recurrence (built at first use) and its GEMM route."""
+        typer.echo(_info(as_json))
+
+    @app.command()
     def tune(
         space: Optional[str] = typer.Argument(None, help="Search-space file (TOML/YAML) or shipped space name."),
         base: Optional[str] = typer.Option(None, help="Run config every trial starts from (default: the space's)."),
@@ -239,6 +246,39 @@ def _seconds(text: Optional[str]) -> Optional[float]:
     if value <= 0:
         raise MoglmError(f"--timeout must be positive, got {text!r}")
     return value
+
+
+def _info(as_json: bool) -> str:
+    """``moglm info``: ``key: value`` lines, or with ``as_json`` ``compiled.info()`` plus the versions as JSON."""
+    import json
+    import platform
+    import warnings
+
+    import torch
+
+    from . import __version__
+    from .recurrence import compiled
+
+    with warnings.catch_warnings():  # the reason it is unavailable is printed below, not warned
+        warnings.simplefilter("ignore", compiled.CompiledUnavailableWarning)
+        details = {"moglm": __version__, "torch": torch.__version__, "python": platform.python_version(),
+                   **compiled.info()}
+    if as_json:
+        return json.dumps(details, indent=2)
+    if details["compiled"]:
+        recurrence = "compiled (C++, CPU float32/float64)"
+    else:
+        recurrence = f"Python fused (the compiled recurrence is unavailable: {details['reason']})"
+    lines = {key: details[key] for key in ("moglm", "torch", "python", "threads", "cpu")}
+    lines["recurrence"] = recurrence
+    if details["compiled"]:
+        probe = details["gemm_route_probe_seconds"]
+        lines["gemm_route"] = details["gemm_route"] + ("" if probe else " (not probed: forced or the only route)")
+        if probe:
+            lines["gemm_route_probe"] = ", ".join(f"{route} {seconds * 1e3:.2f} ms" for route, seconds in probe.items())
+        lines["mkl_thread_control"] = "yes" if details["mkl_thread_control"] else "no"
+    lines["build_dir"] = details["build_dir"] or "-"
+    return "\n".join(f"{key}: {value}" for key, value in lines.items())
 
 
 def _sample(run, prompt, tokens, temperature, top_k, seed, checkpoint: str = "best", adapt: bool = False,

@@ -105,6 +105,38 @@ def test_configs_lists_the_shipped_configs(capsys):
     assert "default" in out and "ptb-word-mogrifier-paper" in out
 
 
+def test_info_prints_the_compiled_recurrence_and_its_gemm_route_as_json_and_as_lines(capsys):
+    from moglm.recurrence import compiled
+
+    assert main(["info", "--json"]) == 0
+    details = json.loads(capsys.readouterr().out)
+    assert {"moglm", "torch", "threads", "cpu", "compiled", "reason", "build_dir"} <= set(details)
+    if details["compiled"]:
+        assert details["gemm_route"] in compiled.ROUTES and details["reason"] is None
+    else:
+        assert details["reason"] and "gemm_route" not in details
+    assert main(["info"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert all(": " in line for line in lines)  # key: value
+    recurrence = [line for line in lines if line.startswith("recurrence:")]
+    assert len(recurrence) == 1 and recurrence[0].startswith("recurrence: compiled") == details["compiled"]
+    assert any(line.startswith("gemm_route: ") for line in lines) == details["compiled"]
+
+
+def test_info_says_why_the_compiled_recurrence_is_unavailable(capsys, monkeypatch):
+    from moglm.recurrence import compiled
+
+    monkeypatch.setitem(compiled._state, "loaded", False)
+    monkeypatch.setitem(compiled._state, "reason", "no C++ compiler here")
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "recurrence: Python fused (the compiled recurrence is unavailable: no C++ compiler here)" in out
+    assert "gemm_route" not in out
+    assert main(["info", "--json"]) == 0
+    details = json.loads(capsys.readouterr().out)
+    assert details["compiled"] is False and details["reason"] == "no C++ compiler here"
+
+
 def _metrics(run: Path):
     path = run / "metrics.jsonl"
     if not path.exists():

@@ -33,11 +33,12 @@ def run_backend(model, backend, x, state, seed=1):
     return [y, h, c, x.grad, *(s.grad for s in state), *(p.grad for p in model.parameters())]
 
 
-def assert_parity(model, layers, dtype=D, **tol):
-    x = torch.randn(T, B, M, dtype=dtype)
-    state = (torch.randn(layers, B, H, dtype=dtype), torch.randn(layers, B, H, dtype=dtype))
+def assert_parity(model, layers, dtype=D, backend="fused", batch=B, **tol):
+    """``backend`` against the reference loop on one random window: outputs, final states, every gradient."""
+    x = torch.randn(T, batch, M, dtype=dtype)
+    state = (torch.randn(layers, batch, H, dtype=dtype), torch.randn(layers, batch, H, dtype=dtype))
     expected = run_backend(model, "reference", x, state)
-    actual = run_backend(model, "fused", x, state)
+    actual = run_backend(model, backend, x, state)
     names = ["y", "h_n", "c_n", "d input", "d h0", "d c0", *(f"d {n}" for n, _ in model.named_parameters())]
     for name, a, e in zip(names, actual, expected):
         assert a is not None and e is not None, name
@@ -48,29 +49,36 @@ OPTIONS = list(itertools.product([False, True], [True, False], [0.0, 0.4]))  # c
 
 
 MOGRIFIERS = [(0, 2, True)] + list(itertools.product(range(1, 7), [2, 0], [True, False]))  # rounds, rank, zigzag
+MOGRIFIER_IDS = [f"r{r}-{'k2' if k else 'full'}-{'zz' if z else 'nozz'}" for r, k, z in MOGRIFIERS]
 
 
-@pytest.mark.parametrize(
-    "rounds, rank, zigzag", MOGRIFIERS, ids=[f"r{r}-{'k2' if k else 'full'}-{'zz' if z else 'nozz'}" for r, k, z in MOGRIFIERS]
-)
-def test_fused_mogrifier_matches_reference_outputs_states_and_all_gradients(rounds, rank, zigzag):
-    """Every option combination (capped gate, bias, state dropout) at each (rounds, rank, zigzag)."""
+def assert_mogrifier_parity_over_options(rounds, rank, zigzag, backend):
+    """Every option combination (capped gate, bias, state dropout) at (rounds, rank, zigzag), 1 and 2 layers."""
     for k, (capped, bias, state_dropout) in enumerate(OPTIONS):
         layers = 1 + k % 2
         model = moglm.MogrifierLSTM(
             M, H, layers, rounds=rounds, rank=rank, zigzag=zigzag, capped_input_gate=capped, bias=bias,
             state_dropout=state_dropout, dropout=0.3, dtype=D,
         ).train()
-        assert_parity(model, layers)
+        assert_parity(model, layers, backend=backend)
+
+
+def assert_parity_in_1_and_2_layers(module, capped, bias, state_dropout, backend):
+    for layers in (1, 2):
+        model = module(M, H, layers, capped_input_gate=capped, bias=bias, state_dropout=state_dropout,
+                       dropout=0.3, dtype=D).train()
+        assert_parity(model, layers, backend=backend)
+
+
+@pytest.mark.parametrize("rounds, rank, zigzag", MOGRIFIERS, ids=MOGRIFIER_IDS)
+def test_fused_mogrifier_matches_reference_outputs_states_and_all_gradients(rounds, rank, zigzag):
+    assert_mogrifier_parity_over_options(rounds, rank, zigzag, "fused")
 
 
 @pytest.mark.parametrize("capped, bias, state_dropout", OPTIONS)
 @pytest.mark.parametrize("module", [moglm.LSTM, moglm.MultiplicativeLSTM])
 def test_fused_lstm_and_multiplicative_lstm_match_reference(module, capped, bias, state_dropout):
-    for layers in (1, 2):
-        model = module(M, H, layers, capped_input_gate=capped, bias=bias, state_dropout=state_dropout,
-                       dropout=0.3, dtype=D).train()
-        assert_parity(model, layers)
+    assert_parity_in_1_and_2_layers(module, capped, bias, state_dropout, "fused")
 
 
 @pytest.mark.skipif(not gemm.use_onednn(torch.zeros(1)), reason="oneDNN matmul not available")
@@ -130,19 +138,24 @@ def test_the_non_cpu_code_path_matches_reference(make, monkeypatch):
     assert all(p.grad.shape == p.shape for p in meta.parameters())
 
 
-@pytest.mark.parametrize(
-    "make",
-    [
-        lambda **kw: moglm.MogrifierLSTM(M, H, 2, rounds=5, rank=2, **kw),
-        lambda **kw: moglm.MogrifierLSTM(M, H, 2, rounds=2, rank=0, zigzag=False, capped_input_gate=True, **kw),
-        lambda **kw: moglm.LSTM(M, H, 2, **kw),
-        lambda **kw: moglm.MultiplicativeLSTM(M, H, 2, **kw),
-    ],
-    ids=["mogrifier", "mogrifier_full", "lstm", "multiplicative_lstm"],
-)
+TWO_LAYER_MODELS = [
+    lambda **kw: moglm.MogrifierLSTM(M, H, 2, rounds=5, rank=2, **kw),
+    lambda **kw: moglm.MogrifierLSTM(M, H, 2, rounds=2, rank=0, zigzag=False, capped_input_gate=True, **kw),
+    lambda **kw: moglm.LSTM(M, H, 2, **kw),
+    lambda **kw: moglm.MultiplicativeLSTM(M, H, 2, **kw),
+]
+TWO_LAYER_IDS = ["mogrifier", "mogrifier_full", "lstm", "multiplicative_lstm"]
+
+
+@pytest.mark.parametrize("make", TWO_LAYER_MODELS, ids=TWO_LAYER_IDS)
 def test_forward_only_evaluation_equals_the_training_forward(make):
+    assert_forward_only_equals_training(make, "fused")
+
+
+def assert_forward_only_equals_training(make, backend):
+    """Eval mode and no_grad (nothing saved) give the training forward's outputs, with and without dropout."""
     x = torch.randn(T, B, M, dtype=D)
-    model = make(dtype=D, backend="fused")
+    model = make(dtype=D, backend=backend)
     y_train, (h_train, c_train) = model.train()(x)
     assert y_train.grad_fn is not None
     y_eval, (h_eval, c_eval) = model.eval()(x)
@@ -150,7 +163,7 @@ def test_forward_only_evaluation_equals_the_training_forward(make):
         y_nograd, _ = model(x)
     for a, b in ((y_eval, y_train), (h_eval, h_train), (c_eval, c_train), (y_nograd, y_train)):
         torch.testing.assert_close(a, b.detach(), rtol=1e-12, atol=1e-12)  # same ops (BLAS may round differently)
-    dropped = make(dtype=D, backend="fused", state_dropout=0.4, dropout=0.3).train()
+    dropped = make(dtype=D, backend=backend, state_dropout=0.4, dropout=0.3).train()
     torch.manual_seed(3)
     y_grad, _ = dropped(x)
     torch.manual_seed(3)
@@ -221,17 +234,23 @@ def test_unsupported_runtime_conditions_fall_back_or_raise(monkeypatch):
 
 def test_double_backward_recomputes_with_the_reference_loop_once(monkeypatch):
     monkeypatch.setattr(fallback, "_warned", set())
-    model = moglm.MogrifierLSTM(M, H, 2, rounds=3, rank=2, dtype=D)
+    assert_double_backward_matches_reference(moglm.MogrifierLSTM(M, H, 2, rounds=3, rank=2, dtype=D), "fused")
+
+
+def assert_double_backward_matches_reference(model, backend):
+    """Gradients of a function of ``create_graph=True`` input gradients equal the reference loop's; the
+    fast backend says (once) that it differentiates the reference loop for this."""
     x = torch.randn(T, B, M, dtype=D, requires_grad=True)
     results = []
-    for backend in ("reference", "fused"):
-        model.backend = backend
+    for name in ("reference", backend):
+        model.backend = name
         model.zero_grad()
         y, _ = model(x)
+        assert name == "reference" or name.capitalize() in type(y.grad_fn).__name__
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             (dx,) = torch.autograd.grad((y**2).sum(), x, create_graph=True)
-        assert [str(w.message) for w in caught if "double backward" in str(w.message)] or backend == "reference"
+        assert [str(w.message) for w in caught if "double backward" in str(w.message)] or name == "reference"
         dx.pow(2).sum().backward()
         results.append([dx.detach(), *(p.grad.clone() for p in model.parameters())])
     for a, e in zip(results[1], results[0]):

@@ -80,8 +80,10 @@ class ModelConfig(Section):
     output_dropout: float = Field(
         0.0, ge=0.0, lt=1.0, description="Dropout on the stack output (and on the down-projection / MoS components)."
     )
-    backend: Literal["auto", "reference", "fused"] = Field(
-        "auto", description="Time-loop implementation: auto (fused where supported), reference or fused."
+    backend: Literal["auto", "compiled", "fused", "reference"] = Field(
+        "auto",
+        description="Time-loop implementation: auto (compiled C++ on CPU float32/float64 where it builds, else fused "
+        "where supported, else reference), compiled, fused or reference.",
     )
 
     @model_validator(mode="after")

@@ -1,0 +1,231 @@
+"""The compiled (C++, CPU) recurrence against the reference loop: outputs, final states and every gradient,
+on one thread and batch-parallel, on every GEMM route; what ``auto`` picks, and the fallback when the
+extension cannot be built (in subprocesses, so the build state of this process is left alone)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import moglm
+from moglm.recurrence import compiled, fallback
+from test_recurrence_fused import (
+    MOGRIFIER_IDS,
+    MOGRIFIERS,
+    OPTIONS,
+    TWO_LAYER_IDS,
+    TWO_LAYER_MODELS,
+    B,
+    D,
+    H,
+    M,
+    T,
+    assert_double_backward_matches_reference,
+    assert_forward_only_equals_training,
+    assert_mogrifier_parity_over_options,
+    assert_parity,
+    assert_parity_in_1_and_2_layers,
+)
+
+
+@pytest.fixture
+def built():
+    """Skip where the extension cannot be built here (no compiler, MOGLM_COMPILED=0); builds it on first use."""
+    if not compiled.available():
+        pytest.skip(f"compiled recurrence unavailable: {compiled.unavailable_reason()}")
+
+
+def on_two_threads(run):
+    def wrapped(*args, **kwargs):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(2)
+        try:
+            return run(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+
+    return staticmethod(wrapped)
+
+
+@pytest.fixture
+def batch_parallel(built, monkeypatch):
+    """The compiled windows split the batch into blocks of as little as one row, over two threads. Only they
+    run on two threads (conftest sets one): torch's own small ops crawl on two threads of a busy machine."""
+    monkeypatch.setattr(compiled, "MIN_ROWS", 1)
+    for function in (compiled.CompiledLSTMFunction, compiled.CompiledMultiplicativeLSTMFunction):
+        for name in ("run_forward", "run_backward"):
+            monkeypatch.setattr(function, name, on_two_threads(getattr(function, name)))
+
+
+@pytest.mark.usefixtures("built")
+@pytest.mark.parametrize("rounds, rank, zigzag", MOGRIFIERS, ids=MOGRIFIER_IDS)
+def test_compiled_mogrifier_matches_reference_outputs_states_and_all_gradients(rounds, rank, zigzag):
+    assert_mogrifier_parity_over_options(rounds, rank, zigzag, "compiled")
+
+
+@pytest.mark.usefixtures("built")
+@pytest.mark.parametrize("capped, bias, state_dropout", OPTIONS)
+@pytest.mark.parametrize("module", [moglm.LSTM, moglm.MultiplicativeLSTM])
+def test_compiled_lstm_and_multiplicative_lstm_match_reference(module, capped, bias, state_dropout):
+    assert_parity_in_1_and_2_layers(module, capped, bias, state_dropout, "compiled")
+
+
+PARALLEL_MODELS = [
+    lambda **kw: moglm.MogrifierLSTM(M, H, 2, rounds=5, rank=2, state_dropout=0.3, dropout=0.2, **kw),
+    lambda **kw: moglm.MogrifierLSTM(M, H, 1, rounds=4, rank=0, zigzag=False, capped_input_gate=True, **kw),
+    lambda **kw: moglm.LSTM(M, H, 2, state_dropout=0.3, dropout=0.2, **kw),
+    lambda **kw: moglm.MultiplicativeLSTM(M, H, 2, state_dropout=0.3, capped_input_gate=True, **kw),
+]
+PARALLEL_IDS = ["mogrifier", "mogrifier_full_no_zigzag", "lstm", "multiplicative_lstm"]
+
+
+@pytest.mark.usefixtures("batch_parallel")
+@pytest.mark.parametrize("batch", [5, 37])
+@pytest.mark.parametrize("make", PARALLEL_MODELS, ids=PARALLEL_IDS)
+def test_batch_parallel_rows_split_across_threads_match_reference_in_float64(make, batch):
+    model = make(dtype=D).train()
+    assert_parity(model, model.num_layers, backend="compiled", batch=batch)
+    x = torch.randn(T, batch, M, dtype=D)
+    y_saving, _ = model.eval()(x)  # the autograd function: the forward saves what backward needs
+    with torch.no_grad():
+        y_free, _ = model(x)  # forward only (nothing saved), split across threads as well
+    torch.testing.assert_close(y_free, y_saving.detach(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.usefixtures("batch_parallel")
+@pytest.mark.parametrize("route", list(compiled.ROUTES))
+@pytest.mark.parametrize("make", PARALLEL_MODELS, ids=PARALLEL_IDS)
+def test_float32_on_every_gemm_route_batch_parallel_matches_reference(make, route, monkeypatch):
+    """MOGLM_GEMM_ROUTE forces the route (checked); each is compared where this machine has it."""
+    if route not in compiled._candidate_routes(torch.float32):
+        pytest.skip(f"GEMM route {route!r} not available here")
+    monkeypatch.setitem(compiled._state, "routes", {})
+    monkeypatch.setenv("MOGLM_GEMM_ROUTE", route)
+    assert compiled.gemm_route(torch.float32) == compiled.ROUTES[route]
+    model = make().train()
+    assert_parity(model, model.num_layers, dtype=torch.float32, backend="compiled", batch=37, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.usefixtures("built")
+@pytest.mark.parametrize("make", TWO_LAYER_MODELS, ids=TWO_LAYER_IDS)
+def test_compiled_forward_only_evaluation_equals_the_training_forward(make):
+    assert_forward_only_equals_training(make, "compiled")
+
+
+@pytest.mark.usefixtures("built")
+def test_gemm_route_probe_does_not_consume_torchs_global_rng(monkeypatch):
+    monkeypatch.setitem(compiled._state, "routes", {})
+    monkeypatch.delenv("MOGLM_GEMM_ROUTE", raising=False)
+    before = torch.get_rng_state()
+    for dtype in (torch.float32, torch.float64):
+        route = compiled.gemm_route(dtype)
+        candidates = compiled._candidate_routes(dtype)
+        assert route in [compiled.ROUTES[c] for c in candidates]
+        timings = compiled._state["routes"][dtype][1]
+        assert len(candidates) == 1 or set(timings) == set(candidates)  # the probe ran
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+@pytest.mark.usefixtures("built")
+@pytest.mark.parametrize("make", TWO_LAYER_MODELS, ids=TWO_LAYER_IDS)
+def test_auto_runs_the_compiled_path_on_cpu_float32(make):
+    model = make()  # backend="auto", float32
+    y, _ = model(torch.randn(T, B, M))
+    assert "Compiled" in type(y.grad_fn).__name__
+
+
+@pytest.mark.usefixtures("built")
+def test_compiled_backend_refuses_non_cpu_devices_and_other_dtypes_saying_why():
+    meta = moglm.LSTM(M, H, device="meta", backend="compiled")
+    with pytest.raises(ValueError, match="compiled.*CPU only"):
+        meta(torch.empty(T, B, M, device="meta"))
+    half = moglm.MogrifierLSTM(M, H, rounds=2, rank=2, dtype=torch.bfloat16, backend="compiled")
+    with pytest.raises(ValueError, match="float32 or float64"):
+        half(torch.randn(T, B, M, dtype=torch.bfloat16))
+
+
+@pytest.mark.usefixtures("built")
+@pytest.mark.parametrize(
+    "make",
+    [lambda: moglm.MogrifierLSTM(M, H, 2, rounds=3, rank=2, dtype=D), lambda: moglm.MultiplicativeLSTM(M, H, 2, dtype=D)],
+    ids=["mogrifier", "multiplicative_lstm"],
+)
+def test_compiled_double_backward_matches_reference(make, monkeypatch):
+    monkeypatch.setattr(fallback, "_warned", set())
+    assert_double_backward_matches_reference(make(), "compiled")
+
+
+FALLBACK_SCRIPT = """
+import json, warnings
+import torch, moglm
+from moglm.recurrence import compiled
+
+torch.manual_seed(0)
+model = moglm.MogrifierLSTM(7, 5, 2, rounds=3, rank=2, state_dropout=0.3)
+x = torch.randn(6, 3, 7)
+
+
+def run():
+    torch.manual_seed(1)  # the same state-dropout masks every time
+    return model(x)[0]
+
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")  # so that "once" is moglm's doing, not Python's warning filter
+    ys = [run() for _ in range(3)]
+model.backend = "reference"
+reference = run()
+model.backend = "compiled"
+try:
+    run()
+    refused = None
+except ValueError as error:
+    refused = str(error)
+said = [w for w in caught if issubclass(w.category, compiled.CompiledUnavailableWarning)]
+print(json.dumps({
+    "available": compiled.available(),
+    "reason": compiled.unavailable_reason(),
+    "grad_fn": type(ys[0].grad_fn).__name__,
+    "max_difference": max((y - reference).abs().max().item() for y in ys),
+    "categories": [w.category.__name__ for w in said],
+    "messages": [str(w.message) for w in said],
+    "refused": refused,
+}))
+"""
+
+
+def run_fallback_script(**env):
+    """Run FALLBACK_SCRIPT in a fresh interpreter with ``env`` added; its JSON report."""
+    done = subprocess.run([sys.executable, "-c", FALLBACK_SCRIPT], env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def assert_fell_back_to_fused_saying_why_once(report):
+    assert not report["available"] and report["reason"]
+    assert "Fused" in report["grad_fn"]  # the Python fused path ran
+    assert report["max_difference"] < 1e-5  # ... and computed what the reference loop computes
+    assert report["categories"] == ["CompiledUnavailableWarning"]  # said once, over three forwards
+    assert report["reason"] in report["messages"][0] and "unavailable" in report["messages"][0]
+    assert report["refused"] and report["reason"] in report["refused"]  # backend="compiled" says why too
+
+
+def test_moglm_compiled_0_turns_it_off_and_auto_runs_the_fused_path_saying_why_once(tmp_path):
+    report = run_fallback_script(MOGLM_COMPILED="0", MOGLM_EXTENSIONS_DIR=str(tmp_path))
+    assert_fell_back_to_fused_saying_why_once(report)
+    assert "MOGLM_COMPILED=0" in report["reason"]
+    assert not any(tmp_path.iterdir())  # nothing was built
+
+
+def test_a_failed_build_falls_back_to_the_fused_path_saying_why_once(tmp_path):
+    """A fresh build directory (nothing cached) and a compiler that does not exist: the build really fails."""
+    report = run_fallback_script(MOGLM_EXTENSIONS_DIR=str(tmp_path), CXX="/nonexistent-compiler")
+    assert_fell_back_to_fused_saying_why_once(report)
+    assert "MOGLM_COMPILED" not in report["reason"]
+    assert not list(tmp_path.rglob("*.so"))
