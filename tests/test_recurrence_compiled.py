@@ -118,8 +118,9 @@ def test_compiled_forward_only_evaluation_equals_the_training_forward(make):
 
 
 @pytest.mark.usefixtures("built")
-def test_gemm_route_probe_does_not_consume_torchs_global_rng(monkeypatch):
+def test_gemm_route_probe_does_not_consume_torchs_global_rng(monkeypatch, tmp_path):
     monkeypatch.setitem(compiled._state, "routes", {})
+    monkeypatch.setattr(compiled, "_route_file", lambda dtype: tmp_path / f"{dtype}.json")  # no stored choice
     monkeypatch.delenv("MOGLM_GEMM_ROUTE", raising=False)
     before = torch.get_rng_state()
     for dtype in (torch.float32, torch.float64):
@@ -129,6 +130,34 @@ def test_gemm_route_probe_does_not_consume_torchs_global_rng(monkeypatch):
         timings = compiled._state["routes"][dtype][1]
         assert len(candidates) == 1 or set(timings) == set(candidates)  # the probe ran
     assert torch.equal(torch.get_rng_state(), before)
+
+
+@pytest.mark.usefixtures("built")
+def test_the_probed_route_is_stored_once_per_machine_and_every_later_process_uses_it(monkeypatch, tmp_path):
+    """Routes round differently, so all processes on a machine must agree (a resumed run continues bit for
+    bit): the first probe is stored, later lookups read it without probing, a racing probe never
+    overwrites it, and a corrupt file is probed again and replaced."""
+    monkeypatch.delenv("MOGLM_GEMM_ROUTE", raising=False)
+    monkeypatch.setattr(compiled, "_route_file", lambda dtype: tmp_path / "route.json")
+    monkeypatch.setitem(compiled._state, "routes", {})
+    first = compiled.gemm_route(torch.float32)
+    assert json.loads((tmp_path / "route.json").read_text())["route"] == {v: k for k, v in compiled.ROUTES.items()}[first]
+
+    def no_probe(*args):
+        raise AssertionError("probed although a route is stored")
+
+    monkeypatch.setattr(compiled, "_probe", no_probe)
+    monkeypatch.setitem(compiled._state, "routes", {})
+    assert compiled.gemm_route(torch.float32) == first
+    other = next(r for r in compiled._candidate_routes(torch.float32) if compiled.ROUTES[r] != first)
+    compiled._store_first(tmp_path / "route.json", json.dumps({"route": other, "seconds": {}}))  # a racing process
+    monkeypatch.setitem(compiled._state, "routes", {})
+    assert compiled.gemm_route(torch.float32) == first
+    (tmp_path / "route.json").write_text("{not json")
+    monkeypatch.setattr(compiled, "_probe", lambda dtype, candidates: {c: float(c != other) for c in candidates})
+    monkeypatch.setitem(compiled._state, "routes", {})
+    assert compiled.gemm_route(torch.float32) == compiled.ROUTES[other]
+    assert json.loads((tmp_path / "route.json").read_text())["route"] == other
 
 
 @pytest.mark.usefixtures("built")

@@ -1,8 +1,9 @@
 """``moglm bench ...``: the benchmarks from the command line (a typer sub-app that moglm.cli mounts).
 
-``moglm bench throughput`` is ``benchmarks/throughput.py`` (issue 4's speed table); ``moglm bench budget``
-is ``benchmarks/ptb_cpu_budget.py`` (LSTM vs Mogrifier at equal parameters and tokens). Both write JSON
-and print the markdown table the README shows.
+``moglm bench throughput`` is ``benchmarks/throughput.py`` (the recurrences' speed table); ``moglm bench
+end-to-end`` is ``benchmarks/end_to_end.py`` (training tokens/s and ``moglm train``'s time, Python fused
+against compiled); ``moglm bench budget`` is ``benchmarks/ptb_cpu_budget.py`` (LSTM vs Mogrifier at equal
+parameters and tokens). Each writes JSON and prints the markdown table the README shows.
 """
 
 from __future__ import annotations
@@ -45,6 +46,24 @@ def bench_app() -> typer.Typer:
             torch.set_num_threads(max(1, threads))
         report = run_throughput(tuple(hidden), batch, bptt, repeats, memory_bptt, tuple(model) or MODELS, device, out,
                                 log=typer.echo)
+        typer.echo(markdown_table(report))
+        typer.echo(f"written to {out}")
+
+    @app.command("end-to-end")
+    def end_to_end(
+        configs: list[str] = typer.Argument(None, help="Shipped config names or files [ptb-word-lstm-cpu "
+                                                         "ptb-word-mogrifier-cpu]."),
+        steps: int = typer.Option(60, help="Optimizer steps per config and backend."),
+        default_command: bool = typer.Option(True, help="Also time `moglm train` with no arguments."),
+        out: Path = typer.Option(Path("benchmarks/results/end_to_end.json"), help="Where the JSON report goes."),
+    ) -> None:
+        """Training tokens/s of configs and the time of `moglm train`, Python fused (before) vs compiled (after)."""
+        from .end_to_end import markdown_table, run_end_to_end
+
+        if steps < 2:
+            raise MoglmError("--steps must be at least 2")
+        report = run_end_to_end(tuple(configs or ["ptb-word-lstm-cpu", "ptb-word-mogrifier-cpu"]), steps,
+                                default_command, out, log=typer.echo)
         typer.echo(markdown_table(report))
         typer.echo(f"written to {out}")
 

@@ -1,10 +1,12 @@
-"""Throughput of the recurrent layers against torch.nn.LSTM, in one run (issue 4's benchmark).
+"""Throughput of the recurrent layers against torch.nn.LSTM, in one run.
 
 For each hidden size H (input size = H, one layer, float32, batch B, window T) it measures tokens/s of
 forward+backward (training mode, input requiring grad) and of forward only (eval mode, no_grad) for:
-torch.nn.LSTM, moglm LSTM, moglm LSTM with state dropout, moglm Mogrifier (r=5, k=64), moglm
-multiplicative LSTM, and the Mogrifier on the reference loop for context. Measurements are interleaved
-(every repeat times every model once, in turn) and the median is kept, because the machine is shared.
+torch.nn.LSTM; moglm's LSTM, LSTM with state dropout, Mogrifier (r=5, k=64) and multiplicative LSTM on
+the default backend (the compiled recurrence where it is built: the report's ``recurrence`` entry says
+what ran); the same three on the Python fused path (what ran before the compiled recurrence); and the
+Mogrifier on the reference loop. Measurements are interleaved (every repeat times every model once, in
+turn) and the median is kept, because the machine is shared.
 
 Each result is reported as a ratio to nn.LSTM and as a fraction of the machine's measured fp32 GEMM peak
 (best of a few large matrix products, through torch.mm and through oneDNN). FLOPs count only the matrix
@@ -42,6 +44,9 @@ MODELS = (
     "moglm LSTM + state dropout",
     "moglm Mogrifier r=5 k=64",
     "moglm multiplicative LSTM",
+    "LSTM, Python fused",
+    "Mogrifier, Python fused",
+    "multiplicative LSTM, Python fused",
     "Mogrifier, reference loop",
 )
 
@@ -55,6 +60,9 @@ def build(name: str, hidden: int, device: str = "cpu") -> torch.nn.Module:
         "moglm LSTM + state dropout": lambda: moglm.LSTM(hidden, hidden, state_dropout=0.3),
         "moglm Mogrifier r=5 k=64": lambda: moglm.MogrifierLSTM(hidden, hidden, rounds=5, rank=64),
         "moglm multiplicative LSTM": lambda: moglm.MultiplicativeLSTM(hidden, hidden),
+        "LSTM, Python fused": lambda: moglm.LSTM(hidden, hidden, backend="fused"),
+        "Mogrifier, Python fused": lambda: moglm.MogrifierLSTM(hidden, hidden, rounds=5, rank=64, backend="fused"),
+        "multiplicative LSTM, Python fused": lambda: moglm.MultiplicativeLSTM(hidden, hidden, backend="fused"),
         "Mogrifier, reference loop": lambda: moglm.MogrifierLSTM(hidden, hidden, rounds=5, rank=64, backend="reference"),
     }
     return makers[name]().to(device)
@@ -224,6 +232,10 @@ def run_throughput(
                         threads=torch.get_num_threads(), cpus=os.cpu_count(),
                         loadavg_start=os.getloadavg() if hasattr(os, "getloadavg") else None),
     }
+    from ..recurrence import compiled
+
+    report["recurrence"] = compiled.info() if device == "cpu" else {"compiled": False, "reason": f"device {device}"}
+    log(f"recurrence: {report['recurrence']}")
     log("measuring the GEMM peak ...")
     report["gemm_gflops"] = peak = gemm_peak(device)
     log(f"  {peak}")

@@ -26,13 +26,15 @@ GEMM routes (the products inside the loop, each on one thread's rows):
 * ``panels`` (float32): moglm's own kernel, each weight packed once per window into column panels and
   multiplied by a register-blocked micro-kernel (``csrc/window.h``).
 
-None is right on every machine, so :func:`gemm_route` times the available ones once per process, on this
-machine, and keeps the fastest; ``MOGLM_GEMM_ROUTE=aten|blas|mkl_packed|panels`` forces one.
+None is right on every machine, so :func:`gemm_route` times the available ones on this machine and keeps
+the fastest, once per machine (stored beside the built library, so every process computes with the same
+products); ``MOGLM_GEMM_ROUTE=aten|blas|mkl_packed|panels`` forces one.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import platform
 import sys
@@ -47,7 +49,9 @@ from ..cells.base import Params
 from .fallback import FusedFallbackWarning, double_backward_by_reference
 
 SOURCES = ("window.h", "mogrifier_lstm.cpp", "multiplicative_lstm.cpp")
-CFLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-DNDEBUG")
+#: -fno-trapping-math lets GCC turn the pointwise kernels' comparisons into vector selects; nothing here
+#: changes values the way -ffast-math would (torch itself is built with it and -fno-math-errno)
+CFLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-trapping-math", "-fno-math-errno", "-fopenmp", "-DNDEBUG")
 LDFLAGS = ("-fopenmp",)
 ROUTES = {"aten": 0, "blas": 1, "panels": 2, "mkl_packed": 3}
 
@@ -123,8 +127,9 @@ def _load() -> bool:
         torch.ops.moglm.mogrifier_lstm_forward  # noqa: B018 - the ops are registered
         return True
     except Exception as error:  # noqa: BLE001 - any build or load failure means: fall back
-        lines = [line for line in str(error).strip().splitlines() if line.strip()]
-        _state["reason"] = f"{type(error).__name__}: {lines[-1] if lines else error!r}"[:300]
+        lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+        telling = [line for line in lines if any(w in line.lower() for w in ("error", "not found", "failed:"))]
+        _state["reason"] = f"{type(error).__name__}: {(telling or lines or [repr(error)])[0]}"[:300]
         return False
 
 
@@ -139,7 +144,7 @@ def available() -> bool:
                         f"moglm: the compiled recurrence is unavailable ({_state['reason']}); CPU layers run the "
                         "Python fused recurrence (slower)",
                         CompiledUnavailableWarning,
-                        stacklevel=3,
+                        stacklevel=5,
                     )
     return bool(_state["loaded"])
 
@@ -161,29 +166,74 @@ def _candidate_routes(dtype: torch.dtype) -> list[str]:
     return routes
 
 
+def _probe(dtype: torch.dtype, candidates: list[str]) -> dict[str, float]:
+    """Seconds per route: the best of three interleaved timings of a gate-sized and two round-sized
+    products, batch-parallel as the windows run them, with each route's weight packing included."""
+    double = dtype == torch.float64
+    shapes = ((512, 1024, 10), (256, 32, 100), (32, 256, 100))  # (K, N, products per thread)
+    times = {route: float("inf") for route in candidates}
+    for _ in range(3):
+        for route in candidates:
+            seconds = sum(torch.ops.moglm.time_gemm_route(ROUTES[route], 64, k, n, reps, double) for k, n, reps in shapes)
+            times[route] = min(times[route], seconds)
+    return times
+
+
+def _route_file(dtype: torch.dtype) -> Path | None:
+    return Path(_state["build_dir"]) / f"gemm_route_{str(dtype).split('.')[-1]}.json" if _state["build_dir"] else None
+
+
+def _read_route(path: Path | None, candidates: list[str]) -> tuple[str, dict] | None:
+    try:
+        data = json.loads(path.read_text())
+        return (data["route"], data["seconds"]) if data["route"] in candidates else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def gemm_route(dtype: torch.dtype) -> int:
-    """The GEMM route for products inside the loop, probed once per process and dtype (module docstring):
-    the best of three interleaved timings of a gate-sized and two round-sized products, batch-parallel
-    as the windows run them, with each route's weight packing included."""
+    """The GEMM route for products inside the loop (module docstring). Probed once per machine: the
+    first process to probe stores its choice next to the built library (``gemm_route_<dtype>.json``,
+    never overwritten by a racing process) and every process reads it from there, so that every run on
+    a machine computes with the same products (the routes round differently: a resumed run must continue
+    bit for bit). Delete that file to probe again; ``MOGLM_GEMM_ROUTE`` overrides it."""
     routes = _state["routes"]
     if dtype not in routes:
         forced = os.environ.get("MOGLM_GEMM_ROUTE", "").strip().lower()
         candidates = _candidate_routes(dtype)
-        double = dtype == torch.float64
+        path = _route_file(dtype)
         if forced in candidates:
             routes[dtype] = (ROUTES[forced], {})
         elif len(candidates) == 1:
             routes[dtype] = (ROUTES[candidates[0]], {})
         else:
-            shapes = ((512, 1024, 10), (256, 32, 100), (32, 256, 100))  # (K, N, products per thread)
-            times = {route: float("inf") for route in candidates}
-            for _ in range(3):
-                for route in candidates:
-                    seconds = sum(torch.ops.moglm.time_gemm_route(ROUTES[route], 64, k, n, reps, double)
-                                  for k, n, reps in shapes)
-                    times[route] = min(times[route], seconds)
-            routes[dtype] = (ROUTES[min(times, key=times.get)], times)
+            stored = _read_route(path, candidates)
+            if stored is None:
+                times = _probe(dtype, candidates)
+                stored = (min(times, key=times.get), times)
+                if path is not None:
+                    _store_first(path, json.dumps({"route": stored[0], "seconds": stored[1]}))
+                    stored = _read_route(path, candidates) or stored  # a racing process may have stored first
+            routes[dtype] = (ROUTES[stored[0]], stored[1])
     return routes[dtype][0]
+
+
+def _store_first(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` unless it already holds a valid file: written to a temporary file, then
+    hard-linked into place, which fails if another process got there first (no reader sees half a file).
+    An unreadable file at ``path`` is replaced."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            if _read_route(path, list(ROUTES)) is None:
+                os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache: this process keeps its own probe
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def info() -> dict:

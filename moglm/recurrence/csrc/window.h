@@ -280,7 +280,8 @@ inline void for_row_blocks(i64 B, i64 min_rows, const F& fn) {
 // exp for float without branches or calls, so loops using it vectorise: Cody-Waite range reduction
 // x = n ln2 + r, |r| <= ln2/2, and a degree-6 polynomial for e^r (relative error ~2e-7, about 1-2 ulp).
 inline float exp_f(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
+  x = x < -87.0f ? -87.0f : x;
+  x = x > 88.0f ? 88.0f : x;
   // round to nearest by the 1.5 * 2^23 trick (no call, so the loop vectorises; never built with fast-math)
   const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   float r = x - n * 0.693145751953125f;  // ln2 high part (exact product)
@@ -311,9 +312,9 @@ inline double tanh_<double>(double x) { return std::tanh(x); }
 // LSTM cell forward for rows of one step, torch's gate order [i, f, j, o] (Mogrifier paper, section 2):
 //   g (in: pre-activations without bias, out: activations), ld 4n;  c = f c_prev + i j (capped:
 //   min(1 - f, i) j);  h = o tanh(c).  c_prev and c_out may alias (in-place update).
-template <typename T>
-inline void cell_forward(i64 rows, i64 n, T* g, i64 ldg, const T* bias, const T* c_prev, T* c_out, T* h_out,
-                         i64 ldh, bool capped) {
+template <typename T, bool Capped>
+inline void cell_forward_(i64 rows, i64 n, T* g, i64 ldg, const T* bias, const T* c_prev, T* c_out, T* h_out,
+                          i64 ldh) {
   for (i64 r = 0; r < rows; ++r) {
     T* gi = g + r * ldg;
     T* gf = gi + n;
@@ -337,7 +338,8 @@ inline void cell_forward(i64 rows, i64 n, T* g, i64 ldg, const T* bias, const T*
       const T f = sigmoid<T>(gf[k]);
       const T j = tanh_<T>(gj[k]);
       const T o = sigmoid<T>(go[k]);
-      const T ii = capped ? std::min(T(1) - f, i) : i;
+      const T omf = T(1) - f;
+      const T ii = Capped ? (omf < i ? omf : i) : i;
       const T c = f * cp[k] + ii * j;
       gi[k] = i;
       gf[k] = f;
@@ -349,13 +351,22 @@ inline void cell_forward(i64 rows, i64 n, T* g, i64 ldg, const T* bias, const T*
   }
 }
 
+template <typename T>
+inline void cell_forward(i64 rows, i64 n, T* g, i64 ldg, const T* bias, const T* c_prev, T* c_out, T* h_out,
+                         i64 ldh, bool capped) {
+  if (capped)
+    cell_forward_<T, true>(rows, n, g, ldg, bias, c_prev, c_out, h_out, ldh);
+  else
+    cell_forward_<T, false>(rows, n, g, ldg, bias, c_prev, c_out, h_out, ldh);
+}
+
 // LSTM cell backward for rows of one step. In: activations ``act`` (ld 4n), c_prev, c_t, dL/dh_t (all of
 // it) ``dh``, and ``dc`` = dL/dc_t carried from step t+1. Out: pre-activation gradient ``dg`` (ld 4n) and
 // ``dc`` overwritten with dL/dc_{t-1}. torch.minimum's derivative: all to the smaller argument, half to
 // each on a tie.
-template <typename T>
-inline void cell_backward(i64 rows, i64 n, const T* act, const T* c_prev, const T* c_t, const T* dh, T* dc,
-                          T* dg, bool capped) {
+template <typename T, bool Capped>
+inline void cell_backward_(i64 rows, i64 n, const T* act, const T* c_prev, const T* c_t, const T* dh, T* dc,
+                           T* dg) {
   for (i64 r = 0; r < rows; ++r) {
     const T* ai = act + r * 4 * n;
     const T* af = ai + n;
@@ -376,13 +387,13 @@ inline void cell_backward(i64 rows, i64 n, const T* act, const T* c_prev, const 
       const T d_o = dhr[k] * tc;
       const T dcell = dhr[k] * o * (T(1) - tc * tc) + dcr[k];
       T d_i, d_f, d_j;
-      if (capped) {
+      if constexpr (Capped) {
         const T omf = T(1) - f;
         const T d_min = dcell * j;
         const T share_i = i < omf ? T(1) : (i == omf ? T(0.5) : T(0));
         d_i = d_min * share_i;
         d_f = dcell * cp[k] - (d_min - d_i);
-        d_j = dcell * std::min(omf, i);
+        d_j = dcell * (omf < i ? omf : i);
       } else {
         d_i = dcell * j;
         d_f = dcell * cp[k];
@@ -397,6 +408,15 @@ inline void cell_backward(i64 rows, i64 n, const T* act, const T* c_prev, const 
   }
 }
 
+template <typename T>
+inline void cell_backward(i64 rows, i64 n, const T* act, const T* c_prev, const T* c_t, const T* dh, T* dc,
+                          T* dg, bool capped) {
+  if (capped)
+    cell_backward_<T, true>(rows, n, act, c_prev, c_t, dh, dc, dg);
+  else
+    cell_backward_<T, false>(rows, n, act, c_prev, c_t, dh, dc, dg);
+}
+
 // One mogrifier round (Mogrifier paper, eq. 1-2) for rows of one step:
 //   s = sigmoid(p + bias) (p in ``s``, overwritten with s);  new = 2 s * old.
 template <typename T>
@@ -405,9 +425,13 @@ inline void round_forward(i64 rows, i64 w, T* s, i64 lds, const T* bias, const T
     T* sr = s + r * lds;
     const T* o = old + r * ldo;
     T* nw = out + r * ldn;
+    if (bias != nullptr) {
+#pragma GCC ivdep
+      for (i64 k = 0; k < w; ++k) sr[k] += bias[k];
+    }
 #pragma GCC ivdep
     for (i64 k = 0; k < w; ++k) {
-      const T v = sigmoid<T>(sr[k] + (bias != nullptr ? bias[k] : T(0)));
+      const T v = sigmoid<T>(sr[k]);
       sr[k] = v;
       nw[k] = T(2) * v * o[k];
     }
