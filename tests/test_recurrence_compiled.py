@@ -30,6 +30,7 @@ from test_recurrence_fused import (
     assert_mogrifier_parity_over_options,
     assert_parity,
     assert_parity_in_1_and_2_layers,
+    run_backend,
 )
 
 
@@ -187,6 +188,42 @@ def test_compiled_backend_refuses_non_cpu_devices_and_other_dtypes_saying_why():
 def test_compiled_double_backward_matches_reference(make, monkeypatch):
     monkeypatch.setattr(fallback, "_warned", set())
     assert_double_backward_matches_reference(make(), "compiled")
+
+
+ADAPTED = [
+    lambda: moglm.MogrifierLSTM(M, H, 2, rounds=5, rank=2, state_dropout=0.3, capped_input_gate=True, dtype=D),
+    lambda: moglm.LSTM(M, H, 2, state_dropout=0.3, dtype=D),
+    lambda: moglm.MultiplicativeLSTM(M, H, 2, dtype=D),
+]
+
+
+@pytest.mark.parametrize("per_row", [False, True], ids=["shared_M", "M_per_row"])
+@pytest.mark.parametrize("make", ADAPTED, ids=["mogrifier", "lstm", "multiplicative_lstm"])
+def test_sparse_dynamic_evaluation_adaptation_in_the_compiled_window_matches_the_reference_wrapper(
+    make, per_row, batch_parallel
+):
+    """Krause's eq. 4.8, h_U <- h_U + M h_U after every step (the AdaptedCell wrapper of sparse dynamic
+    evaluation): the compiled window applies it inside its loop; outputs, states and the gradients of M,
+    the input, the initial state and every parameter equal the reference loop over the wrapper's step."""
+    from moglm.dynamic_evaluation.sparse import AdaptedCell
+
+    model = make().train()
+    units, batch = 3, 5
+    gen = torch.Generator().manual_seed(5)
+    shape = (batch, units, units) if per_row else (units, units)
+    matrices = [(0.3 * torch.randn(shape, generator=gen, dtype=D)).requires_grad_() for _ in model.cells]
+    model.cells = [AdaptedCell(cell, m) for cell, m in zip(model.cells, matrices)]
+    x = torch.randn(T, batch, M, dtype=D)
+    state = (torch.randn(2, batch, H, dtype=D), torch.randn(2, batch, H, dtype=D))
+    results = []
+    for backend in ("reference", "auto"):
+        for m in matrices:
+            m.grad = None
+        out = run_backend(model, backend, x, state)
+        results.append([*out, *(m.grad.clone() for m in matrices)])
+    assert "Compiled" in type(out[0].grad_fn).__name__  # the auto run
+    for expected, actual in zip(*results):
+        torch.testing.assert_close(actual, expected)
 
 
 FALLBACK_SCRIPT = """

@@ -1,0 +1,23 @@
+"""The benchmarks behind ``moglm bench`` (each writes a JSON report and prints a markdown table)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def command_line() -> str | None:
+    """The command that is running, without this machine's paths (``moglm bench ...``)."""
+    if not sys.argv or not sys.argv[0]:
+        return None
+    return " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+
+
+def write_report(report: dict[str, Any], out_path: str | Path | None) -> None:
+    """Write ``report`` as JSON to ``out_path`` atomically (nothing when ``out_path`` is None)."""
+    if out_path:
+        from ..train.checkpoint import atomic_write_text
+
+        atomic_write_text(Path(out_path), json.dumps(report, indent=1))

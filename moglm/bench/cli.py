@@ -49,6 +49,24 @@ def bench_app() -> typer.Typer:
         typer.echo(markdown_table(report))
         typer.echo(f"written to {out}")
 
+    @app.command("gemm-routes")
+    def gemm_routes(
+        hidden: list[int] = typer.Option([256, 650, 1024], "--hidden", help="Hidden sizes (input size = hidden)."),
+        batch: int = typer.Option(64, help="Batch size B, split over the threads."),
+        out: Path = typer.Option(Path("benchmarks/results/gemm_routes.json"), help="Where the JSON report goes."),
+    ) -> None:
+        """GFLOP/s of the compiled recurrence's GEMM routes at the products a window runs per step."""
+        from .gemm_routes import markdown_table, run_gemm_routes
+
+        if min(hidden, default=1) < 1 or batch < 1:
+            raise MoglmError("--hidden and --batch must be positive")
+        try:
+            report = run_gemm_routes(tuple(hidden), batch, out_path=out, log=typer.echo)
+        except RuntimeError as error:
+            raise MoglmError(str(error)) from None
+        typer.echo(markdown_table(report))
+        typer.echo(f"written to {out}")
+
     @app.command("end-to-end")
     def end_to_end(
         configs: list[str] = typer.Argument(None, help="Shipped config names or files [ptb-word-lstm-cpu "

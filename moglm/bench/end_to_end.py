@@ -14,7 +14,6 @@ compiled one) and with the default ``"auto"`` (the compiled recurrence where it 
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -24,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
+
+from . import command_line, write_report
 
 BACKENDS = ("fused", "auto")
 
@@ -67,10 +68,10 @@ def run_end_to_end(
     from ..recurrence import compiled
 
     report: dict[str, Any] = {
-        "command": " ".join(sys.argv) if sys.argv and sys.argv[0] else None,
+        "command": command_line(),
         "machine": dict(platform=platform.platform(), processor=platform.processor(), torch=torch.__version__,
                         threads=torch.get_num_threads(), cpus=os.cpu_count()),
-        "recurrence": compiled.info(),
+        "recurrence": compiled.info(paths=False),
         "steps": steps,
         "configs": {},
     }
@@ -89,22 +90,16 @@ def run_end_to_end(
             if "skipped" not in row:
                 row["speedup"] = row["auto"]["tokens_per_s"] / row["fused"]["tokens_per_s"]
             report["configs"][config] = row
-            _write(report, out_path)
+            write_report(report, out_path)
         if default_command:
             report["default"] = {}
             for backend in BACKENDS:
                 log(f"moglm train (no arguments) with backend={backend} ...")
                 report["default"][backend] = _default_command_seconds(backend, Path(tmp) / f"default-{backend}")
                 log(f"  {report['default'][backend]['seconds']:.1f} s")
-                _write(report, out_path)
+                write_report(report, out_path)
     return report
 
-
-def _write(report: dict[str, Any], out_path: str | Path | None) -> None:
-    if out_path:
-        from ..train.checkpoint import atomic_write_text
-
-        atomic_write_text(Path(out_path), json.dumps(report, indent=1))
 
 
 def markdown_table(report: dict[str, Any]) -> str:

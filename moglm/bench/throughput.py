@@ -38,6 +38,8 @@ from typing import Any, Callable
 
 import torch
 
+from . import command_line, write_report
+
 MODELS = (
     "torch.nn.LSTM",
     "moglm LSTM",
@@ -225,7 +227,7 @@ def run_throughput(
     """Measure everything; write JSON to ``out_path`` (if given) and return the report."""
     torch.manual_seed(0)
     report: dict[str, Any] = {
-        "command": " ".join(sys.argv) if sys.argv and sys.argv[0] else None,
+        "command": command_line(),
         "config": dict(batch=batch, bptt=bptt, repeats=repeats, memory_bptt=memory_bptt, device=device,
                        dtype="float32", layers=1, input_size="= hidden"),
         "machine": dict(platform=platform.platform(), processor=platform.processor(), torch=torch.__version__,
@@ -234,7 +236,7 @@ def run_throughput(
     }
     from ..recurrence import compiled
 
-    report["recurrence"] = compiled.info() if device == "cpu" else {"compiled": False, "reason": f"device {device}"}
+    report["recurrence"] = compiled.info(paths=False) if device == "cpu" else {"compiled": False, "reason": f"device {device}"}
     log(f"recurrence: {report['recurrence']}")
     log("measuring the GEMM peak ...")
     report["gemm_gflops"] = peak = gemm_peak(device)
@@ -276,17 +278,11 @@ def run_throughput(
                 row["memory"] = window_memory(name, hidden, batch, memory_bptt, device)
             log(f"H={hidden} memory done")
         report["results"] = results
-        _write(report, out_path)  # after every hidden size: an interrupted run keeps what it measured
+        write_report(report, out_path)  # after every hidden size: an interrupted run keeps what it measured
     report["machine"]["loadavg_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
-    _write(report, out_path)
+    write_report(report, out_path)
     return report
 
-
-def _write(report: dict[str, Any], out_path: str | Path | None) -> None:
-    if out_path:
-        from ..train.checkpoint import atomic_write_text
-
-        atomic_write_text(Path(out_path), json.dumps(report, indent=1))
 
 
 def markdown_table(report: dict[str, Any]) -> str:

@@ -10,9 +10,9 @@ exchangeable, so any fixed subset is as good: the thesis calls it "an arbitrary 
 Where M acts: inside the recurrence, so it cannot be a wrapper around the model's outputs. It is a
 :class:`AdaptedCell` wrapped around the layer's cell, installed (:func:`install`) on a private *working
 copy* of the model: ``step`` runs the wrapped cell's step and rewrites
-``h`` (the output and ``state[0]``, which by the cell contract is h). Shared code is unchanged. Such a
-layer runs the reference recurrence (the fused kernels compute h internally), so the copy's stack backend
-is set to ``"reference"``, which also keeps the fallback warning quiet.
+``h`` (the output and ``state[0]``, which by the cell contract is h). Shared code is unchanged. On CPU
+such a layer runs the compiled window, which applies M after every step inside its loop (the wrapper's
+``output_adaptation``); elsewhere it runs the reference recurrence.
 
 ``M`` is ``[H, H]`` (one matrix for every row of the batch: gradient statistics, one stream) or
 ``[B, H, H]`` (one per stream: each stream adapts its own matrix, the mini-batching that motivated the
@@ -92,6 +92,12 @@ class AdaptedCell(Cell):
         h = torch.cat([sub + delta, h[:, self.units :]], dim=1)  # [B, hidden]
         return h, (h, *state[1:])
 
+    @property
+    def output_adaptation(self) -> tuple[Cell, Tensor]:
+        """``(inner cell, M)``: the recurrence runs the inner cell's compiled window with ``h + M h`` after
+        every step where it can (:func:`moglm.recurrence.run_layer`), else this cell's step."""
+        return self.inner, self.matrix
+
     def __getattr__(self, name: str):  # options of the wrapped cell (rounds, capped_input_gate ...)
         if name == "inner" or name.startswith("__"):
             raise AttributeError(name)
@@ -115,4 +121,4 @@ def install(model: LanguageModel, spec: SparseSpec, matrices: list[Tensor]) -> N
         raise ValueError(f"expected {len(layers)} adaptation matrices, got {len(matrices)}")
     for k, m in zip(layers, matrices):
         stack.cells[k] = AdaptedCell(stack.cells[k], m)
-    stack.backend = "reference"  # the fused kernels compute h internally; M must act on it
+    # the compiled windows apply M inside the loop; elsewhere (CUDA, no compiler) these layers run the reference loop

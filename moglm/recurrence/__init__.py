@@ -65,8 +65,20 @@ COMPILED = {
 def run_layer(
     cell: Cell, params: Params, xs: Tensor, state: State, h_mask: Tensor | None = None, backend: str = "auto"
 ) -> tuple[Tensor, State]:
-    """Run one layer over a window ``xs`` ``[T, B, m]``; returns ``(outputs [T, B, H], final state)``."""
+    """Run one layer over a window ``xs`` ``[T, B, m]``; returns ``(outputs [T, B, H], final state)``.
+
+    A cell with an ``output_adaptation`` (sparse dynamic evaluation's wrapper: ``(inner cell, M)``, the
+    first U units of h becoming ``h + M h`` after every step) runs the compiled window with that
+    adaptation where the inner cell can, and otherwise the reference loop (no Python fused version)."""
     if backend == "reference":
+        return reference_layer(cell, params, xs, state, h_mask)
+    adaptation = getattr(cell, "output_adaptation", None)
+    if adaptation is not None:
+        inner, matrix = adaptation
+        if (backend != "fused" and type(inner) in COMPILED and unsupported_reason(inner, params, xs, state, h_mask) is None
+                and runtime_reason([matrix], None) is None and compiled.can_run(xs) is None):
+            return run_compiled(COMPILED[type(inner)], layer_spec(inner, params), inner, params, xs, state, h_mask,
+                                adapt=matrix)
         return reference_layer(cell, params, xs, state, h_mask)
     reason = unsupported_reason(cell, params, xs, state, h_mask)
     if reason is None and backend in ("auto", "compiled"):

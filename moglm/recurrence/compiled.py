@@ -236,11 +236,14 @@ def _store_first(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def info() -> dict:
-    """What runs on CPU here: whether the compiled path is loaded, why not, its GEMM route and timings."""
+def info(paths: bool = True) -> dict:
+    """What runs on CPU here: whether the compiled path is loaded, why not, its GEMM route and timings;
+    ``paths=False`` leaves out this machine's build directory (for results that get committed)."""
     ok = available()
-    out = {"compiled": ok, "reason": unavailable_reason(), "build_dir": _state["build_dir"], "cpu": _cpu_id().split("|")[0],
+    out = {"compiled": ok, "reason": unavailable_reason(), "cpu": _cpu_id().split("|")[0],
            "threads": torch.get_num_threads()}
+    if paths:
+        out["build_dir"] = _state["build_dir"]
     if ok:
         code = gemm_route(torch.float32)
         out["gemm_route"] = {v: k for k, v in ROUTES.items()}[code]
@@ -284,31 +287,37 @@ def _bias(p: Params) -> Tensor | None:
 
 
 class _CompiledFunction(torch.autograd.Function):
-    """Autograd over a whole window: ``apply(spec, cell, xs, h0, c0, mask, *params) -> (ys, h_T, c_T)``.
-    Subclasses define ``run_forward`` and ``run_backward`` (the ops' calls)."""
+    """Autograd over a whole window: ``apply(spec, cell, xs, h0, c0, mask, adapt, *params) -> (ys, h_T, c_T)``;
+    ``adapt`` is sparse dynamic evaluation's matrix M (or ``None``). Subclasses define ``run_forward`` and
+    ``run_backward`` (the ops' calls)."""
 
     @classmethod
-    def forward(cls, ctx, spec, cell, xs, h0, c0, mask, *params):
+    def forward(cls, ctx, spec, cell, xs, h0, c0, mask, adapt, *params):
         p = dict(zip(spec.names, params))
-        out = cls.run_forward(spec, xs, h0, c0, mask, p, save=True)
+        out = cls.run_forward(spec, xs, h0, c0, mask, p, save=True, adapt=adapt)
         ctx.spec, ctx.cell = spec, cell
-        ctx.save_for_backward(xs, h0, c0, mask, *params, out[0], *out[3:])
+        ctx.save_for_backward(xs, h0, c0, mask, adapt, *params, out[0], *out[3:])
         return out[0], out[1], out[2]
 
     @classmethod
     def backward(cls, ctx, dys, dh_T, dc_T):
         spec = ctx.spec
         tensors = ctx.saved_tensors
-        k = 4 + len(spec.names)
+        k = 5 + len(spec.names)
         needs = ctx.needs_input_grad[2:]
+        xs, h0, c0, mask, adapt = tensors[:5]
         if torch.is_grad_enabled():  # create_graph=True: differentiate the reference loop instead
-            grads = double_backward_by_reference(ctx.cell, spec.names, needs, tensors[:k], (dys, dh_T, dc_T))
-            return (None, None, *grads)
-        xs, h0, c0, mask = tensors[:4]
-        p = dict(zip(spec.names, tensors[4:k]))
+            if adapt is not None:
+                raise RuntimeError("double backward through sparse dynamic evaluation's adaptation is not supported "
+                                   "by the compiled recurrence; use backend='reference'")
+            inputs = (xs, h0, c0, mask, *tensors[5:k])
+            grads = double_backward_by_reference(ctx.cell, spec.names, needs[:4] + needs[5:], inputs,
+                                                 (dys, dh_T, dc_T))
+            return (None, None, *grads[:4], None, *grads[4:])
+        p = dict(zip(spec.names, tensors[5:k]))
         grads = cls.run_backward(spec, xs, h0, c0, mask, p, list(tensors[k:]), (dys, dh_T, dc_T),
-                                 bool(needs[0]), any(needs[4:]))
-        out = [grads["x"], grads["h0"], grads["c0"], None, *(grads.get(name) for name in spec.names)]
+                                 bool(needs[0]), any(needs[5:]), adapt)
+        out = [grads["x"], grads["h0"], grads["c0"], None, grads.get("adapt"), *(grads.get(name) for name in spec.names)]
         return (None, None, *(g if need else None for g, need in zip(out, needs)))
 
 
@@ -316,22 +325,23 @@ class CompiledLSTMFunction(_CompiledFunction):
     """The LSTM (rounds = 0) and the Mogrifier LSTM (``csrc/mogrifier_lstm.cpp``)."""
 
     @staticmethod
-    def run_forward(spec, xs, h0, c0, mask, p: Params, save: bool) -> list[Tensor]:
+    def run_forward(spec, xs, h0, c0, mask, p: Params, save: bool, adapt: Tensor | None = None) -> list[Tensor]:
         mats, lefts, biases = _round_lists(spec, p)
         return torch.ops.moglm.mogrifier_lstm_forward(
             xs, h0, c0, mask, p["weight_ih"], p["weight_hh"], _bias(p), mats, lefts, biases, spec.rounds,
-            spec.rank, spec.zigzag, spec.capped, save, gemm_route(xs.dtype), MIN_ROWS,
+            spec.rank, spec.zigzag, spec.capped, save, gemm_route(xs.dtype), MIN_ROWS, adapt,
         )
 
     @staticmethod
-    def run_backward(spec, xs, h0, c0, mask, p: Params, saved, grads_out, need_dx: bool, need_weights: bool) -> dict:
+    def run_backward(spec, xs, h0, c0, mask, p: Params, saved, grads_out, need_dx: bool, need_weights: bool,
+                     adapt: Tensor | None = None) -> dict:
         mats, lefts, biases = _round_lists(spec, p)
         g = torch.ops.moglm.mogrifier_lstm_backward(
             xs, h0, c0, mask, p["weight_ih"], p["weight_hh"], "bias_ih" in p, mats, lefts, biases, spec.rounds,
             spec.rank, spec.zigzag, spec.capped, saved, *grads_out, need_dx, need_weights, gemm_route(xs.dtype),
-            MIN_ROWS,
+            MIN_ROWS, adapt,
         )
-        out = {"x": g[0], "h0": g[1], "c0": g[2], "weight_ih": g[3], "weight_hh": g[4]}
+        out = {"x": g[0], "h0": g[1], "c0": g[2], "weight_ih": g[3], "weight_hh": g[4], "adapt": g[-1]}
         if "bias_ih" in p:
             out["bias_ih"] = out["bias_hh"] = g[5]
         if need_weights and spec.rounds:
@@ -355,33 +365,36 @@ class CompiledMultiplicativeLSTMFunction(_CompiledFunction):
     """Krause's multiplicative LSTM (``csrc/multiplicative_lstm.cpp``)."""
 
     @staticmethod
-    def run_forward(spec, xs, h0, c0, mask, p: Params, save: bool) -> list[Tensor]:
+    def run_forward(spec, xs, h0, c0, mask, p: Params, save: bool, adapt: Tensor | None = None) -> list[Tensor]:
         return torch.ops.moglm.multiplicative_lstm_forward(
             xs, h0, c0, mask, p["weight_ih"], p["weight_hh"], _bias(p), p["weight_mx"], p["weight_mh"], spec.capped,
-            save, gemm_route(xs.dtype), MIN_ROWS,
+            save, gemm_route(xs.dtype), MIN_ROWS, adapt,
         )
 
     @staticmethod
-    def run_backward(spec, xs, h0, c0, mask, p: Params, saved, grads_out, need_dx: bool, need_weights: bool) -> dict:
+    def run_backward(spec, xs, h0, c0, mask, p: Params, saved, grads_out, need_dx: bool, need_weights: bool,
+                     adapt: Tensor | None = None) -> dict:
         g = torch.ops.moglm.multiplicative_lstm_backward(
             xs, h0, c0, mask, p["weight_ih"], p["weight_hh"], "bias_ih" in p, p["weight_mx"], p["weight_mh"],
-            spec.capped, saved, *grads_out, need_dx, need_weights, gemm_route(xs.dtype), MIN_ROWS,
+            spec.capped, saved, *grads_out, need_dx, need_weights, gemm_route(xs.dtype), MIN_ROWS, adapt,
         )
         out = {"x": g[0], "h0": g[1], "c0": g[2], "weight_ih": g[3], "weight_hh": g[4], "weight_mx": g[6],
-               "weight_mh": g[7]}
+               "weight_mh": g[7], "adapt": g[8]}
         if "bias_ih" in p:
             out["bias_ih"] = out["bias_hh"] = g[5]
         return out
 
 
-def run_compiled(function, spec, cell, params: Params, xs: Tensor, state, h_mask: Tensor | None):
-    """Run ``function`` over ``xs`` ``[T, B, m]``; ``(ys, (h_T, c_T))``. Without anything to differentiate,
-    only the forward runs, saving nothing."""
+def run_compiled(function, spec, cell, params: Params, xs: Tensor, state, h_mask: Tensor | None,
+                 adapt: Tensor | None = None):
+    """Run ``function`` over ``xs`` ``[T, B, m]``; ``(ys, (h_T, c_T))``. ``adapt``: sparse dynamic
+    evaluation's M (``[U, U]`` or ``[B, U, U]``), applied to the first U units of h after every step. Without
+    anything to differentiate, only the forward runs, saving nothing."""
     xs = xs.contiguous()
     h0, c0 = (s.contiguous() for s in state)
     values = tuple(params.values())
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (xs, h0, c0, *values)):
-        ys, h_T, c_T = function.apply(spec, cell, xs, h0, c0, h_mask, *values)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (xs, h0, c0, adapt, *values)):
+        ys, h_T, c_T = function.apply(spec, cell, xs, h0, c0, h_mask, adapt, *values)
     else:
-        ys, h_T, c_T = function.run_forward(spec, xs, h0, c0, h_mask, params, save=False)[:3]
+        ys, h_T, c_T = function.run_forward(spec, xs, h0, c0, h_mask, params, save=False, adapt=adapt)[:3]
     return ys, (h_T, c_T)

@@ -72,9 +72,11 @@ template <typename T>
 std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0, const at::Tensor& c0,
                                      const at::Tensor& mask, const at::Tensor& w_ih, const at::Tensor& w_hh,
                                      const at::Tensor& bias, const Rounds& R, bool capped, bool save, Route route,
-                                     i64 min_rows) {
+                                     i64 min_rows, const at::Tensor& adapt) {
   const i64 T_ = xs.size(0), B = xs.size(1), m = xs.size(2), n = h0.size(1), mn = m + n;
   const i64 S = save ? T_ : 1;
+  const Adaptation<T> adaptation(adapt);
+  at::Tensor adapt_tmp = at::empty({B, std::max<i64>(adaptation.units, 1)}, xs.options());
   auto opts = xs.options();
   at::Tensor ys = at::empty({T_, B, n}, opts);
   at::Tensor cs = save ? at::empty({T_, B, n}, opts) : c0.clone();  // no save: c is updated in place
@@ -155,6 +157,7 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
       const T* cp = save ? (t == 0 ? ptr<T>(c0) + b0 * n : c + ((t - 1) * B + b0) * n) : c + b0 * n;
       T* co = save ? c + (t * B + b0) * n : c + b0 * n;
       cell_forward(rows, n, g, 4 * n, b_ptr, cp, co, y + (t * B + b0) * n, n, capped);
+      adaptation.forward(route, rows, b0, y + (t * B + b0) * n, n, ptr<T>(adapt_tmp) + b0 * adaptation.units);
     }
   });
   at::Tensor cT = save ? cs[T_ - 1].clone() : cs;
@@ -178,9 +181,12 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
                                       const at::Tensor& mask, const at::Tensor& w_ih, const at::Tensor& w_hh,
                                       bool has_bias, const Rounds& R, bool capped, const std::vector<at::Tensor>& saved,
                                       const at::Tensor& dys, const at::Tensor& dhT, const at::Tensor& dcT,
-                                      bool need_dx, bool need_weights, Route route, i64 min_rows) {
+                                      bool need_dx, bool need_weights, Route route, i64 min_rows,
+                                      const at::Tensor& adapt) {
   const i64 T_ = xs.size(0), B = xs.size(1), m = xs.size(2), n = h0.size(1), mn = m + n;
   auto opts = xs.options();
+  const Adaptation<T> adaptation(adapt);
+  at::Tensor d_adapted = adapt.defined() ? at::empty({T_, B, adaptation.units}, opts) : at::Tensor();  // dh'_U
   const at::Tensor& ys = saved[0];
   const at::Tensor& acts = saved[1];
   const at::Tensor& cs = saved[2];
@@ -235,6 +241,8 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
         add_rows(rows, n, dy + (t * B + b0) * n, n, dhn, n, dhr, n);
       else
         copy_rows(rows, n, dhn, n, dhr, n);
+      adaptation.backward(route, rows, b0, dhr, n, ptr<T>(d_adapted) + (t * B + b0) * adaptation.units,
+                          adaptation.units);
       const T* cp = t == 0 ? ptr<T>(c0) + b0 * n : c + ((t - 1) * B + b0) * n;
       T* g = dg + (t * B + b0) * 4 * n;
       cell_backward(rows, n, a + (t * B + b0) * 4 * n, cp, c + (t * B + b0) * n, dhr, ptr<T>(dc) + b0 * n, g, capped);
@@ -268,7 +276,8 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
         copy_rows(rows, n, gh, mn, dhn, n);
     }
   });
-  std::vector<at::Tensor> grads(6 + 3 * R.r);
+  std::vector<at::Tensor> grads(7 + 3 * R.r);  // the last: dL/dM of the adaptation
+  if (adapt.defined()) grads[6 + 3 * R.r] = adaptation_grad(d_adapted, acts, cs, adapt);
   at::Tensor dG2 = dG.view({T_ * B, 4 * n});
   if (need_dx) grads[0] = dx;
   if (need_weights) {
@@ -323,7 +332,7 @@ std::vector<at::Tensor> mogrifier_lstm_forward(const at::Tensor& xs, const at::T
                                                const at::Tensor& w_hh, const std::optional<at::Tensor>& bias,
                                                at::TensorList mats, at::TensorList lefts, at::TensorList rbias,
                                                int64_t rounds, int64_t rank, bool zigzag, bool capped, bool save,
-                                               int64_t route, int64_t min_rows) {
+                                               int64_t route, int64_t min_rows, const std::optional<at::Tensor>& adapt) {
   checked(xs, "input");
   checked(h0, "h0");
   checked(c0, "c0");
@@ -333,7 +342,8 @@ std::vector<at::Tensor> mogrifier_lstm_forward(const at::Tensor& xs, const at::T
   at::Tensor mk = mask.has_value() ? mask->contiguous() : at::Tensor();
   std::vector<at::Tensor> out;
   AT_DISPATCH_FLOATING_TYPES(xs.scalar_type(), "mogrifier_lstm_forward", [&] {
-    out = forward_impl<scalar_t>(xs, h0, c0, mk, wih, whh, b, R, capped, save, Route(route), min_rows);
+    out = forward_impl<scalar_t>(xs, h0, c0, mk, wih, whh, b, R, capped, save, Route(route), min_rows,
+                                 adapt.has_value() ? adapt->contiguous() : at::Tensor());
   });
   return out;
 }
@@ -343,7 +353,7 @@ std::vector<at::Tensor> mogrifier_lstm_backward(
     const at::Tensor& w_ih, const at::Tensor& w_hh, bool has_bias, at::TensorList mats, at::TensorList lefts,
     at::TensorList rbias, int64_t rounds, int64_t rank, bool zigzag, bool capped, at::TensorList saved,
     const std::optional<at::Tensor>& dys, const std::optional<at::Tensor>& dhT, const std::optional<at::Tensor>& dcT,
-    bool need_dx, bool need_weights, int64_t route, int64_t min_rows) {
+    bool need_dx, bool need_weights, int64_t route, int64_t min_rows, const std::optional<at::Tensor>& adapt) {
   Rounds R = make_rounds(rounds, rank, zigzag, mats, lefts, rbias);
   std::vector<at::Tensor> sv(saved.begin(), saved.end());
   at::Tensor wih = w_ih.contiguous(), whh = w_hh.contiguous();
@@ -354,7 +364,8 @@ std::vector<at::Tensor> mogrifier_lstm_backward(
   std::vector<at::Tensor> out;
   AT_DISPATCH_FLOATING_TYPES(xs.scalar_type(), "mogrifier_lstm_backward", [&] {
     out = backward_impl<scalar_t>(xs, h0, c0, mk, wih, whh, has_bias, R, capped, sv, gy, gh, gc, need_dx,
-                                  need_weights, Route(route), min_rows);
+                                  need_weights, Route(route), min_rows,
+                                  adapt.has_value() ? adapt->contiguous() : at::Tensor());
   });
   return out;
 }
@@ -365,12 +376,12 @@ TORCH_LIBRARY_FRAGMENT(moglm, m) {
   m.def(
       "mogrifier_lstm_forward(Tensor xs, Tensor h0, Tensor c0, Tensor? mask, Tensor w_ih, Tensor w_hh, Tensor? bias, "
       "Tensor[] mats, Tensor[] lefts, Tensor[] rbias, int rounds, int rank, bool zigzag, bool capped, bool save, "
-      "int route, int min_rows) -> Tensor[]");
+      "int route, int min_rows, Tensor? adapt=None) -> Tensor[]");
   m.def(
       "mogrifier_lstm_backward(Tensor xs, Tensor h0, Tensor c0, Tensor? mask, Tensor w_ih, Tensor w_hh, "
       "bool has_bias, Tensor[] mats, Tensor[] lefts, Tensor[] rbias, int rounds, int rank, bool zigzag, "
       "bool capped, Tensor[] saved, Tensor? dys, Tensor? dhT, Tensor? dcT, bool need_dx, bool need_weights, "
-      "int route, int min_rows) -> Tensor[]");
+      "int route, int min_rows, Tensor? adapt=None) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(moglm, CPU, m) {

@@ -25,9 +25,11 @@ template <typename T>
 std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0, const at::Tensor& c0,
                                      const at::Tensor& mask, const at::Tensor& w_ih, const at::Tensor& w_hh,
                                      const at::Tensor& bias, const at::Tensor& w_mx, const at::Tensor& w_mh,
-                                     bool capped, bool save, Route route, i64 min_rows) {
+                                     bool capped, bool save, Route route, i64 min_rows, const at::Tensor& adapt) {
   const i64 T_ = xs.size(0), B = xs.size(1), m = xs.size(2), n = h0.size(1), mn = m + n;
   const i64 S = save ? T_ : 1;
+  const Adaptation<T> adaptation(adapt);
+  at::Tensor adapt_tmp = at::empty({B, std::max<i64>(adaptation.units, 1)}, xs.options());
   auto opts = xs.options();
   at::Tensor wcat = at::cat({w_ih, w_hh}, 1).contiguous();  // [4n, m+n]: [x; m_t] -> gates
   at::Tensor ys = at::empty({T_, B, n}, opts);
@@ -65,6 +67,7 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
       const T* cp = save ? (t == 0 ? ptr<T>(c0) + b0 * n : c + ((t - 1) * B + b0) * n) : c + b0 * n;
       T* co = save ? c + (t * B + b0) * n : c + b0 * n;
       cell_forward(rows, n, g, 4 * n, b_ptr, cp, co, y + (t * B + b0) * n, n, capped);
+      adaptation.forward(route, rows, b0, y + (t * B + b0) * n, n, ptr<T>(adapt_tmp) + b0 * adaptation.units);
     }
   });
   at::Tensor cT = save ? cs[T_ - 1].clone() : cs;
@@ -82,9 +85,11 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
                                       bool has_bias, const at::Tensor& w_mx, const at::Tensor& w_mh, bool capped,
                                       const std::vector<at::Tensor>& saved, const at::Tensor& dys,
                                       const at::Tensor& dhT, const at::Tensor& dcT, bool need_dx, bool need_weights,
-                                      Route route, i64 min_rows) {
+                                      Route route, i64 min_rows, const at::Tensor& adapt) {
   const i64 T_ = xs.size(0), B = xs.size(1), m = xs.size(2), n = h0.size(1), mn = m + n;
   auto opts = xs.options();
+  const Adaptation<T> adaptation(adapt);
+  at::Tensor d_adapted = adapt.defined() ? at::empty({T_, B, adaptation.units}, opts) : at::Tensor();  // dh'_U
   const at::Tensor &ys = saved[0], &acts = saved[1], &cs = saved[2], &xm = saved[3], &px = saved[4], &ph = saved[5];
   at::Tensor wcat = at::cat({w_ih, w_hh}, 1).contiguous();
   at::Tensor dG = at::empty({T_, B, 4 * n}, opts);
@@ -112,6 +117,8 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
         add_rows(rows, n, dy + o, n, dhn, n, dhr, n);
       else
         copy_rows(rows, n, dhn, n, dhr, n);
+      adaptation.backward(route, rows, b0, dhr, n, ptr<T>(d_adapted) + (t * B + b0) * adaptation.units,
+                          adaptation.units);
       const T* cp = t == 0 ? ptr<T>(c0) + b0 * n : c + o - B * n;
       T* g = ptr<T>(dG) + (t * B + b0) * 4 * n;
       cell_backward(rows, n, ptr<T>(acts) + (t * B + b0) * 4 * n, cp, c + o, dhr, ptr<T>(dc) + b0 * n, g, capped);
@@ -127,7 +134,8 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
       if (mk != nullptr) mul_rows(rows, n, dhn, n, mk + b0 * n, n, dhn, n);
     }
   });
-  std::vector<at::Tensor> grads(8);
+  std::vector<at::Tensor> grads(9);  // the last: dL/dM of the adaptation
+  if (adapt.defined()) grads[8] = adaptation_grad(d_adapted, acts, cs, adapt);
   if (need_dx) grads[0] = dx;
   if (need_weights) {
     at::Tensor dG2 = dG.view({T_ * B, 4 * n});
@@ -147,7 +155,8 @@ std::vector<at::Tensor> multiplicative_lstm_forward(const at::Tensor& xs, const 
                                                     const std::optional<at::Tensor>& mask, const at::Tensor& w_ih,
                                                     const at::Tensor& w_hh, const std::optional<at::Tensor>& bias,
                                                     const at::Tensor& w_mx, const at::Tensor& w_mh, bool capped,
-                                                    bool save, int64_t route, int64_t min_rows) {
+                                                    bool save, int64_t route, int64_t min_rows,
+                                                    const std::optional<at::Tensor>& adapt) {
   checked(xs, "input");
   checked(h0, "h0");
   checked(c0, "c0");
@@ -156,7 +165,8 @@ std::vector<at::Tensor> multiplicative_lstm_forward(const at::Tensor& xs, const 
   std::vector<at::Tensor> out;
   AT_DISPATCH_FLOATING_TYPES(xs.scalar_type(), "multiplicative_lstm_forward", [&] {
     out = forward_impl<scalar_t>(xs, h0, c0, mk, w_ih.contiguous(), w_hh.contiguous(), b, w_mx.contiguous(),
-                                 w_mh.contiguous(), capped, save, Route(route), min_rows);
+                                 w_mh.contiguous(), capped, save, Route(route), min_rows,
+                                 adapt.has_value() ? adapt->contiguous() : at::Tensor());
   });
   return out;
 }
@@ -165,7 +175,8 @@ std::vector<at::Tensor> multiplicative_lstm_backward(
     const at::Tensor& xs, const at::Tensor& h0, const at::Tensor& c0, const std::optional<at::Tensor>& mask,
     const at::Tensor& w_ih, const at::Tensor& w_hh, bool has_bias, const at::Tensor& w_mx, const at::Tensor& w_mh,
     bool capped, at::TensorList saved, const std::optional<at::Tensor>& dys, const std::optional<at::Tensor>& dhT,
-    const std::optional<at::Tensor>& dcT, bool need_dx, bool need_weights, int64_t route, int64_t min_rows) {
+    const std::optional<at::Tensor>& dcT, bool need_dx, bool need_weights, int64_t route, int64_t min_rows,
+    const std::optional<at::Tensor>& adapt) {
   std::vector<at::Tensor> sv(saved.begin(), saved.end());
   at::Tensor mk = mask.has_value() ? mask->contiguous() : at::Tensor();
   at::Tensor gy = dys.has_value() ? dys->contiguous() : at::Tensor();
@@ -175,7 +186,7 @@ std::vector<at::Tensor> multiplicative_lstm_backward(
   AT_DISPATCH_FLOATING_TYPES(xs.scalar_type(), "multiplicative_lstm_backward", [&] {
     out = backward_impl<scalar_t>(xs, h0, c0, mk, w_ih.contiguous(), w_hh.contiguous(), has_bias, w_mx.contiguous(),
                                   w_mh.contiguous(), capped, sv, gy, gh, gc, need_dx, need_weights, Route(route),
-                                  min_rows);
+                                  min_rows, adapt.has_value() ? adapt->contiguous() : at::Tensor());
   });
   return out;
 }
@@ -214,11 +225,12 @@ bool packed_gemm_available() { return packed_available(); }
 TORCH_LIBRARY_FRAGMENT(moglm, m) {
   m.def(
       "multiplicative_lstm_forward(Tensor xs, Tensor h0, Tensor c0, Tensor? mask, Tensor w_ih, Tensor w_hh, "
-      "Tensor? bias, Tensor w_mx, Tensor w_mh, bool capped, bool save, int route, int min_rows) -> Tensor[]");
+      "Tensor? bias, Tensor w_mx, Tensor w_mh, bool capped, bool save, int route, int min_rows, "
+      "Tensor? adapt=None) -> Tensor[]");
   m.def(
       "multiplicative_lstm_backward(Tensor xs, Tensor h0, Tensor c0, Tensor? mask, Tensor w_ih, Tensor w_hh, "
       "bool has_bias, Tensor w_mx, Tensor w_mh, bool capped, Tensor[] saved, Tensor? dys, Tensor? dhT, Tensor? dcT, "
-      "bool need_dx, bool need_weights, int route, int min_rows) -> Tensor[]");
+      "bool need_dx, bool need_weights, int route, int min_rows, Tensor? adapt=None) -> Tensor[]");
   m.def("time_gemm_route(int route, int batch, int K, int N, int reps, bool dbl) -> float", &time_gemm_route);
   m.def("blas_route_available(bool dbl) -> bool", &blas_route_available);
   m.def("mkl_thread_control_available() -> bool", &mkl_thread_control_available);

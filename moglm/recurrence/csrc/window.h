@@ -157,12 +157,19 @@ inline std::vector<float> pack(i64 N, i64 K, const float* B, i64 ldb, bool tb) {
   return out;
 }
 
-// tile[R, NR] = A[R, K] @ panel[K, NR]
+// tile[R, NR] (+)= A[R, K] @ panel[K, NR]; ``accumulate``: add to what the tile holds
 template <int R>
-inline void micro(i64 K, const float* A, i64 lda, const float* panel, float* tile) {
+inline void micro(i64 K, const float* A, i64 lda, const float* panel, float* tile, bool accumulate) {
   v8 c0[R], c1[R];
 #pragma GCC unroll 6
-  for (int r = 0; r < R; ++r) c0[r] = c1[r] = v8{};
+  for (int r = 0; r < R; ++r) {
+    if (accumulate) {
+      c0[r] = load8(tile + r * NR);
+      c1[r] = load8(tile + r * NR + 8);
+    } else {
+      c0[r] = c1[r] = v8{};
+    }
+  }
   for (i64 k = 0; k < K; ++k) {
     const v8 b0 = load8(panel + k * NR), b1 = load8(panel + k * NR + 8);
 #pragma GCC unroll 6
@@ -179,27 +186,48 @@ inline void micro(i64 K, const float* A, i64 lda, const float* panel, float* til
   }
 }
 
-// C[M, N] = A[M, K] @ packed + beta C
+// K is walked in chunks of KC rows, so that a panel's chunk (KC x NR floats, 16 KB) stays in L1 while
+// every row block of A passes over it
+constexpr i64 KC = 256;
+constexpr i64 MAX_BLOCKS = 64;
+
+// C[M, N] = A[M, K] @ packed + beta C. Rows are cut into blocks of at most MR, as even as possible (32
+// rows: 6 6 5 5 5 5, not 6 6 6 6 6 2), because a short block wastes the loads of the panel it reads.
 inline void gemm(i64 M, i64 N, i64 K, const float* A, i64 lda, const float* packed, float beta, float* C, i64 ldc) {
-  alignas(64) float tile[MR * NR];
+  if (M > MR * MAX_BLOCKS) {  // very many rows: in slices
+    for (i64 r0 = 0; r0 < M; r0 += MR * MAX_BLOCKS)
+      gemm(std::min(MR * MAX_BLOCKS, M - r0), N, K, A + r0 * lda, lda, packed, beta, C + r0 * ldc, ldc);
+    return;
+  }
+  const i64 blocks = (M + MR - 1) / MR;
+  i64 start[MAX_BLOCKS + 1];
+  for (i64 b = 0; b <= blocks; ++b) start[b] = b * M / blocks;
+  alignas(64) float tiles[MAX_BLOCKS * MR * NR];
   const i64 np = (N + NR - 1) / NR;
   for (i64 p = 0; p < np; ++p) {
     const float* panel = packed + p * K * NR;
     const i64 c0 = p * NR, cols = std::min(NR, N - c0);
-    for (i64 r0 = 0; r0 < M; r0 += MR) {
-      const i64 R = std::min(MR, M - r0);
-      const float* a = A + r0 * lda;
-      switch (R) {
-        case 6: micro<6>(K, a, lda, panel, tile); break;
-        case 5: micro<5>(K, a, lda, panel, tile); break;
-        case 4: micro<4>(K, a, lda, panel, tile); break;
-        case 3: micro<3>(K, a, lda, panel, tile); break;
-        case 2: micro<2>(K, a, lda, panel, tile); break;
-        default: micro<1>(K, a, lda, panel, tile); break;
+    for (i64 k0 = 0; k0 < K; k0 += KC) {
+      const i64 kc = std::min(KC, K - k0);
+      for (i64 b = 0; b < blocks; ++b) {
+        const float* a = A + start[b] * lda + k0;
+        float* tile = tiles + b * MR * NR;
+        const bool acc = k0 > 0;
+        switch (start[b + 1] - start[b]) {
+          case 6: micro<6>(kc, a, lda, panel + k0 * NR, tile, acc); break;
+          case 5: micro<5>(kc, a, lda, panel + k0 * NR, tile, acc); break;
+          case 4: micro<4>(kc, a, lda, panel + k0 * NR, tile, acc); break;
+          case 3: micro<3>(kc, a, lda, panel + k0 * NR, tile, acc); break;
+          case 2: micro<2>(kc, a, lda, panel + k0 * NR, tile, acc); break;
+          default: micro<1>(kc, a, lda, panel + k0 * NR, tile, acc); break;
+        }
       }
-      for (i64 r = 0; r < R; ++r) {
-        float* c = C + (r0 + r) * ldc + c0;
-        const float* tr = tile + r * NR;
+    }
+    for (i64 b = 0; b < blocks; ++b) {
+      const float* tile = tiles + b * MR * NR;
+      for (i64 r = start[b]; r < start[b + 1]; ++r) {
+        float* c = C + r * ldc + c0;
+        const float* tr = tile + (r - start[b]) * NR;
         if (beta == 0.0f)
           for (i64 j = 0; j < cols; ++j) c[j] = tr[j];
         else
@@ -501,6 +529,74 @@ inline T* ptr(const at::Tensor& t) {
 }
 
 inline at::Tensor opt(const std::optional<at::Tensor>& t) { return t.has_value() ? *t : at::Tensor(); }
+
+// ---------------------------------------------------------------------------------------------------
+// Sparse dynamic evaluation's adaptation (Krause's thesis, section 4.6, eq. 4.8): after every step the
+// first U units of h become h_U + M h_U, as output and as carried state. M is [U, U] (one for every row)
+// or [B, U, U] (one per row).
+// ---------------------------------------------------------------------------------------------------
+
+template <typename T>
+struct Adaptation {
+  const T* m = nullptr;  // null: no adaptation
+  i64 units = 0;
+  bool per_row = false;
+
+  Adaptation() = default;
+  explicit Adaptation(const at::Tensor& matrix)
+      : m(matrix.defined() ? matrix.data_ptr<T>() : nullptr),
+        units(matrix.defined() ? matrix.size(-1) : 0),
+        per_row(matrix.defined() && matrix.dim() == 3) {}
+
+  // h[:, :U] += M h[:, :U] for rows [b0, b0 + rows) of a step; ``tmp`` holds rows x U scratch
+  void forward(Route route, i64 rows, i64 b0, T* h, i64 ldh, T* tmp) const {
+    if (m == nullptr) return;
+    const i64 U = units;
+    if (per_row) {
+      for (i64 r = 0; r < rows; ++r) {
+        const T* M = m + (b0 + r) * U * U;
+        for (i64 i = 0; i < U; ++i) {
+          T acc = 0;
+          for (i64 j = 0; j < U; ++j) acc += M[i * U + j] * h[r * ldh + j];
+          tmp[r * U + i] = acc;
+        }
+      }
+    } else {
+      gemm<T>(route, false, true, rows, U, U, h, ldh, m, U, T(0), tmp, U);  // h_U M^T
+    }
+    add_rows(rows, U, h, ldh, tmp, U, h, ldh);
+  }
+
+  // from dh' (in ``dh``, first U units also copied to ``dprime``): dh[:, :U] = dh'_U + M^T dh'_U per row
+  void backward(Route route, i64 rows, i64 b0, T* dh, i64 ldh, T* dprime, i64 ldp) const {
+    if (m == nullptr) return;
+    const i64 U = units;
+    copy_rows(rows, U, dh, ldh, dprime, ldp);
+    if (per_row) {
+      for (i64 r = 0; r < rows; ++r) {
+        const T* M = m + (b0 + r) * U * U;
+        const T* d = dprime + r * ldp;
+        for (i64 i = 0; i < U; ++i) {
+          const T di = d[i];
+          T* out = dh + r * ldh;
+          for (i64 j = 0; j < U; ++j) out[j] += M[i * U + j] * di;
+        }
+      }
+    } else {
+      gemm<T>(route, false, false, rows, U, U, dprime, ldp, m, U, T(1), dh, ldh);  // += dh'_U M
+    }
+  }
+};
+
+// dL/dM from dh'_U [T, B, U] and the unadapted h_U = o * tanh(c) (recomputed from the saved gate
+// activations [T, B, 4n] and cells [T, B, n]): [U, U], or [B, U, U] per row.
+inline at::Tensor adaptation_grad(const at::Tensor& dprime, const at::Tensor& acts, const at::Tensor& cs,
+                                  const at::Tensor& matrix) {
+  const i64 U = matrix.size(-1), n = cs.size(2);
+  at::Tensor h = acts.narrow(2, 3 * n, U) * at::tanh(cs.narrow(2, 0, U));  // [T, B, U]
+  if (matrix.dim() == 3) return at::einsum("tbi,tbj->bij", {dprime, h});
+  return at::mm(dprime.reshape({-1, U}).t(), h.reshape({-1, U}));
+}
 
 // h_{t-1} for every t, times the state-dropout mask when there is one: [T, B, n].
 inline at::Tensor h_tilde_all(const at::Tensor& h0, const at::Tensor& ys, const at::Tensor& mask) {
