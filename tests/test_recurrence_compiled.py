@@ -26,6 +26,7 @@ from test_recurrence_fused import (
     M,
     T,
     assert_double_backward_matches_reference,
+    assert_edge_cases_match_reference,
     assert_forward_only_equals_training,
     assert_mogrifier_parity_over_options,
     assert_parity,
@@ -188,6 +189,23 @@ def test_compiled_backend_refuses_non_cpu_devices_and_other_dtypes_saying_why():
 def test_compiled_double_backward_matches_reference(make, monkeypatch):
     monkeypatch.setattr(fallback, "_warned", set())
     assert_double_backward_matches_reference(make(), "compiled")
+
+
+@pytest.mark.usefixtures("built")
+@pytest.mark.parametrize("steps, batch", [(1, 3), (4, 1)])
+def test_compiled_edge_cases_one_step_one_row_frozen_weights_and_input_without_grad(steps, batch):
+    assert_edge_cases_match_reference(steps, batch, "compiled")
+
+
+@pytest.mark.usefixtures("built")
+def test_panel_kernel_with_more_rows_than_one_pass_takes_matches_reference(monkeypatch):
+    """The panel kernel takes at most 6 x 64 rows per pass; a thread with more runs it in slices."""
+    monkeypatch.setenv("MOGLM_GEMM_ROUTE", "panels")
+    monkeypatch.setitem(compiled._state, "routes", {})
+    for make in (lambda: moglm.MogrifierLSTM(M, H, 1, rounds=2, rank=2), lambda: moglm.MultiplicativeLSTM(M, H, 1)):
+        model = make().train()
+        assert_parity(model, 1, dtype=torch.float32, backend="compiled", batch=401, rtol=1e-4, atol=1e-5)
+    assert compiled.gemm_route(torch.float32) == compiled.ROUTES["panels"]
 
 
 ADAPTED = [
