@@ -32,6 +32,7 @@ from test_recurrence_fused import (
     assert_parity,
     assert_parity_in_1_and_2_layers,
     run_backend,
+    saved_bytes,
 )
 
 
@@ -226,6 +227,20 @@ def test_float32_compiled_math_is_as_accurate_as_torchs_own_float32(make):
         model.backend = "reference"
         torch_error = (model(x)[0].double() - truth).abs().max()
     assert compiled_error <= 2 * torch_error + 1e-7
+
+
+@pytest.mark.usefixtures("built")
+@pytest.mark.parametrize(
+    "make",
+    [lambda: moglm.MogrifierLSTM(M, H, rounds=5, rank=2, backend="compiled"),
+     lambda: moglm.LSTM(M, H, state_dropout=0.3, backend="compiled"),
+     lambda: moglm.MultiplicativeLSTM(M, H, backend="compiled")],
+    ids=["mogrifier", "lstm", "multiplicative_lstm"],
+)
+def test_compiled_saved_activation_memory_grows_linearly_in_the_window(make):
+    model = make()
+    small, large = saved_bytes(model, 20), saved_bytes(model, 40)
+    assert 1.8 < large / small < 2.1
 
 
 ADAPTED = [
