@@ -1,16 +1,18 @@
-"""Where the time of one training step goes: torch.profiler over forward+backward, by kind of op.
+"""Where the time of one training step of the Python fused window goes (what CUDA runs, and CPU without a
+compiler): torch.profiler over forward+backward, by kind of op. The compiled CPU window is one op to
+torch.profiler; docs/fused-recurrence.md profiles it with perf instead.
 
     python benchmarks/profile_fused.py                 # H=650 (B=64, T=70); ~1 minute
     python benchmarks/profile_fused.py --hidden 256
 
-For torch.nn.LSTM, moglm LSTM and the moglm Mogrifier (r=5, k=64) it profiles a few forward+backward
+For torch.nn.LSTM, and moglm's LSTM and Mogrifier (r=5, k=64) on the Python fused window, it profiles a few forward+backward
 passes (after a warm-up) and sums the self time of every op into: matrix products (oneDNN/MKL GEMMs and
 nn.LSTM's fused oneDNN RNN kernels), pointwise math (sigmoid, tanh, mul, add, ...), copies and layout
 (copy_, transposes, cat, index_select, ...), allocation, and the rest. The wall time not spent inside any op
 is Python outside ops and the profiler's own cost (the profiled step is slower than the unprofiled one,
 which is reported beside it); the self time of moglm's autograd.Function is the Python of the fused loop
 between its ops. Writes ``benchmarks/results/profile_fused.json`` and prints a markdown
-table (ms per step, median of the passes' totals) that docs/fused-recurrence.md quotes.
+table (ms per step, median of the passes' totals).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 from moglm.bench.throughput import build
 
 HERE = Path(__file__).resolve().parent
-MODELS = ("torch.nn.LSTM", "moglm LSTM", "moglm Mogrifier r=5 k=64")
+MODELS = ("torch.nn.LSTM", "LSTM, Python fused", "Mogrifier, Python fused")
 
 GEMM = ("mkldnn", "mm", "addmm", "bmm", "matmul", "linear", "_linear_pointwise", "mkldnn_rnn_layer",
         "mkldnn_rnn_layer_backward")
