@@ -193,6 +193,28 @@ def test_unknown_cell_type_falls_back_to_reference_and_says_so_once(monkeypatch)
         model(x)
 
 
+@pytest.mark.parametrize("make", [lambda: moglm.GRU(M, H), lambda: moglm.RNN(M, H), lambda: moglm.MogrifierGRU(M, H, rank=2)],
+                         ids=["gru", "rnn", "mogrifier_gru"])
+def test_cells_without_any_fused_path_run_the_reference_loop_without_a_warning(make, monkeypatch):
+    monkeypatch.setattr(fallback, "_warned", set())
+    model = make()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(torch.randn(T, B, M))
+    model.backend = "fused"
+    with pytest.raises(ValueError, match="fused"):
+        model(torch.randn(T, B, M))
+
+
+def test_the_fallback_warning_points_at_the_users_line_and_names_both_ways_to_silence_it(monkeypatch):
+    monkeypatch.setattr(fallback, "_warned", set())
+    model = RecurrentStack([RecordingLSTMCell(M, H)], dtype=D)
+    with pytest.warns(FusedFallbackWarning) as caught:
+        model(torch.randn(T, B, M, dtype=D))
+    assert caught[0].filename == __file__
+    assert "backend='reference'" in str(caught[0].message) and "model.backend" in str(caught[0].message)
+
+
 def test_replaced_step_on_an_instance_falls_back(monkeypatch):
     monkeypatch.setattr(fallback, "_warned", set())
     model = moglm.LSTM(M, H, dtype=D)

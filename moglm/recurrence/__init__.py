@@ -44,6 +44,14 @@ def check_backend(backend: str) -> str:
     return backend
 
 
+def has_fast_path(cell: Cell) -> bool:
+    """Whether a fused or compiled window exists for this cell's kind (its type, a subclass of one, or
+    sparse dynamic evaluation's wrapper around one); for the others the reference loop is their
+    implementation, and running it is no fallback worth a warning."""
+    inner = getattr(cell, "output_adaptation", (cell, None))[0]
+    return isinstance(inner, tuple(FUSED))
+
+
 def unsupported_reason(cell: Cell, params: Params, xs: Tensor, state: State, h_mask: Tensor | None) -> str | None:
     """Why the fused path cannot run this layer now (``None`` if it can)."""
     if type(cell) not in FUSED:
@@ -70,8 +78,8 @@ def run_layer(
     A cell with an ``output_adaptation`` (sparse dynamic evaluation's wrapper: ``(inner cell, M)``, the
     first U units of h becoming ``h + M h`` after every step) runs the compiled window with that
     adaptation where the inner cell can, and otherwise the reference loop (no Python fused version)."""
-    if backend == "reference":
-        return reference_layer(cell, params, xs, state, h_mask)
+    if backend == "reference" or (backend == "auto" and not has_fast_path(cell)):
+        return reference_layer(cell, params, xs, state, h_mask)  # for a GRU, an RNN ... the loop is the path
     adaptation = getattr(cell, "output_adaptation", None)
     if adaptation is not None:
         inner, matrix = adaptation

@@ -46,7 +46,7 @@ import torch
 from torch import Tensor
 
 from ..cells.base import Params
-from .fallback import FusedFallbackWarning, double_backward_by_reference
+from .fallback import FusedFallbackWarning, double_backward_by_reference, user_stacklevel
 
 SOURCES = ("window.h", "mogrifier_lstm.cpp", "multiplicative_lstm.cpp")
 #: -fno-trapping-math lets GCC turn the pointwise kernels' comparisons into vector selects; nothing here
@@ -144,7 +144,7 @@ def available() -> bool:
                         f"moglm: the compiled recurrence is unavailable ({_state['reason']}); CPU layers run the "
                         "Python fused recurrence (slower)",
                         CompiledUnavailableWarning,
-                        stacklevel=5,
+                        stacklevel=user_stacklevel(),
                     )
     return bool(_state["loaded"])
 

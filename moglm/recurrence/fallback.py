@@ -9,6 +9,8 @@ the fused backward then recomputes the window with the reference loop and differ
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from collections.abc import Sequence
 
@@ -25,15 +27,28 @@ class FusedFallbackWarning(UserWarning):
 _warned: set[str] = set()
 
 
+_LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` at which a warning raised by this function's caller points at the user's code:
+    the first frame outside moglm and torch (a module call passes through both)."""
+    level, frame = 2, sys._getframe(2)  # stacklevel 2: the warning function's caller
+    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
+        level += 1
+        frame = frame.f_back
+    return level
+
+
 def warn_once(reason: str) -> None:
     """Warn that the reference loop runs because of ``reason``, once per reason and process."""
     if reason not in _warned:
         _warned.add(reason)
         warnings.warn(
-            f"moglm: {reason}; this layer runs the reference recurrence (slower). "
-            "Pass backend='reference' to silence this.",
+            f"moglm: {reason}; this layer runs the reference recurrence (slower). Choose the reference backend "
+            "to silence this (backend='reference' in Python, model.backend = \"reference\" in a config).",
             FusedFallbackWarning,
-            stacklevel=4,
+            stacklevel=user_stacklevel(),
         )
 
 
