@@ -32,8 +32,9 @@ class LSTM(RecurrentStack):
     """Multi-layer LSTM, a drop-in for torch.nn.LSTM (unidirectional, no projection).
 
     Args beyond torch.nn.LSTM's: ``state_dropout`` (variational dropout on h_prev), ``capped_input_gate``
-    (the paper's ``c = f*c + min(1-f, i)*j``), ``init`` (``"paper"``: NOTES.md's truncated normals;
-    ``"torch"``: torch.nn.LSTM's uniform) and ``backend`` (see :mod:`moglm.recurrence`).
+    (the paper's ``c = f*c + min(1-f, i)*j``), ``init`` (``"paper"``: the truncated normals of
+    docs/method.md, "Initialisation"; ``"torch"``: torch.nn.LSTM's uniform) and ``backend`` (see
+    :mod:`moglm.recurrence`).
     """
 
     def __init__(

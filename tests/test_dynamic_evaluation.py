@@ -89,7 +89,7 @@ def test_adaptation_to_a_repetitive_stream_lowers_the_loss():
 
 # -- each rule is the thesis' formula --------------------------------------------------------------------
 def _reference_steps(model, hp, rms, segments):
-    """Two plain-Python updates with the formulas of NOTES.md / thesis eq. 4.3-4.7, in float64."""
+    """Two plain-Python updates with thesis eq. 4.3-4.7 (docs/method.md, "Update rules"), in float64."""
     names = [n for n, _ in model.named_parameters()]
     theta0 = {n: p.detach().clone() for n, p in model.named_parameters()}
     theta = {n: t.clone() for n, t in theta0.items()}

@@ -92,7 +92,7 @@ def test_budget_sizing_picks_the_largest_hidden_size_that_fits():
 @pytest.mark.parametrize(
     "vocab, budget, arch, cell, ratio, mos, paper_hidden",
     [
-        (10_000, 24_000_000, "mogrifier", {"rounds": 5, "rank": 84}, 1.0, 1, 912),  # PTB, NOTES.md table
+        (10_000, 24_000_000, "mogrifier", {"rounds": 5, "rank": 84}, 1.0, 1, 912),  # PTB (docs/method.md)
         (33_278, 35_000_000, "mogrifier", {"rounds": 6, "rank": 48}, 272 / 1366, 2, 1366),  # WikiText-2
     ],
 )

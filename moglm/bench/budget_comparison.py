@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-# The paper's numbers (NOTES.md "Headline numbers"), shown beside ours.
+# The paper's numbers (docs/method.md, "Headline numbers"), shown beside ours.
 PAPER = {
     "ptb-word": {"lstm": (55.8, 54.6), "mogrifier": (52.1, 51.0), "unit": "perplexity", "budget": "24M"},
     "ptb-char": {"lstm": (1.163, 1.143), "mogrifier": (1.149, 1.131), "unit": "bpc", "budget": "24M"},

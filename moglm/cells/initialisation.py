@@ -1,4 +1,4 @@
-"""Initialisation schemes of the original experiments (NOTES.md, "The LSTM cell" and "The Mogrifier step").
+"""Initialisation schemes of the original experiments (docs/method.md, "Initialisation").
 
 * Weight blocks: truncated normal (cut at two standard deviations) with std ``sqrt(1/fan_in)``.
 * Low-rank factors of rank k: both factors truncated normal with std ``(1/(fan_in*k))**0.25``,

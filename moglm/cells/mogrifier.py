@@ -72,7 +72,8 @@ def mogrifier_parameter_shapes(m: int, n: int, rounds: int, rank: int, bias: boo
 
 
 def reset_mogrifier_parameters(params: Params, rank: int, identity: bool = False) -> None:
-    """NOTES.md init: factors std (1/(fan_in*k))^(1/4), full-rank std sqrt(1/fan_in), biases zero.
+    """Init (docs/method.md, "Initialisation"): factors std (1/(fan_in*k))^(1/4), full-rank std
+    sqrt(1/fan_in), biases zero.
 
     ``identity=True`` makes every gate exactly 1 (so the cell computes a plain LSTM) while keeping
     gradients alive: the left factors (or full matrices) are zero, the right factors are random.

@@ -1,4 +1,4 @@
-"""Batching for language modelling (Mogrifier paper section 3.3; NOTES.md "Training recipe").
+"""Batching for language modelling (Mogrifier paper section 3.3; docs/method.md "Training recipe").
 
 * Non-episodic: the corpus is one stream, cut into ``batch_size`` stripes; windows of ``bptt`` steps
   are read in order and the final state of one window is the initial state of the next.

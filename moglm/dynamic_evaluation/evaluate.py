@@ -1,4 +1,4 @@
-"""Dynamic evaluation of a stream (Krause thesis 4.3, eq. 4.2, algorithm 1; NOTES.md).
+"""Dynamic evaluation of a stream (Krause thesis 4.3, eq. 4.2, algorithm 1; docs/method.md).
 
 The stream is cut into segments of ``n`` tokens. Each segment is scored with the current weights,
 then one update step (:mod:`.update_rules`) is taken on its loss, the mean per-token cross-entropy;

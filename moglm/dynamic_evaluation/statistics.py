@@ -2,7 +2,7 @@
 
 ``rms = sqrt(MS_g)``, ``MS_g = (1/N_b) sum_k g_k^2``: the mean squared gradient of the *training* loss
 over ``N_b`` batches, elementwise, for every adapted tensor. As in the paper (Mogrifier appendix A;
-NOTES.md): no l2 penalty, no clipping, and a fraction of the training data (1% is enough, thesis table
+docs/method.md): no l2 penalty, no clipping, and a fraction of the training data (1% is enough, thesis table
 5.6). Each batch is ``batch_size`` stripes x ``bptt`` steps of the first ``fraction`` of the training
 stream, read in order with the state carried across windows (like evaluation); ``g_k`` is the gradient
 of the mean per-token cross-entropy of batch k, the same per-token normalisation as the segment loss

@@ -1,4 +1,4 @@
-"""Update rules of dynamic evaluation (Krause thesis 4.5, eq. 4.3-4.7; NOTES.md "Dynamic evaluation").
+"""Update rules of dynamic evaluation (Krause thesis 4.5, eq. 4.3-4.7; docs/method.md "Update rules").
 
 Every rule is one step ``th <- th - s * g + w * (th0 - th)`` from the current weights ``th``, the
 gradient ``g`` of a segment's loss and the trained weights ``th0``, with a per-rule step scale ``s`` and

@@ -1,4 +1,4 @@
-"""Monte-Carlo dropout evaluation (Gal & Ghahramani 2016; the paper's "MC" rows; NOTES.md "Evaluation").
+"""Monte-Carlo dropout evaluation (Gal & Ghahramani 2016; the paper's "MC" rows; docs/method.md "Evaluation").
 
 S passes with every dropout rate multiplied by ``multiplier``, each with its own stochastic state; the
 per-token probability is the arithmetic mean over samples. The S passes over one stream run at once,

@@ -1,4 +1,4 @@
-"""Language-modelling scores from a summed negative log-likelihood (NOTES.md, "Evaluation")."""
+"""Language-modelling scores from a summed negative log-likelihood (docs/method.md, "Evaluation")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Softmax-temperature search (NOTES.md, "Evaluation"): the logits are multiplied by a factor chosen on
+"""Softmax-temperature search (docs/method.md, "Evaluation"): the logits are multiplied by a factor chosen on
 ~50k validation tokens, trying 1.06, 1.04, ... down to 0.80 and stopping after two non-improvements."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The language model: embedding -> recurrent stack (any moglm architecture) -> output head.
 
-Follows the Mogrifier paper's setup (section 3.3; NOTES.md "Embeddings and output", "Training recipe"):
+Follows the Mogrifier paper's setup (section 3.3; docs/method.md "Embeddings and output", "Training recipe"):
 
 * input embedding of size ``E = round(min(input_embedding_ratio, 1) * hidden)``;
 * input dropout on the embeddings, inter-layer and state dropout inside the stack, output dropout on

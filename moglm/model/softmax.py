@@ -1,5 +1,5 @@
 """The output softmax: an optional bias-free down-projection to the embedding size, then logits against
-the (possibly tied) output embedding (NOTES.md, "Embeddings and output")."""
+the (possibly tied) output embedding (docs/method.md, "Embeddings and output")."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ class SoftmaxHead(nn.Module):
     """``h`` ``[N, H]`` -> logits ``[N, V]`` via ``dropout(P h) @ W_out^T + b`` (P only when E != H).
 
     ``W_out`` ``[V, E]`` is passed in by the language model: its own matrix, or the input embedding when
-    tied. ``factor`` multiplies the logits (softmax temperature, NOTES.md "Evaluation").
+    tied. ``factor`` multiplies the logits (softmax temperature, docs/method.md "Evaluation").
     """
 
     def __init__(self, hidden_size: int, embedding_size: int, vocab_size: int, dropout: float = 0.0) -> None:

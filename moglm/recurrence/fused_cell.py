@@ -3,7 +3,7 @@
 Gate blocks are permuted once per call from torch's ``[i, f, j, o]`` to ``[i, f, o, j]``, and the j rows
 of the weights and bias are doubled, so that one in-place ``sigmoid_`` activates all four blocks:
 ``tanh(a) = 2 sigmoid(2a) - 1``. On CPU ``tanh(c)`` is computed the same way, because torch's CPU tanh is
-several times slower than its sigmoid (docs/fused-recurrence.md). Equations (NOTES.md, "The LSTM cell")::
+several times slower than its sigmoid (docs/fused-recurrence.md). Equations (docs/method.md, "The LSTM cell")::
 
     c_t = f * c_{t-1} + i * j          (capped input gate: min(1 - f, i) * j)
     h_t = o * tanh(c_t)

@@ -1,6 +1,6 @@
 """Fused LSTM and Mogrifier LSTM recurrence: one autograd node per layer and window.
 
-Equations (NOTES.md, "The Mogrifier step" and "The LSTM cell"; Melis et al. 2020, eq. 1-2)::
+Equations (docs/method.md, "The Mogrifier step" and "The LSTM cell"; Melis et al. 2020, eq. 1-2)::
 
     h~  = h_{t-1} * mask                                   variational state dropout (mask optional)
     odd i:   x^i = 2 sigmoid(Q_i h + a_i) * x^{i-2}         even i:  h^i = 2 sigmoid(R_i x + b_i) * h^{i-2}

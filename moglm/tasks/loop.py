@@ -1,7 +1,7 @@
 """The small training loop of the synthetic tasks that are not plain language models (the reverse-copy
 encoder-decoder, the report's closing-bracket objective for Dyck-k).
 
-The Mogrifier paper's recipe (NOTES.md "Training recipe"): Adam with beta1 = 0 and a constant learning
+The Mogrifier paper's recipe (docs/method.md, "Training recipe"): Adam with beta1 = 0 and a constant learning
 rate, the loss summed over the sequence and averaged over the batch plus ``l2_penalty * 0.5 * sum(w^2)``,
 global-norm clipping. Every ``eval_every`` steps: validation, a line in ``metrics.jsonl`` and an atomic
 checkpoint (:mod:`moglm.train.checkpoint`: weights and Adam state), the best on validation kept. A task

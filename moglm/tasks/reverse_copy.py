@@ -6,8 +6,8 @@ architecture, the same for both), the decoder starting from the encoder's final 
 reads ``x_1 .. x_n``; the decoder reads the marker then ``x_n .. x_2`` (teacher forcing) and predicts
 ``x_n .. x_1``, so the whole sequence is ``x, marker, reversed(x)`` and the loss (cross-entropy) is
 measured on the decoded part only. No dropout (the paper: overfitting is not an issue). Training uses the
-paper's recipe (NOTES.md): Adam with beta1 = 0, the loss summed over the sequence and averaged over the
-batch plus ``l2_penalty * 0.5 * sum(w^2)``, global-norm clipping at 10.
+paper's recipe (docs/method.md, "Training recipe"): Adam with beta1 = 0, the loss summed over the
+sequence and averaged over the batch plus ``l2_penalty * 0.5 * sum(w^2)``, global-norm clipping at 10.
 
 Data: the paper samples a fixed 500k-example training set; here every step draws a fresh batch from a
 generator seeded by (seed, step), an unbounded training set that makes resuming exact without storing

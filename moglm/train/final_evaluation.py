@@ -1,4 +1,4 @@
-"""The final evaluation of a run (NOTES.md "Evaluation"): the best checkpoint, a softmax temperature
+"""The final evaluation of a run (docs/method.md, "Evaluation"): the best checkpoint, a softmax temperature
 searched on validation, each split as one continuous stream from a zero state, and optionally MC
 dropout. Results go to ``results.json`` in the run directory."""
 

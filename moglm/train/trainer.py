@@ -1,4 +1,4 @@
-"""Training with the Mogrifier paper's recipe (section 3.3; NOTES.md "Training recipe").
+"""Training with the Mogrifier paper's recipe (section 3.3; docs/method.md "Training recipe").
 
 * Adam with beta1 = 0 and a constant learning rate; the loss is the cross-entropy summed over the BPTT
   window and averaged over the batch, plus ``l2_penalty * 0.5 * sum(w^2)``; global-norm clipping.
@@ -251,7 +251,8 @@ class Trainer:
         return self.batches[index].to(self.device)
 
     def _reset_rows(self) -> None:
-        """Zero each row's carried state with probability ``state_reset_probability`` (NOTES.md)."""
+        """Zero each row's carried state with probability ``state_reset_probability``
+        (docs/method.md, "Training recipe")."""
         p = self.cfg.train.state_reset_probability
         if self.state is None or isinstance(self.batches, EpisodicBatches):
             self.state = None

@@ -1,4 +1,4 @@
-"""Weight averaging (Mogrifier paper section 3.3; NOTES.md "Training recipe").
+"""Weight averaging (Mogrifier paper section 3.3; docs/method.md "Training recipe").
 
 Once validation has not improved for N evaluations, or at a fraction of training at the latest, a
 uniform running average of the weights is kept after every step. Evaluation and best-checkpoint
