@@ -29,6 +29,20 @@ def _build_app():
         pretty_exceptions_enable=False,
     )
 
+    def show_version(value: bool) -> None:
+        if value:
+            from . import __version__
+
+            typer.echo(f"moglm {__version__}")
+            raise typer.Exit()
+
+    @app.callback()
+    def root(
+        version: bool = typer.Option(False, "--version", callback=show_version, is_eager=True,
+                                     help="Print moglm's version and exit."),
+    ) -> None:
+        """Mogrifier LSTM and other input-dependent recurrent language models."""
+
     @app.command()
     def train(
         config: Optional[str] = typer.Argument(None, help="Config file (TOML/YAML) or shipped config name [default]."),

@@ -171,3 +171,12 @@ def test_sigkill_then_the_same_command_resumes_and_matches_an_uninterrupted_run(
         return [(m["step"], m["xent"]) for m in _metrics(r) if m["kind"] in ("train", "valid")]
 
     assert losses(run) == losses(tmp_path / "straight")
+
+
+def test_version_flag_and_python_dash_m_moglm(capsys):
+    from moglm import __version__
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"moglm {__version__}"
+    done = subprocess.run([sys.executable, "-m", "moglm", "--version"], capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == f"moglm {__version__}", done.stderr

@@ -1,0 +1,7 @@
+"""``python -m moglm``: the ``moglm`` command line."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
