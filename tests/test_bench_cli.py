@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+import torch
+
 from moglm.cli import main
 
 
@@ -65,3 +68,32 @@ def test_bench_budget_trains_both_configs_at_one_budget_and_tabulates_them_with_
     assert all(r["splits"]["test"]["perplexity"] > 1 for r in rows)
     assert out.with_suffix(".png").stat().st_size > 0
     assert "| mogrifier |" in capsys.readouterr().out
+
+
+def test_bench_gemm_routes_writes_under_the_bench_directory_never_the_working_tree(tmp_path, capsys, monkeypatch):
+    from moglm.recurrence import compiled
+
+    if not compiled.available():
+        pytest.skip(f"compiled recurrence unavailable: {compiled.unavailable_reason()}")
+    monkeypatch.setenv("MOGLM_BENCH_DIR", str(tmp_path / "bench"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "gemm-routes", "--hidden", "8", "--batch", "4"]) == 0
+    report = json.loads((tmp_path / "bench" / "gemm_routes.json").read_text())
+    assert not (tmp_path / "benchmarks").exists()
+    routes = compiled._candidate_routes(torch.float32)
+    assert {r["product"] for r in report["results"]} == {"gate forward", "gate backward", "round x -> low",
+                                                         "round low -> out"}
+    assert all(set(r["gflops"]) == set(routes) and min(r["gflops"].values()) > 0 for r in report["results"])
+    assert "| 8 | gate forward (16 -> 32) |" in capsys.readouterr().out
+
+
+def test_bench_end_to_end_times_a_config_on_both_paths(tiny_corpus, tmp_path, capsys):
+    path = tmp_path / "tiny.toml"
+    path.write_text(BUDGET.format(arch="mogrifier", cell="cell = { rounds = 2, rank = 2 }").replace(
+        "[data]\n", f'[data]\npath = "{tiny_corpus}"\n'))
+    out = tmp_path / "e2e.json"
+    assert main(["bench", "end-to-end", str(path), "--steps", "21", "--no-default-command", "--out", str(out)]) == 0
+    row = json.loads(out.read_text())["configs"][str(path)]
+    assert row["fused"]["tokens_per_s"] > 0 and row["auto"]["tokens_per_s"] > 0
+    assert row["speedup"] == row["auto"]["tokens_per_s"] / row["fused"]["tokens_per_s"]
+    assert "tokens/s (21 steps)" in capsys.readouterr().out

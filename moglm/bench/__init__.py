@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,13 @@ def command_line() -> str | None:
     if not sys.argv or not sys.argv[0]:
         return None
     return " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+
+
+def default_out(name: str) -> Path:
+    """Where ``moglm bench`` writes ``name`` unless told: ``$MOGLM_BENCH_DIR`` or ``~/.cache/moglm/bench``."""
+    if os.environ.get("MOGLM_BENCH_DIR"):
+        return Path(os.environ["MOGLM_BENCH_DIR"]) / name
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "moglm" / "bench" / name
 
 
 def write_report(report: dict[str, Any], out_path: str | Path | None) -> None:
