@@ -205,7 +205,8 @@ def test_panel_kernel_with_more_rows_than_one_pass_takes_matches_reference(monke
     monkeypatch.setitem(compiled._state, "routes", {})
     for make in (lambda: moglm.MogrifierLSTM(M, H, 1, rounds=2, rank=2), lambda: moglm.MultiplicativeLSTM(M, H, 1)):
         model = make().train()
-        assert_parity(model, 1, dtype=torch.float32, backend="compiled", batch=401, rtol=1e-4, atol=1e-5)
+        # weight gradients sum T * 401 = 2406 float32 products: atol scaled to that reduction
+        assert_parity(model, 1, dtype=torch.float32, backend="compiled", batch=401, rtol=1e-4, atol=1e-4)
     assert compiled.gemm_route(torch.float32) == compiled.ROUTES["panels"]
 
 

@@ -131,6 +131,35 @@ def _time_once(model: torch.nn.Module, x: torch.Tensor, train: bool, device: str
     return time.perf_counter() - start
 
 
+GENERATION_BACKENDS = ("compiled", "fused", "reference")
+
+
+def generation_ms(hidden: int, tokens: int = 200, device: str = "cpu") -> dict[str, float]:
+    """Milliseconds per token of one-token steps (B=1, T=1, eval, state carried), as sampling and
+    batch-1 dynamic evaluation run them, for the Mogrifier (r=5, k=64) on each backend that can run here."""
+    import moglm
+
+    out: dict[str, float] = {}
+    model = moglm.MogrifierLSTM(hidden, hidden, rounds=5, rank=min(64, hidden)).to(device).eval()
+    x = torch.randn(1, 1, hidden, device=device)
+    for backend in GENERATION_BACKENDS:
+        model.backend = backend
+        try:
+            with torch.no_grad():
+                state = None
+                for _ in range(5):
+                    _, state = model(x, state)
+                _sync(device)
+                start = time.perf_counter()
+                for _ in range(tokens):
+                    _, state = model(x, state)
+                _sync(device)
+        except ValueError:  # a backend that cannot run here (compiled off CPU or unbuilt)
+            continue
+        out[backend] = (time.perf_counter() - start) / tokens * 1e3
+    return out
+
+
 def saved_tensor_mb(model: torch.nn.Module, x: torch.Tensor) -> float:
     """MB of the distinct storages autograd saves for backward in one training forward (parameters and
     the input itself excluded)."""
@@ -272,6 +301,8 @@ def run_throughput(
                 }
             results.append(row)
         del built, x
+        report.setdefault("generation_ms_per_token", {})[str(hidden)] = generation_ms(hidden, device=device)
+        log(f"H={hidden} one-token generation ms: {report['generation_ms_per_token'][str(hidden)]}")
         if memory_bptt:
             for name in models:
                 row = next(r for r in results if r["hidden"] == hidden and r["model"] == name)
@@ -308,6 +339,13 @@ def markdown_table(report: dict[str, Any]) -> str:
             value = mem.get(key)
             cells.append("-" if value is None else f"{value:,.0f}")
         lines.append("| " + " | ".join(cells) + " |")
+    generation = report.get("generation_ms_per_token")
+    if generation:
+        lines += ["", "One-token generation (B=1, T=1, eval), Mogrifier r=5 k=64, ms per token:", "",
+                  "| H | " + " | ".join(GENERATION_BACKENDS) + " |", "| ---: |" + " ---: |" * len(GENERATION_BACKENDS)]
+        for hidden, row in generation.items():
+            lines.append(f"| {hidden} | " + " | ".join(f"{row[b]:.2f}" if b in row else "-" for b in GENERATION_BACKENDS)
+                         + " |")
     return "\n".join(lines)
 
 

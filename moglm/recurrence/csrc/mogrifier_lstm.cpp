@@ -80,7 +80,6 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
   auto opts = xs.options();
   at::Tensor ys = at::empty({T_, B, n}, opts);
   at::Tensor cs = save ? at::empty({T_, B, n}, opts) : c0.clone();  // no save: c is updated in place
-  at::Tensor wcat = at::cat({w_ih, w_hh}, 1).contiguous();             // [4n, m+n]
   at::Tensor acts = at::empty({S, B, 4 * n}, opts);
   at::Tensor xh = at::empty({S, B, mn}, opts);  // [x_up; h_up]
   at::Tensor htil = at::empty({B, n}, opts);    // h~ when it is not stored in xh
@@ -98,15 +97,17 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
   for_row_blocks(B, min_rows, [&](i64 b0, i64 b1, bool) {
     const i64 rows = b1 - b0;
     // this thread's products, their fixed operands packed once for the window
-    PackedB<T> gates(route, rows, 4 * n, mn, ptr<T>(wcat), mn, true);  // [x_up; h_up] -> gate pre-activations
+    // [x_up; h_up] -> gate pre-activations, as x_up W_ih^T + h_up W_hh^T (no concatenated copy of the weights)
+    PackedB<T> gates_x(route, rows, 4 * n, m, ptr<T>(w_ih), m, true, T_);
+    PackedB<T> gates_h(route, rows, 4 * n, n, ptr<T>(w_hh), n, true, T_);
     std::vector<PackedB<T>> first, second;  // per round: src -> low -> p (low rank) or src -> p (full)
     for (i64 i = 1; i <= R.r; ++i) {
       const i64 w = R.is_q(i) ? m : n, win = R.is_q(i) ? n : m;
       if (R.rank > 0) {
-        first.emplace_back(route, rows, R.rank, win, ptr<T>(R.mats[i - 1]), win, true);
-        second.emplace_back(route, rows, w, R.rank, ptr<T>(R.lefts[i - 1]), R.rank, true);
+        first.emplace_back(route, rows, R.rank, win, ptr<T>(R.mats[i - 1]), win, true, T_);
+        second.emplace_back(route, rows, w, R.rank, ptr<T>(R.lefts[i - 1]), R.rank, true, T_);
       } else {
-        first.emplace_back(route, rows, w, win, ptr<T>(R.mats[i - 1]), win, true);
+        first.emplace_back(route, rows, w, win, ptr<T>(R.mats[i - 1]), win, true, T_);
       }
     }
     for (i64 t = 0; t < T_; ++t) {
@@ -153,7 +154,8 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
           round_forward(rows, w, sg, w, rb, ch.h[j], ch.ldh[j], ch.h[j + 1], ch.ldh[j + 1]);
       }
       T* g = ptr<T>(acts) + (s * B + b0) * 4 * n;
-      gates(rows, xh_s, mn, T(0), g, 4 * n);
+      gates_x(rows, xh_s, mn, T(0), g, 4 * n);
+      gates_h(rows, xh_s + m, mn, T(1), g, 4 * n);
       const T* cp = save ? (t == 0 ? ptr<T>(c0) + b0 * n : c + ((t - 1) * B + b0) * n) : c + b0 * n;
       T* co = save ? c + (t * B + b0) * n : c + b0 * n;
       cell_forward(rows, n, g, 4 * n, b_ptr, cp, co, y + (t * B + b0) * n, n, capped);
@@ -200,7 +202,6 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
   for (i64 j = 1; j < R.nr; ++j) hc.push_back(saved[k++]);
   // h~ for every step: the chain h^0 (a round's source or old value) when rounds >= 2
   at::Tensor htil = R.nr > 0 || R.nq > 0 ? h_tilde_all(h0, ys, mask) : at::Tensor();  // [T, B, n]
-  at::Tensor wcat = at::cat({w_ih, w_hh}, 1).contiguous();  // [4n, m+n]
   at::Tensor dG = at::empty({T_, B, 4 * n}, opts);
   std::vector<at::Tensor> dps, dlows;
   for (i64 i = 1; i <= R.r; ++i) {
@@ -220,15 +221,16 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
   T* dg = ptr<T>(dG);
   for_row_blocks(B, min_rows, [&](i64 b0, i64 b1, bool) {
     const i64 rows = b1 - b0;
-    PackedB<T> d_gates(route, rows, mn, 4 * n, ptr<T>(wcat), mn, false);  // dG -> [dx_up; dh_up]
+    PackedB<T> d_gates_x(route, rows, m, 4 * n, ptr<T>(w_ih), m, false, T_);  // dG -> dx_up
+    PackedB<T> d_gates_h(route, rows, n, 4 * n, ptr<T>(w_hh), n, false, T_);  // dG -> dh_up
     std::vector<PackedB<T>> d_first, d_second;  // per round: dp -> dlow -> d src (low rank) or dp -> d src
     for (i64 i = 1; i <= R.r; ++i) {
       const i64 w = R.is_q(i) ? m : n, win = R.is_q(i) ? n : m;
       if (R.rank > 0) {
-        d_first.emplace_back(route, rows, R.rank, w, ptr<T>(R.lefts[i - 1]), R.rank, false);
-        d_second.emplace_back(route, rows, win, R.rank, ptr<T>(R.mats[i - 1]), win, false);
+        d_first.emplace_back(route, rows, R.rank, w, ptr<T>(R.lefts[i - 1]), R.rank, false, T_);
+        d_second.emplace_back(route, rows, win, R.rank, ptr<T>(R.mats[i - 1]), win, false, T_);
       } else {
-        d_first.emplace_back(route, rows, win, w, ptr<T>(R.mats[i - 1]), win, false);
+        d_first.emplace_back(route, rows, win, w, ptr<T>(R.mats[i - 1]), win, false, T_);
       }
     }
     T* gx = ptr<T>(gxh) + b0 * mn;
@@ -246,7 +248,8 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
       const T* cp = t == 0 ? ptr<T>(c0) + b0 * n : c + ((t - 1) * B + b0) * n;
       T* g = dg + (t * B + b0) * 4 * n;
       cell_backward(rows, n, a + (t * B + b0) * 4 * n, cp, c + (t * B + b0) * n, dhr, ptr<T>(dc) + b0 * n, g, capped);
-      d_gates(rows, g, 4 * n, T(0), gx, mn);
+      d_gates_x(rows, g, 4 * n, T(0), gx, mn);
+      d_gates_h(rows, g, 4 * n, T(0), gh, mn);
       if (R.r > 0) {
         if (ex != nullptr)
           for (i64 r = 0; r < rows; ++r) std::fill(ex + r * mn, ex + r * mn + mn, T(0));
@@ -281,9 +284,9 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
   at::Tensor dG2 = dG.view({T_ * B, 4 * n});
   if (need_dx) grads[0] = dx;
   if (need_weights) {
-    at::Tensor dw = at::mm(dG2.t(), xh.view({T_ * B, mn}));  // [4n, m+n]
-    grads[3] = dw.narrow(1, 0, m).contiguous();
-    grads[4] = dw.narrow(1, m, n).contiguous();
+    at::Tensor xh2 = xh.view({T_ * B, mn});
+    grads[3] = at::mm(dG2.t(), xh2.narrow(1, 0, m));  // [4n, m]
+    grads[4] = at::mm(dG2.t(), xh2.narrow(1, m, n));  // [4n, n]
     if (has_bias) grads[5] = dG2.sum(0);
     // the chains as [T, B, width] tensors, to read each round's source from
     std::vector<at::Tensor> cx{xs}, chh{htil};

@@ -31,7 +31,6 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
   const Adaptation<T> adaptation(adapt);
   at::Tensor adapt_tmp = at::empty({B, std::max<i64>(adaptation.units, 1)}, xs.options());
   auto opts = xs.options();
-  at::Tensor wcat = at::cat({w_ih, w_hh}, 1).contiguous();  // [4n, m+n]: [x; m_t] -> gates
   at::Tensor ys = at::empty({T_, B, n}, opts);
   at::Tensor cs = save ? at::empty({T_, B, n}, opts) : c0.clone();
   at::Tensor acts = at::empty({S, B, 4 * n}, opts);
@@ -45,9 +44,10 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
   T* c = ptr<T>(cs);
   for_row_blocks(B, min_rows, [&](i64 b0, i64 b1, bool) {
     const i64 rows = b1 - b0;
-    PackedB<T> gates(route, rows, 4 * n, mn, ptr<T>(wcat), mn, true);
-    PackedB<T> proj_x(route, rows, n, m, ptr<T>(w_mx), m, true);
-    PackedB<T> proj_h(route, rows, n, n, ptr<T>(w_mh), n, true);
+    PackedB<T> gates_x(route, rows, 4 * n, m, ptr<T>(w_ih), m, true, T_);  // x -> W_ih x
+    PackedB<T> gates_m(route, rows, 4 * n, n, ptr<T>(w_hh), n, true, T_);  // m_t -> W_hh m_t
+    PackedB<T> proj_x(route, rows, n, m, ptr<T>(w_mx), m, true, T_);
+    PackedB<T> proj_h(route, rows, n, n, ptr<T>(w_mh), n, true, T_);
     for (i64 t = 0; t < T_; ++t) {
       const i64 s = save ? t : 0, o = (s * B + b0) * n;
       T* xm_s = ptr<T>(xm) + (s * B + b0) * mn;
@@ -63,7 +63,8 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
       proj_h(rows, hp, n, T(0), ptr<T>(ph) + o, n);  // W_mh h~
       mul_rows(rows, n, ptr<T>(px) + o, n, ptr<T>(ph) + o, n, xm_s + m, mn);  // m_t (eq. 3.5)
       T* g = ptr<T>(acts) + (s * B + b0) * 4 * n;
-      gates(rows, xm_s, mn, T(0), g, 4 * n);
+      gates_x(rows, xm_s, mn, T(0), g, 4 * n);
+      gates_m(rows, xm_s + m, mn, T(1), g, 4 * n);
       const T* cp = save ? (t == 0 ? ptr<T>(c0) + b0 * n : c + ((t - 1) * B + b0) * n) : c + b0 * n;
       T* co = save ? c + (t * B + b0) * n : c + b0 * n;
       cell_forward(rows, n, g, 4 * n, b_ptr, cp, co, y + (t * B + b0) * n, n, capped);
@@ -91,7 +92,6 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
   const Adaptation<T> adaptation(adapt);
   at::Tensor d_adapted = adapt.defined() ? at::empty({T_, B, adaptation.units}, opts) : at::Tensor();  // dh'_U
   const at::Tensor &ys = saved[0], &acts = saved[1], &cs = saved[2], &xm = saved[3], &px = saved[4], &ph = saved[5];
-  at::Tensor wcat = at::cat({w_ih, w_hh}, 1).contiguous();
   at::Tensor dG = at::empty({T_, B, 4 * n}, opts);
   at::Tensor d_px = at::empty({T_, B, n}, opts);  // dL/d(W_mx x)
   at::Tensor d_ph = at::empty({T_, B, n}, opts);  // dL/d(W_mh h~)
@@ -105,9 +105,10 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
   const T* c = ptr<T>(cs);
   for_row_blocks(B, min_rows, [&](i64 b0, i64 b1, bool) {
     const i64 rows = b1 - b0;
-    PackedB<T> d_gates(route, rows, mn, 4 * n, ptr<T>(wcat), mn, false);  // dG -> [dx; dm]
-    PackedB<T> d_proj_x(route, rows, m, n, ptr<T>(w_mx), m, false);       // d(W_mx x) -> dx
-    PackedB<T> d_proj_h(route, rows, n, n, ptr<T>(w_mh), n, false);       // d(W_mh h~) -> dh~
+    PackedB<T> d_gates_x(route, rows, m, 4 * n, ptr<T>(w_ih), m, false, T_);  // dG -> dx (gate part)
+    PackedB<T> d_gates_m(route, rows, n, 4 * n, ptr<T>(w_hh), n, false, T_);  // dG -> dm
+    PackedB<T> d_proj_x(route, rows, m, n, ptr<T>(w_mx), m, false, T_);       // d(W_mx x) -> dx
+    PackedB<T> d_proj_h(route, rows, n, n, ptr<T>(w_mh), n, false, T_);       // d(W_mh h~) -> dh~
     T* gx = ptr<T>(gxm) + b0 * mn;
     T* dhn = ptr<T>(dh_next) + b0 * n;
     T* dhr = ptr<T>(dh) + b0 * n;
@@ -122,7 +123,8 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
       const T* cp = t == 0 ? ptr<T>(c0) + b0 * n : c + o - B * n;
       T* g = ptr<T>(dG) + (t * B + b0) * 4 * n;
       cell_backward(rows, n, ptr<T>(acts) + (t * B + b0) * 4 * n, cp, c + o, dhr, ptr<T>(dc) + b0 * n, g, capped);
-      d_gates(rows, g, 4 * n, T(0), gx, mn);
+      d_gates_x(rows, g, 4 * n, T(0), gx, mn);
+      d_gates_m(rows, g, 4 * n, T(0), gx + m, mn);
       mul_rows(rows, n, gx + m, mn, ptr<T>(ph) + o, n, ptr<T>(d_px) + o, n);
       mul_rows(rows, n, gx + m, mn, ptr<T>(px) + o, n, ptr<T>(d_ph) + o, n);
       if (need_dx) {
@@ -139,9 +141,9 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
   if (need_dx) grads[0] = dx;
   if (need_weights) {
     at::Tensor dG2 = dG.view({T_ * B, 4 * n});
-    at::Tensor dw = at::mm(dG2.t(), xm.view({T_ * B, mn}));  // [4n, m+n]
-    grads[3] = dw.narrow(1, 0, m).contiguous();
-    grads[4] = dw.narrow(1, m, n).contiguous();
+    at::Tensor xm2 = xm.view({T_ * B, mn});
+    grads[3] = at::mm(dG2.t(), xm2.narrow(1, 0, m));  // [4n, m]
+    grads[4] = at::mm(dG2.t(), xm2.narrow(1, m, n));  // [4n, n]
     if (has_bias) grads[5] = dG2.sum(0);
     grads[6] = at::mm(d_px.view({T_ * B, n}).t(), xs.view({T_ * B, m}));
     grads[7] = at::mm(d_ph.view({T_ * B, n}).t(), h_tilde_all(h0, ys, mask).view({T_ * B, n}));
@@ -201,7 +203,7 @@ double time_gemm_route(int64_t route, int64_t batch, int64_t K, int64_t N, int64
   AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "time_gemm_route", [&] {
     auto run = [&] {
       for_row_blocks(batch, 1, [&](i64 b0, i64 b1, bool) {
-        PackedB<scalar_t> op(Route(route), b1 - b0, N, K, ptr<scalar_t>(w), K, true);
+        PackedB<scalar_t> op(Route(route), b1 - b0, N, K, ptr<scalar_t>(w), K, true, reps);
         for (i64 r = 0; r < reps; ++r)
           op(b1 - b0, ptr<scalar_t>(a) + b0 * K, K, scalar_t(0), ptr<scalar_t>(c) + b0 * N, N);
       });

@@ -111,7 +111,7 @@ inline void gemm(Route route, bool ta, bool tb, i64 M, i64 N, i64 K, const T* A,
       for (i64 c = 0; c < N; ++c) C[r * ldc + c] = beta == T(0) ? T(0) : beta * C[r * ldc + c];
     return;
   }
-  if (route == ROUTE_BLAS || route == ROUTE_MKL_PACKED || route == ROUTE_PANELS) {
+  if (route != ROUTE_ATEN && blas_available(scalar_type_of<T>())) {  // unpacked products of the other routes
     // column-major view: C^T = op(B)^T @ op(A)^T
     blas_gemm<T>(tb ? 'T' : 'N', ta ? 'T' : 'N', (int)N, (int)M, (int)K, T(1), B, (int)ldb, A, (int)lda, beta, C,
                  (int)ldc);
@@ -238,9 +238,14 @@ inline void gemm(i64 M, i64 N, i64 K, const float* A, i64 lda, const float* pack
 }
 }  // namespace panels
 
-// The right operand of C[M, N] = A[M, K] @ op(B)[K, N] for a fixed B used at every step of a window.
-// Packed once per window where the route packs: the panels route (float32), or the BLAS route with
-// MKL's packed-GEMM API (float32, for this thread's M); otherwise each product is a plain ``gemm``.
+// packing copies B once; it pays when the products it serves have at least this many rows in all
+// (below it, as in one-token generation, each product runs unpacked)
+constexpr i64 MIN_PACKED_ROWS = 64;
+
+// The right operand of C[M, N] = A[M, K] @ op(B)[K, N] for a fixed B used at every step of a window
+// (``uses`` products of M rows). Packed once per window where the route packs and that pays: the panels
+// route (float32), or MKL's packed-GEMM API (float32, for this thread's M); otherwise each product is a
+// plain ``gemm`` (BLAS where torch exports it, else ATen).
 template <typename T>
 struct PackedB {
   const T* b = nullptr;
@@ -249,8 +254,12 @@ struct PackedB {
   Route route = ROUTE_ATEN;
   std::vector<float> mkl, panel;  // packed B (float32 only)
 
-  PackedB(Route route_, i64 M, i64 N_, i64 K_, const T* b_, i64 ldb_, bool tb_)
+  PackedB(Route route_, i64 M, i64 N_, i64 K_, const T* b_, i64 ldb_, bool tb_, i64 uses)
       : b(b_), ldb(ldb_), N(N_), K(K_), tb(tb_), route(route_) {
+    if (M * uses < MIN_PACKED_ROWS && (route == ROUTE_PANELS || route == ROUTE_MKL_PACKED)) {
+      route = blas_available(scalar_type_of<T>()) ? ROUTE_BLAS : ROUTE_ATEN;
+      return;
+    }
     if constexpr (std::is_same_v<T, float>) {
       if (M <= 0 || N <= 0 || K <= 0) return;
       if (route == ROUTE_PANELS) {
