@@ -13,7 +13,12 @@ def command_line() -> str | None:
     """The command that is running, without this machine's paths (``moglm bench ...``)."""
     if not sys.argv or not sys.argv[0]:
         return None
-    return " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    script = Path(sys.argv[0]).resolve()
+    try:  # a script of the checkout it runs in: python benchmarks/x.py
+        program = f"python {script.relative_to(Path.cwd().resolve())}"
+    except ValueError:  # an installed entry point (moglm) or a script elsewhere
+        program = script.name
+    return " ".join([program, *sys.argv[1:]])
 
 
 def default_out(name: str) -> Path:
