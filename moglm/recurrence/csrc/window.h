@@ -1,16 +1,21 @@
 // Shared parts of the compiled recurrences (moglm/recurrence/compiled.py builds and loads them).
 //
-// * GEMM routes: a row-major ``gemm`` with two implementations, chosen at run time:
+// * GEMM routes, chosen at run time (compiled.py probes them on the machine):
 //     - ATen: at::mm_out / at::addmm_out on views of the caller's buffers (public API, any build);
 //     - BLAS: the Fortran ``sgemm_`` / ``dgemm_`` that torch's CPU library exports when it links a BLAS
-//       (MKL on x86). Declared weak, so a build without them loads and reports the route as absent.
-//   Inside a batch-parallel worker every product must be single-threaded; MKL is told so with its
-//   thread-local thread count (``mkl_set_num_threads_local_``, the Fortran entry point: it takes a
-//   pointer). ``ThreadGemmScope`` does that for the worker's lifetime.
+//       (MKL on x86). Declared weak, so a build without them loads and reports the route as absent;
+//     - MKL packed: ``cblas_sgemm_pack``/``_compute``, the weight packed once per window;
+//     - panels: our own, the weight packed once per window into column panels for a register-blocked
+//       micro-kernel (``panels::gemm``).
+//   ``PackedB`` holds a window's fixed right operand for whichever route runs. Inside a batch-parallel
+//   worker every product must be single-threaded; MKL is told so with its thread-local thread count
+//   (``mkl_set_num_threads_local_``, the Fortran entry point: it takes a pointer). ``ThreadGemmScope``
+//   does that for the worker's lifetime.
 // * Batch-parallel loops: ``for_row_blocks`` gives each thread one block of batch rows, which it runs
 //   through all T steps alone (rows of a recurrence are independent: no synchronisation in the loop).
 // * Pointwise kernels: one loop per step for the LSTM cell and its derivative and for each mogrifier
 //   round, written so that the compiler vectorises them (the float exp below is branch-free).
+// * Sparse dynamic evaluation's adaptation ``h + M h``, applied after every step (``Adaptation``).
 
 #pragma once
 
