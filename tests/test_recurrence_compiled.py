@@ -280,6 +280,16 @@ def test_sparse_dynamic_evaluation_adaptation_in_the_compiled_window_matches_the
         torch.testing.assert_close(actual, expected)
 
 
+@pytest.mark.usefixtures("built")
+def test_an_adaptation_matrix_of_the_wrong_batch_is_refused_with_the_shapes_not_read_out_of_bounds():
+    from moglm.dynamic_evaluation.sparse import AdaptedCell
+
+    model = moglm.LSTM(M, H, dtype=D)
+    model.cells = [AdaptedCell(model.cells[0], torch.zeros(7, 3, 3, dtype=D))]  # 7 rows of M, batch 5
+    with pytest.raises(RuntimeError, match="batch|size|shape|match"):
+        model(torch.randn(T, 5, M, dtype=D))
+
+
 FALLBACK_SCRIPT = """
 import json, warnings
 import torch, moglm

@@ -70,6 +70,14 @@ COMPILED = {
 }
 
 
+def _adaptation_fits(matrix: Tensor, xs: Tensor, cell: Cell) -> bool:
+    """Whether the compiled window can apply ``matrix``: ``[U, U]`` or ``[B, U, U]`` with U <= the hidden
+    size, on ``xs``'s device and dtype. Anything else runs the reference loop, whose error names the shapes."""
+    units = matrix.shape[-1] if matrix.dim() in (2, 3) else 0
+    return (0 < units <= cell.hidden_size and matrix.shape[-2] == units and matrix.dtype == xs.dtype
+            and matrix.device == xs.device and (matrix.dim() == 2 or matrix.shape[0] == xs.shape[1]))
+
+
 def run_layer(
     cell: Cell, params: Params, xs: Tensor, state: State, h_mask: Tensor | None = None, backend: str = "auto"
 ) -> tuple[Tensor, State]:
@@ -83,7 +91,8 @@ def run_layer(
     adaptation = getattr(cell, "output_adaptation", None)
     if adaptation is not None:
         inner, matrix = adaptation
-        if (backend != "fused" and type(inner) in COMPILED and unsupported_reason(inner, params, xs, state, h_mask) is None
+        if (backend != "fused" and type(inner) in COMPILED and _adaptation_fits(matrix, xs, inner)
+                and unsupported_reason(inner, params, xs, state, h_mask) is None
                 and runtime_reason([matrix], None) is None and compiled.can_run(xs) is None):
             return run_compiled(COMPILED[type(inner)], layer_spec(inner, params), inner, params, xs, state, h_mask,
                                 adapt=matrix)
