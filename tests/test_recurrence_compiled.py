@@ -290,6 +290,24 @@ def test_an_adaptation_matrix_of_the_wrong_batch_is_refused_with_the_shapes_not_
         model(torch.randn(T, 5, M, dtype=D))
 
 
+@pytest.mark.usefixtures("built")
+def test_the_compiled_ops_refuse_wrong_shapes_with_a_message_instead_of_reading_out_of_bounds():
+    xs, h0, c0 = torch.randn(T, B, M), torch.randn(B, H), torch.randn(B, H)
+    w_ih, w_hh = torch.randn(4 * H, M), torch.randn(4 * H, H)
+    op = torch.ops.moglm.mogrifier_lstm_forward
+    route = compiled.gemm_route(torch.float32)
+    with pytest.raises(RuntimeError, match="state-dropout mask must be"):
+        op(xs, h0, c0, torch.ones(B + 1, H), w_ih, w_hh, None, [], [], [], 0, 0, True, False, False, route, 8)
+    with pytest.raises(RuntimeError, match="weight_hh must be"):
+        op(xs, h0, c0, None, w_ih, w_hh[:, :-1].contiguous(), None, [], [], [], 0, 0, True, False, False, route, 8)
+    with pytest.raises(RuntimeError, match="round 1's matrix must be"):
+        op(xs, h0, c0, None, w_ih, w_hh, None, [torch.randn(2, M)], [torch.randn(M, 2)], [], 1, 2, True, False, False,
+           route, 8)
+    with pytest.raises(RuntimeError, match="weight_mx must be"):
+        torch.ops.moglm.multiplicative_lstm_forward(xs, h0, c0, None, w_ih, torch.randn(4 * H, H), None,
+                                                    torch.randn(H, M + 1), torch.randn(H, H), False, False, route, 8)
+
+
 FALLBACK_SCRIPT = """
 import json, warnings
 import torch, moglm

@@ -330,19 +330,35 @@ Rounds make_rounds(int64_t rounds, int64_t rank, bool zigzag, at::TensorList mat
   return R;
 }
 
+// Each round's matrices: full [out, in], or right [k, in] and left [out, k]; its bias [out].
+void check_rounds(const Rounds& R, i64 m, i64 n, at::ScalarType dtype) {
+  for (i64 i = 1; i <= R.r; ++i) {
+    const i64 out = R.is_q(i) ? m : n, in = R.is_q(i) ? n : m;
+    const at::Tensor& a = R.mats[i - 1];
+    const std::vector<i64> first = R.rank > 0 ? std::vector<i64>{R.rank, in} : std::vector<i64>{out, in};
+    TORCH_CHECK(a.sizes() == at::IntArrayRef(first) && a.scalar_type() == dtype,
+                "moglm compiled recurrence: round ", i, "'s matrix must be ", at::IntArrayRef(first), ", got ", a.sizes());
+    if (R.rank > 0)
+      TORCH_CHECK(R.lefts[i - 1].sizes() == at::IntArrayRef({out, R.rank}) && R.lefts[i - 1].scalar_type() == dtype,
+                  "moglm compiled recurrence: round ", i, "'s left factor must be [", out, ", ", R.rank, "]");
+    if (!R.bias.empty())
+      TORCH_CHECK(R.bias[i - 1].sizes() == at::IntArrayRef({out}) && R.bias[i - 1].scalar_type() == dtype,
+                  "moglm compiled recurrence: round ", i, "'s bias must be [", out, "]");
+  }
+}
+
 std::vector<at::Tensor> mogrifier_lstm_forward(const at::Tensor& xs, const at::Tensor& h0, const at::Tensor& c0,
                                                const std::optional<at::Tensor>& mask, const at::Tensor& w_ih,
                                                const at::Tensor& w_hh, const std::optional<at::Tensor>& bias,
                                                at::TensorList mats, at::TensorList lefts, at::TensorList rbias,
                                                int64_t rounds, int64_t rank, bool zigzag, bool capped, bool save,
                                                int64_t route, int64_t min_rows, const std::optional<at::Tensor>& adapt) {
-  checked(xs, "input");
-  checked(h0, "h0");
-  checked(c0, "c0");
   Rounds R = make_rounds(rounds, rank, zigzag, mats, lefts, rbias);
   at::Tensor wih = w_ih.contiguous(), whh = w_hh.contiguous();
   at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
   at::Tensor mk = mask.has_value() ? mask->contiguous() : at::Tensor();
+  check_window(xs, h0.contiguous(), c0.contiguous(), mk, wih, whh, b);
+  check_rounds(R, xs.size(2), h0.size(1), xs.scalar_type());
   std::vector<at::Tensor> out;
   AT_DISPATCH_FLOATING_TYPES(xs.scalar_type(), "mogrifier_lstm_forward", [&] {
     out = forward_impl<scalar_t>(xs, h0, c0, mk, wih, whh, b, R, capped, save, Route(route), min_rows,

@@ -159,11 +159,13 @@ std::vector<at::Tensor> multiplicative_lstm_forward(const at::Tensor& xs, const 
                                                     const at::Tensor& w_mx, const at::Tensor& w_mh, bool capped,
                                                     bool save, int64_t route, int64_t min_rows,
                                                     const std::optional<at::Tensor>& adapt) {
-  checked(xs, "input");
-  checked(h0, "h0");
-  checked(c0, "c0");
   at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
   at::Tensor mk = mask.has_value() ? mask->contiguous() : at::Tensor();
+  check_window(xs, h0.contiguous(), c0.contiguous(), mk, w_ih, w_hh, b);
+  const i64 m = xs.size(2), n = h0.size(1);
+  TORCH_CHECK(w_mx.sizes() == at::IntArrayRef({n, m}) && w_mh.sizes() == at::IntArrayRef({n, n}) &&
+                  w_mx.scalar_type() == xs.scalar_type() && w_mh.scalar_type() == xs.scalar_type(),
+              "moglm compiled recurrence: weight_mx must be [", n, ", ", m, "] and weight_mh [", n, ", ", n, "]");
   std::vector<at::Tensor> out;
   AT_DISPATCH_FLOATING_TYPES(xs.scalar_type(), "multiplicative_lstm_forward", [&] {
     out = forward_impl<scalar_t>(xs, h0, c0, mk, w_ih.contiguous(), w_hh.contiguous(), b, w_mx.contiguous(),

@@ -537,6 +537,26 @@ inline const at::Tensor& checked(const at::Tensor& t, const char* name) {
   return t;
 }
 
+// The shapes a window relies on (it reads raw memory): input [T, B, m], states [B, n], the mask [B, n],
+// W_ih [4n, m], W_hh [4n, n], the bias [4n]; all of one dtype on the CPU.
+inline void check_window(const at::Tensor& xs, const at::Tensor& h0, const at::Tensor& c0, const at::Tensor& mask,
+                         const at::Tensor& w_ih, const at::Tensor& w_hh, const at::Tensor& bias) {
+  checked(xs, "input");
+  TORCH_CHECK(xs.dim() == 3 && xs.size(0) > 0, "moglm compiled recurrence: input must be [T, B, m] with T >= 1");
+  const i64 B = xs.size(1), m = xs.size(2), n = h0.dim() == 2 ? h0.size(1) : -1;
+  auto expect = [&](const at::Tensor& t, std::vector<i64> shape, const char* name) {
+    TORCH_CHECK(t.sizes() == at::IntArrayRef(shape) && t.scalar_type() == xs.scalar_type() && t.device().is_cpu(),
+                "moglm compiled recurrence: ", name, " must be ", at::IntArrayRef(shape), " ", xs.scalar_type(),
+                " on the CPU, got ", t.sizes(), " ", t.scalar_type());
+  };
+  expect(h0, {B, n}, "h0");
+  expect(c0, {B, n}, "c0");
+  if (mask.defined()) expect(mask, {B, n}, "the state-dropout mask");
+  expect(w_ih, {4 * n, m}, "weight_ih");
+  expect(w_hh, {4 * n, n}, "weight_hh");
+  if (bias.defined()) expect(bias, {4 * n}, "the bias");
+}
+
 template <typename T>
 inline T* ptr(const at::Tensor& t) {
   return t.defined() ? t.data_ptr<T>() : nullptr;
