@@ -75,11 +75,8 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
                                      i64 min_rows, const at::Tensor& adapt) {
   const i64 T_ = xs.size(0), B = xs.size(1), m = xs.size(2), n = h0.size(1), mn = m + n;
   const i64 S = save ? T_ : 1;
-  const Adaptation<T> adaptation(adapt);
-  at::Tensor adapt_tmp = at::empty({B, std::max<i64>(adaptation.units, 1)}, xs.options());
   auto opts = xs.options();
-  at::Tensor ys = at::empty({T_, B, n}, opts);
-  at::Tensor cs = save ? at::empty({T_, B, n}, opts) : c0.clone();  // no save: c is updated in place
+  const CellForward<T> cell(xs, c0, bias, adapt, n, save, capped, route);
   at::Tensor acts = at::empty({S, B, 4 * n}, opts);
   at::Tensor xh = at::empty({S, B, mn}, opts);  // [x_up; h_up]
   at::Tensor htil = at::empty({B, n}, opts);    // h~ when it is not stored in xh
@@ -90,10 +87,8 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
     sig.push_back(at::empty({S, B, R.is_q(i) ? m : n}, opts));
     if (R.rank > 0) low.push_back(at::empty({S, B, R.rank}, opts));
   }
-  const T* b_ptr = ptr<T>(bias);
   const T* mk = ptr<T>(mask);
-  T* y = ptr<T>(ys);
-  T* c = ptr<T>(cs);
+  const T* y = ptr<T>(cell.ys);
   for_row_blocks(B, min_rows, [&](i64 b0, i64 b1, bool) {
     const i64 rows = b1 - b0;
     // this thread's products, their fixed operands packed once for the window
@@ -156,17 +151,13 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
       T* g = ptr<T>(acts) + (s * B + b0) * 4 * n;
       gates_x(rows, xh_s, mn, T(0), g, 4 * n);
       gates_h(rows, xh_s + m, mn, T(1), g, 4 * n);
-      const T* cp = save ? (t == 0 ? ptr<T>(c0) + b0 * n : c + ((t - 1) * B + b0) * n) : c + b0 * n;
-      T* co = save ? c + (t * B + b0) * n : c + b0 * n;
-      cell_forward(rows, n, g, 4 * n, b_ptr, cp, co, y + (t * B + b0) * n, n, capped);
-      adaptation.forward(route, rows, b0, y + (t * B + b0) * n, n, ptr<T>(adapt_tmp) + b0 * adaptation.units);
+      cell.step(t, b0, rows, g);
     }
   });
-  at::Tensor cT = save ? cs[T_ - 1].clone() : cs;
-  std::vector<at::Tensor> out{ys, ys[T_ - 1].clone(), cT};
+  std::vector<at::Tensor> out = cell.outputs();
   if (save) {
     out.push_back(acts);
-    out.push_back(cs);
+    out.push_back(cell.cs);
     out.push_back(xh);
     for (auto& t : sig) out.push_back(t);
     for (auto& t : low) out.push_back(t);
@@ -187,8 +178,6 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
                                       const at::Tensor& adapt) {
   const i64 T_ = xs.size(0), B = xs.size(1), m = xs.size(2), n = h0.size(1), mn = m + n;
   auto opts = xs.options();
-  const Adaptation<T> adaptation(adapt);
-  at::Tensor d_adapted = adapt.defined() ? at::empty({T_, B, adaptation.units}, opts) : at::Tensor();  // dh'_U
   const at::Tensor& ys = saved[0];
   const at::Tensor& acts = saved[1];
   const at::Tensor& cs = saved[2];
@@ -211,13 +200,8 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
   at::Tensor dx = need_dx ? at::empty({T_, B, m}, opts) : at::Tensor();
   at::Tensor gxh = at::empty({B, mn}, opts);  // gradients of the chains' current ends [x; h]
   at::Tensor extra = R.zigzag ? at::Tensor() : at::empty({B, mn}, opts);  // no zigzag: into x^0, h^0
-  at::Tensor dh_next = dhT.defined() ? dhT.clone() : at::zeros({B, n}, opts);
-  at::Tensor dc = dcT.defined() ? dcT.clone() : at::zeros({B, n}, opts);
-  at::Tensor dh = at::empty({B, n}, opts);
+  const CellBackward<T> cell(c0, cs, acts, dys, dhT, dcT, adapt, capped, route);
   const T* mk = ptr<T>(mask);
-  const T* dy = dys.defined() ? ptr<T>(dys) : nullptr;
-  const T* a = ptr<T>(acts);
-  const T* c = ptr<T>(cs);
   T* dg = ptr<T>(dG);
   for_row_blocks(B, min_rows, [&](i64 b0, i64 b1, bool) {
     const i64 rows = b1 - b0;
@@ -236,18 +220,10 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
     T* gx = ptr<T>(gxh) + b0 * mn;
     T* gh = gx + m;
     T* ex = R.zigzag ? nullptr : ptr<T>(extra) + b0 * mn;
-    T* dhn = ptr<T>(dh_next) + b0 * n;
-    T* dhr = ptr<T>(dh) + b0 * n;
+    T* dhn = cell.carried(b0);
     for (i64 t = T_ - 1; t >= 0; --t) {
-      if (dy != nullptr)
-        add_rows(rows, n, dy + (t * B + b0) * n, n, dhn, n, dhr, n);
-      else
-        copy_rows(rows, n, dhn, n, dhr, n);
-      adaptation.backward(route, rows, b0, dhr, n, ptr<T>(d_adapted) + (t * B + b0) * adaptation.units,
-                          adaptation.units);
-      const T* cp = t == 0 ? ptr<T>(c0) + b0 * n : c + ((t - 1) * B + b0) * n;
       T* g = dg + (t * B + b0) * 4 * n;
-      cell_backward(rows, n, a + (t * B + b0) * 4 * n, cp, c + (t * B + b0) * n, dhr, ptr<T>(dc) + b0 * n, g, capped);
+      cell.step(t, b0, rows, g);
       d_gates_x(rows, g, 4 * n, T(0), gx, mn);
       d_gates_h(rows, g, 4 * n, T(0), gh, mn);
       if (R.r > 0) {
@@ -280,7 +256,7 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
     }
   });
   std::vector<at::Tensor> grads(7 + 3 * R.r);  // the last: dL/dM of the adaptation
-  if (adapt.defined()) grads[6 + 3 * R.r] = adaptation_grad(d_adapted, acts, cs, adapt);
+  if (adapt.defined()) grads[6 + 3 * R.r] = adaptation_grad(cell.d_adapted, acts, cs, adapt);
   at::Tensor dG2 = dG.view({T_ * B, 4 * n});
   if (need_dx) grads[0] = dx;
   if (need_weights) {
@@ -308,8 +284,8 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
       if (!R.bias.empty()) grads[6 + 3 * (i - 1) + 2] = dp2.sum(0);
     }
   }
-  grads[1] = dh_next;
-  grads[2] = dc;
+  grads[1] = cell.dh_next;
+  grads[2] = cell.dc;
   return grads;
 }
 

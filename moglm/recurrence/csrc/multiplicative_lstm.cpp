@@ -28,20 +28,15 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
                                      bool capped, bool save, Route route, i64 min_rows, const at::Tensor& adapt) {
   const i64 T_ = xs.size(0), B = xs.size(1), m = xs.size(2), n = h0.size(1), mn = m + n;
   const i64 S = save ? T_ : 1;
-  const Adaptation<T> adaptation(adapt);
-  at::Tensor adapt_tmp = at::empty({B, std::max<i64>(adaptation.units, 1)}, xs.options());
   auto opts = xs.options();
-  at::Tensor ys = at::empty({T_, B, n}, opts);
-  at::Tensor cs = save ? at::empty({T_, B, n}, opts) : c0.clone();
+  const CellForward<T> cell(xs, c0, bias, adapt, n, save, capped, route);
   at::Tensor acts = at::empty({S, B, 4 * n}, opts);
   at::Tensor xm = at::empty({S, B, mn}, opts);  // [x; m_t]
   at::Tensor px = at::empty({S, B, n}, opts);   // W_mx x
   at::Tensor ph = at::empty({S, B, n}, opts);   // W_mh h~
   at::Tensor htil = mask.defined() ? at::empty({B, n}, opts) : at::Tensor();
-  const T* b_ptr = ptr<T>(bias);
   const T* mk = ptr<T>(mask);
-  T* y = ptr<T>(ys);
-  T* c = ptr<T>(cs);
+  const T* y = ptr<T>(cell.ys);
   for_row_blocks(B, min_rows, [&](i64 b0, i64 b1, bool) {
     const i64 rows = b1 - b0;
     PackedB<T> gates_x(route, rows, 4 * n, m, ptr<T>(w_ih), m, true, T_);  // x -> W_ih x
@@ -65,16 +60,12 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
       T* g = ptr<T>(acts) + (s * B + b0) * 4 * n;
       gates_x(rows, xm_s, mn, T(0), g, 4 * n);
       gates_m(rows, xm_s + m, mn, T(1), g, 4 * n);
-      const T* cp = save ? (t == 0 ? ptr<T>(c0) + b0 * n : c + ((t - 1) * B + b0) * n) : c + b0 * n;
-      T* co = save ? c + (t * B + b0) * n : c + b0 * n;
-      cell_forward(rows, n, g, 4 * n, b_ptr, cp, co, y + (t * B + b0) * n, n, capped);
-      adaptation.forward(route, rows, b0, y + (t * B + b0) * n, n, ptr<T>(adapt_tmp) + b0 * adaptation.units);
+      cell.step(t, b0, rows, g);
     }
   });
-  at::Tensor cT = save ? cs[T_ - 1].clone() : cs;
-  std::vector<at::Tensor> out{ys, ys[T_ - 1].clone(), cT};
+  std::vector<at::Tensor> out = cell.outputs();
   if (save) {
-    for (const auto& t : {acts, cs, xm, px, ph}) out.push_back(t);
+    for (const auto& t : {acts, cell.cs, xm, px, ph}) out.push_back(t);
   }
   return out;
 }
@@ -89,20 +80,14 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
                                       Route route, i64 min_rows, const at::Tensor& adapt) {
   const i64 T_ = xs.size(0), B = xs.size(1), m = xs.size(2), n = h0.size(1), mn = m + n;
   auto opts = xs.options();
-  const Adaptation<T> adaptation(adapt);
-  at::Tensor d_adapted = adapt.defined() ? at::empty({T_, B, adaptation.units}, opts) : at::Tensor();  // dh'_U
   const at::Tensor &ys = saved[0], &acts = saved[1], &cs = saved[2], &xm = saved[3], &px = saved[4], &ph = saved[5];
   at::Tensor dG = at::empty({T_, B, 4 * n}, opts);
   at::Tensor d_px = at::empty({T_, B, n}, opts);  // dL/d(W_mx x)
   at::Tensor d_ph = at::empty({T_, B, n}, opts);  // dL/d(W_mh h~)
   at::Tensor dx = need_dx ? at::empty({T_, B, m}, opts) : at::Tensor();
   at::Tensor gxm = at::empty({B, mn}, opts);  // [dx (gate part); dm]
-  at::Tensor dh = at::empty({B, n}, opts);
-  at::Tensor dh_next = dhT.defined() ? dhT.clone() : at::zeros({B, n}, opts);
-  at::Tensor dc = dcT.defined() ? dcT.clone() : at::zeros({B, n}, opts);
+  const CellBackward<T> cell(c0, cs, acts, dys, dhT, dcT, adapt, capped, route);
   const T* mk = ptr<T>(mask);
-  const T* dy = dys.defined() ? ptr<T>(dys) : nullptr;
-  const T* c = ptr<T>(cs);
   for_row_blocks(B, min_rows, [&](i64 b0, i64 b1, bool) {
     const i64 rows = b1 - b0;
     PackedB<T> d_gates_x(route, rows, m, 4 * n, ptr<T>(w_ih), m, false, T_);  // dG -> dx (gate part)
@@ -110,19 +95,11 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
     PackedB<T> d_proj_x(route, rows, m, n, ptr<T>(w_mx), m, false, T_);       // d(W_mx x) -> dx
     PackedB<T> d_proj_h(route, rows, n, n, ptr<T>(w_mh), n, false, T_);       // d(W_mh h~) -> dh~
     T* gx = ptr<T>(gxm) + b0 * mn;
-    T* dhn = ptr<T>(dh_next) + b0 * n;
-    T* dhr = ptr<T>(dh) + b0 * n;
+    T* dhn = cell.carried(b0);
     for (i64 t = T_ - 1; t >= 0; --t) {
       const i64 o = (t * B + b0) * n;
-      if (dy != nullptr)
-        add_rows(rows, n, dy + o, n, dhn, n, dhr, n);
-      else
-        copy_rows(rows, n, dhn, n, dhr, n);
-      adaptation.backward(route, rows, b0, dhr, n, ptr<T>(d_adapted) + (t * B + b0) * adaptation.units,
-                          adaptation.units);
-      const T* cp = t == 0 ? ptr<T>(c0) + b0 * n : c + o - B * n;
       T* g = ptr<T>(dG) + (t * B + b0) * 4 * n;
-      cell_backward(rows, n, ptr<T>(acts) + (t * B + b0) * 4 * n, cp, c + o, dhr, ptr<T>(dc) + b0 * n, g, capped);
+      cell.step(t, b0, rows, g);
       d_gates_x(rows, g, 4 * n, T(0), gx, mn);
       d_gates_m(rows, g, 4 * n, T(0), gx + m, mn);
       mul_rows(rows, n, gx + m, mn, ptr<T>(ph) + o, n, ptr<T>(d_px) + o, n);
@@ -137,7 +114,7 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
     }
   });
   std::vector<at::Tensor> grads(9);  // the last: dL/dM of the adaptation
-  if (adapt.defined()) grads[8] = adaptation_grad(d_adapted, acts, cs, adapt);
+  if (adapt.defined()) grads[8] = adaptation_grad(cell.d_adapted, acts, cs, adapt);
   if (need_dx) grads[0] = dx;
   if (need_weights) {
     at::Tensor dG2 = dG.view({T_ * B, 4 * n});
@@ -148,8 +125,8 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
     grads[6] = at::mm(d_px.view({T_ * B, n}).t(), xs.view({T_ * B, m}));
     grads[7] = at::mm(d_ph.view({T_ * B, n}).t(), h_tilde_all(h0, ys, mask).view({T_ * B, n}));
   }
-  grads[1] = dh_next;
-  grads[2] = dc;
+  grads[1] = cell.dh_next;
+  grads[2] = cell.dc;
   return grads;
 }
 

@@ -632,6 +632,83 @@ inline at::Tensor adaptation_grad(const at::Tensor& dprime, const at::Tensor& ac
   return at::mm(dprime.reshape({-1, U}).t(), h.reshape({-1, U}));
 }
 
+// ---------------------------------------------------------------------------------------------------
+// The LSTM cell's part of a window, the same in every window: forward, c_t (all of them saved, or one
+// running c updated in place) and h_t, then the adaptation; backward, dL/dh_t = dy_t + the carried
+// gradient, through the adaptation, then the cell's derivative carrying dL/dc.
+// ---------------------------------------------------------------------------------------------------
+
+template <typename T>
+struct CellForward {
+  i64 T_, B, n;
+  bool save, capped;
+  Route route;
+  at::Tensor ys, cs, adapt_tmp;  // h [T, B, n]; c [T, B, n] (save) or the running c [B, n]; scratch
+  const T *c0, *bias;
+  Adaptation<T> adaptation;
+
+  CellForward(const at::Tensor& xs, const at::Tensor& c0_, const at::Tensor& bias_, const at::Tensor& adapt, i64 n_,
+              bool save_, bool capped_, Route route_)
+      : T_(xs.size(0)), B(xs.size(1)), n(n_), save(save_), capped(capped_), route(route_),
+        ys(at::empty({T_, B, n_}, xs.options())),
+        cs(save_ ? at::empty({T_, B, n_}, xs.options()) : c0_.clone()),
+        c0(c0_.data_ptr<T>()), bias(bias_.defined() ? bias_.data_ptr<T>() : nullptr), adaptation(adapt) {
+    adapt_tmp = at::empty({B, std::max<i64>(adaptation.units, 1)}, xs.options());
+  }
+
+  // g: the rows' gate pre-activations of step t (ld 4n), activated in place; writes c_t and h_t
+  void step(i64 t, i64 b0, i64 rows, T* g) const {
+    T* c = cs.data_ptr<T>();
+    const T* cp = save ? (t == 0 ? c0 + b0 * n : c + ((t - 1) * B + b0) * n) : c + b0 * n;
+    T* co = save ? c + (t * B + b0) * n : c + b0 * n;
+    T* h = ys.data_ptr<T>() + (t * B + b0) * n;
+    cell_forward(rows, n, g, 4 * n, bias, cp, co, h, n, capped);
+    adaptation.forward(route, rows, b0, h, n, adapt_tmp.data_ptr<T>() + b0 * adaptation.units);
+  }
+
+  // [ys, h_T, c_T]
+  std::vector<at::Tensor> outputs() const { return {ys, ys[T_ - 1].clone(), save ? cs[T_ - 1].clone() : cs}; }
+};
+
+template <typename T>
+struct CellBackward {
+  i64 B, n;
+  bool capped;
+  Route route;
+  const T *c0, *c, *acts, *dy;
+  Adaptation<T> adaptation;
+  at::Tensor dh_next, dc, dh, d_adapted;  // dL/dh carried to step t-1 [B, n]; dL/dc [B, n]; scratch; dh'_U
+
+  CellBackward(const at::Tensor& c0_, const at::Tensor& cs, const at::Tensor& acts_, const at::Tensor& dys,
+               const at::Tensor& dhT, const at::Tensor& dcT, const at::Tensor& adapt, bool capped_, Route route_)
+      : B(cs.size(1)), n(cs.size(2)), capped(capped_), route(route_), c0(c0_.data_ptr<T>()), c(cs.data_ptr<T>()),
+        acts(acts_.data_ptr<T>()), dy(dys.defined() ? dys.data_ptr<T>() : nullptr), adaptation(adapt) {
+    dh_next = dhT.defined() ? dhT.clone() : at::zeros({B, n}, cs.options());
+    dc = dcT.defined() ? dcT.clone() : at::zeros({B, n}, cs.options());
+    dh = at::empty({B, n}, cs.options());
+    d_adapted = adapt.defined() ? at::empty({cs.size(0), B, adaptation.units}, cs.options()) : at::Tensor();
+  }
+
+  // dL/dh_{t-1} of rows [b0, ...): where the window writes the gradient it carries back (ld n)
+  T* carried(i64 b0) const { return dh_next.data_ptr<T>() + b0 * n; }
+
+  // step t of rows [b0, ...): dL/dh_t = dy_t + carried, through the adaptation, then the cell's derivative
+  // into dg (ld 4n) with dL/dc carried to step t-1
+  void step(i64 t, i64 b0, i64 rows, T* dg) const {
+    T* dhr = dh.data_ptr<T>() + b0 * n;
+    if (dy != nullptr)
+      add_rows(rows, n, dy + (t * B + b0) * n, n, carried(b0), n, dhr, n);
+    else
+      copy_rows(rows, n, carried(b0), n, dhr, n);
+    adaptation.backward(route, rows, b0, dhr, n,
+                        d_adapted.defined() ? d_adapted.data_ptr<T>() + (t * B + b0) * adaptation.units : nullptr,
+                        adaptation.units);
+    const T* cp = t == 0 ? c0 + b0 * n : c + ((t - 1) * B + b0) * n;
+    cell_backward(rows, n, acts + (t * B + b0) * 4 * n, cp, c + (t * B + b0) * n, dhr, dc.data_ptr<T>() + b0 * n,
+                  dg, capped);
+  }
+};
+
 // h_{t-1} for every t, times the state-dropout mask when there is one: [T, B, n].
 inline at::Tensor h_tilde_all(const at::Tensor& h0, const at::Tensor& ys, const at::Tensor& mask) {
   at::Tensor hp = at::cat({h0.unsqueeze(0), ys.narrow(0, 0, ys.size(0) - 1)}, 0);
