@@ -27,13 +27,13 @@ import torch
 
 from moglm.dynamic_evaluation import Hyperparameters, SparseSpec, StatisticsSettings
 from moglm.dynamic_evaluation.run import dyneval_run
-from moglm.train.checkpoint import atomic_write_text
-from moglm.train.run_directory import RunDirectory
+from moglm.atomic import atomic_write_text
+from moglm.train.language_model_run import LanguageModelRun
 
 HERE = Path(__file__).resolve().parent
 
 
-def adapted_parameters(run: RunDirectory, sparse: SparseSpec | None) -> int:
+def adapted_parameters(run: LanguageModelRun, sparse: SparseSpec | None) -> int:
     model, _, _ = run.load_model()
     if sparse is None:
         return sum(p.numel() for p in model.parameters())
@@ -42,14 +42,14 @@ def adapted_parameters(run: RunDirectory, sparse: SparseSpec | None) -> int:
 
 
 def benchmark(run_dir: Path, args) -> dict:
-    run = RunDirectory(run_dir)
+    run = LanguageModelRun(run_dir)
     out = {"run": str(run_dir), "modes": {}}
     for mode, sparse in (("full", None), ("sparse", SparseSpec(args.sparse_units))):
         print(f"## {run_dir.name}: {mode}", flush=True)
         start = time.perf_counter()
         report = dyneval_run(run, ("test",), Hyperparameters(), search=True, search_tokens=args.search_tokens,
                              max_cost=args.max_cost, sparse=sparse, statistics=StatisticsSettings(),
-                             max_tokens=args.max_tokens,
+                             eval_tokens=args.max_tokens,
                              progress=args.progress, log=lambda s: print(s, flush=True))
         report["wall_seconds"] = time.perf_counter() - start
         report["adapted_parameters"] = adapted_parameters(run, sparse)
@@ -89,7 +89,7 @@ def main(argv=None) -> None:
     parser.add_argument("--max-cost", type=float, default=3.0, help="search only settings at most this many times "
                         "the static CPU time")
     parser.add_argument("--sparse-units", type=int, default=100, help="H, the adapted units per layer (sparse)")
-    parser.add_argument("--max-tokens", type=int, default=None, help="only the first N test tokens (smoke tests)")
+    parser.add_argument("--eval-tokens", "--max-tokens", dest="max_tokens", type=int, default=None, help="only the first N test tokens (smoke tests)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--progress", action="store_true", help="show progress bars")
     args = parser.parse_args(argv)

@@ -31,8 +31,8 @@ import torch
 from moglm.tasks.dyck import DyckTask
 from moglm.tasks.dyck_training import DyckTraining, run_dyck
 from moglm.tasks.reverse_copy import ReverseCopyConfig, run_reverse_copy
-from moglm.train.checkpoint import load_group
-from moglm.train.run_directory import RunDirectory
+from moglm.runs import load_group
+from moglm.runs import RunDirectory
 
 HERE = Path(__file__).resolve().parent
 DEPTHS = (4, 6, 8)

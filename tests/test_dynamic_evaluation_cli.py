@@ -15,7 +15,7 @@ from moglm.dynamic_evaluation import DynamicEvaluator, Hyperparameters, Statisti
 from moglm.dynamic_evaluation import statistics as statistics_module
 from moglm.dynamic_evaluation.run import dyneval_run, run_statistics
 from moglm.sampling import encode_prompt, sample
-from moglm.train import RunDirectory, Trainer
+from moglm.train import LanguageModelRun, Trainer
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def _copy(run, tmp_path):
 def test_dyneval_end_to_end(tiny_run, tmp_path, capsys):
     run = _copy(tiny_run, tmp_path)
     args = ["dyneval", str(run), "--split", "valid", "--split", "test", "--search", "--search-tokens", "120",
-            "--max-tokens", "150", "--stats-batch-size", "2", "--stats-fraction", "0.5", "--no-progress"]
+            "--eval-tokens", "150", "--stats-batch-size", "2", "--stats-fraction", "0.5", "--no-progress"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "RMS statistics cached" in out and "searching on the first 121 validation tokens" in out
@@ -50,13 +50,13 @@ def test_dyneval_end_to_end(tiny_run, tmp_path, capsys):
     assert report["hyperparameters"] == report["search"]["best"]
     assert (run / "dyneval" / "full-test.png").is_file()
     # the statistics are cached: a second run collects nothing
-    assert main(args[:4] + ["--max-tokens", "50", "--stats-batch-size", "2", "--stats-fraction", "0.5",
+    assert main(args[:4] + ["--eval-tokens", "50", "--stats-batch-size", "2", "--stats-fraction", "0.5",
                             "--no-progress"]) == 0
     assert "RMS statistics cached" not in capsys.readouterr().out
     # sparse and episodic variants write their own reports
-    assert main(["dyneval", str(run), "--sparse", "--sparse-units", "6", "--streams", "2", "--max-tokens", "100",
-                 "--rule", "sgd", "--lr", "0.1", "--no-progress"]) == 0
-    assert main(["dyneval", str(run), "--episodic", "--max-tokens", "100", "--rule", "sgd", "--lr", "0.1",
+    assert main(["dyneval", str(run), "--sparse", "--sparse-units", "6", "--streams", "2", "--eval-tokens", "100",
+                 "--rule", "sgd", "--learning-rate", "0.1", "--no-progress"]) == 0
+    assert main(["dyneval", str(run), "--episodic", "--eval-tokens", "100", "--rule", "sgd", "--learning-rate", "0.1",
                  "--no-progress"]) == 0
     assert "decay 0" in capsys.readouterr().out
     assert json.loads((run / "dyneval" / "sparse.json").read_text())["sparse"] == {"units": 6, "layers": [0, 1]}
@@ -64,7 +64,7 @@ def test_dyneval_end_to_end(tiny_run, tmp_path, capsys):
 
 
 def test_statistics_are_loaded_from_the_cache(tiny_run, tmp_path, monkeypatch):
-    run = RunDirectory(_copy(tiny_run, tmp_path))
+    run = LanguageModelRun(_copy(tiny_run, tmp_path))
     model, cfg, _ = run.load_model()
     from moglm.train.build import load_data
 
@@ -105,14 +105,14 @@ def test_a_run_whose_training_data_is_missing_is_a_clear_error(tiny_run, tmp_pat
     assert main(["dyneval", str(run), "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert "dynamic evaluation needs the run's training data" in err and err.count("\n") == 1
-    assert main(["sample", str(run), "--adapt", "--tokens", "3"]) == 1
+    assert main(["sample", str(run), "--adapt", "--num-tokens", "3"]) == 1
     assert "adapting while sampling needs the run's training data" in capsys.readouterr().err
     assert main(["dyneval", str(tmp_path / "nowhere")]) == 1
     assert "not a run directory" in capsys.readouterr().err
 
 
 def test_sampling_adapts_to_the_prompt_and_to_its_output(tiny_run):
-    model, _, vocab = RunDirectory(tiny_run).load_model()
+    model, _, vocab = LanguageModelRun(tiny_run).load_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     prompt = "the cat sees the dog .\nthe owl eats the cow .\nthe"
     assert encode_prompt(vocab, prompt).count(vocab.stoi["<eos>"]) == 3  # newlines are <eos>
@@ -130,7 +130,7 @@ def test_sample_command_with_adaptation(tiny_run, tmp_path, capsys, monkeypatch)
     run = _copy(tiny_run, tmp_path)
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("the cat sees the dog .\nthe bird likes the fish .\n")
-    args = ["sample", str(run), "--prompt-file", str(prompt), "--tokens", "6", "--seed", "1", "--adapt-output"]
+    args = ["sample", str(run), "--prompt-file", str(prompt), "--num-tokens", "6", "--seed", "1", "--adapt-output"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert out.startswith("the cat sees the dog .\nthe bird likes the fish .")
@@ -140,7 +140,7 @@ def test_sample_command_with_adaptation(tiny_run, tmp_path, capsys, monkeypatch)
 
 
 def test_library_entry_point_on_a_run(tiny_run, tmp_path):
-    run = RunDirectory(_copy(tiny_run, tmp_path))
-    report = dyneval_run(run, ("valid",), Hyperparameters(rule="sgd", lr=0.1), max_tokens=80, progress=False,
+    run = LanguageModelRun(_copy(tiny_run, tmp_path))
+    report = dyneval_run(run, ("valid",), Hyperparameters(rule="sgd", lr=0.1), eval_tokens=80, progress=False,
                          log=lambda s: None, write=False)
     assert report["splits"]["valid"]["dynamic"]["tokens"] == 80 and not (run.path / "dyneval").exists()

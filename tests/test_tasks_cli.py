@@ -15,14 +15,14 @@ def test_dyck_dyck_rnn_and_a_language_model(tmp_path, capsys):
     assert "test WCPA" in out and "closing-bracket prediction: dyck_rnn, hidden 4" in out
     results = json.loads((tmp_path / "d" / "results.json").read_text())
     assert results["task"]["max_depth"] == 4 and results["training"]["objective"] == "closing"
-    assert {"config.json", "metrics.jsonl", "results.json", "model.json", "checkpoints", "data"} <= {
+    assert {"config.toml", "metrics.jsonl", "results.json", "model.json", "checkpoints", "data"} <= {
         p.name for p in (tmp_path / "d").iterdir()}
     assert main(["task", "dyck", "--architecture", "gru", "--learned-embedding", *tiny]) == 1
     assert "learned 2-d bracket embedding" in capsys.readouterr().err
     assert main(["task", "dyck", "--architecture", "mmlstm", "--set", "model.cell.num_matrices=2",
                  "--run-dir", str(tmp_path / "lm"), *tiny]) == 0
     assert "test WCPA" in capsys.readouterr().out
-    assert (tmp_path / "lm" / "config.toml").is_file() and (tmp_path / "lm" / "data" / "train.txt").is_file()
+    assert (tmp_path / "lm" / "lm" / "config.toml").is_file() and (tmp_path / "lm" / "data" / "train.txt").is_file()
 
 
 def test_reverse_copy(tmp_path, capsys):

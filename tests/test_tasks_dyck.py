@@ -14,8 +14,8 @@ from moglm.errors import MoglmError
 from moglm.tasks.dyck import DyckLanguage, DyckTask, bracket_tokens, prepare_corpus, read_sequences
 from moglm.tasks.dyck_training import ClosingBracketModel, DyckTraining, lm_wcpa, run_dyck
 from moglm.tasks.wcpa import closing_predictions, evaluate_wcpa, wcpa_from_probabilities
-from moglm.train import RunDirectory
-from moglm.train.checkpoint import CheckpointStore
+from moglm.runs import CheckpointStore, RunDirectory
+from moglm.train import LanguageModelRun
 
 
 def _depths(sequence, k):
@@ -174,9 +174,10 @@ def test_closing_runs_resume_exactly_and_refuse_another_config(tmp_path, monkeyp
     assert "resuming" in lines[1] and resumed["wcpa"] == straight["wcpa"]
 
     def losses(run):
-        return [(r["step"], r["train_loss"], r["xent"]) for r in RunDirectory(run).read_metrics()]
+        return [(r["kind"], r["step"], r["xent"]) for r in RunDirectory(run).read_metrics()]
 
-    assert losses(tmp_path / "b") == losses(tmp_path / "a") and len(losses(tmp_path / "a")) == 4
+    assert losses(tmp_path / "b") == losses(tmp_path / "a")
+    assert [r[:2] for r in losses(tmp_path / "a") if r[0] == "valid"] == [("valid", s) for s in (5, 10, 15, 20)]
     with pytest.raises(MoglmError, match="different config"):
         run_dyck(DyckTask(**{**SMALL, "max_depth": 6}), training, tmp_path / "a", progress=False, log=lambda s: None)
 
@@ -185,8 +186,9 @@ def test_a_language_model_trains_with_the_trainer_and_is_scored(tmp_path):
     results = run_dyck(DyckTask(**SMALL), DyckTraining("lstm", steps=40, batch_size=16, eval_every=20),
                        tmp_path / "lm", progress=False, log=lambda s: None)
     assert {"valid", "test"} <= set(results["splits"]) and results["wcpa"]["test"]["predictions"] > 0
-    kinds = {r["kind"] for r in map(json.loads, (tmp_path / "lm" / "metrics.jsonl").read_text().splitlines())}
+    lm = tmp_path / "lm" / "lm"  # the language model's own run directory inside the task's
+    kinds = {r["kind"] for r in map(json.loads, (lm / "metrics.jsonl").read_text().splitlines())}
     assert {"train", "valid", "valid_wcpa"} <= kinds
-    model, _, vocab = RunDirectory(tmp_path / "lm").load_model()
+    model, _, vocab = LanguageModelRun(lm).load_model()
     again = lm_wcpa(model, vocab, read_sequences(tmp_path / "lm" / "data" / "test.txt", 2), DyckTask(**SMALL))
     assert again.as_dict() == results["wcpa"]["test"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -84,3 +86,40 @@ def test_every_field_is_documented():
 def test_apply_overrides_refuses_to_descend_into_a_value():
     with pytest.raises(MoglmError, match="not a section"):
         apply_overrides({"train": 3}, ["train.x=1"])
+
+
+def test_cell_options_are_typed_per_architecture_and_set_as_an_inline_table():
+    cfg = load_config("default", ["model.cell={rounds = 3, rank = 4}"])
+    assert cfg.model.cell == {"rounds": 3, "rank": 4}
+    with pytest.raises(MoglmError, match=r"model.cell: .*cell.depth: unknown option for mogrifier \(its options: "):
+        load_config("default", ["model.cell.depth=3"])
+    with pytest.raises(MoglmError, match=r"cell.rounds: .*integer.*got 'three'"):
+        load_config("default", ["model.cell.rounds=three"])
+    with pytest.raises(MoglmError, match=r"cell.zigzag: .*boolean"):
+        load_config("default", ["model.cell.zigzag=3"])
+
+
+def test_switching_the_architecture_drops_the_files_cell_options_the_new_one_lacks():
+    assert load_config("default", ["model.architecture=lstm"]).model.cell == {}
+    assert load_config("default", ["model.architecture=mogrifier_gru"]).model.cell == {"rounds": 5, "rank": 32}
+    with pytest.raises(MoglmError, match="cell.rounds: unknown option for lstm"):  # asked for explicitly: refused
+        load_config("default", ["model.architecture=lstm", "model.cell.rounds=2"])
+
+
+def test_help_config_documents_every_architectures_options():
+    from moglm.modules import ARCHITECTURES
+    from moglm.train.config import describe
+
+    text = describe()
+    for name, module in ARCHITECTURES.items():
+        assert f"[model.cell] for architecture = {name!r}" in text
+        for f in dataclasses.fields(module.Options):
+            assert f.metadata["help"] and f.metadata["help"].split()[0] in text
+    assert "rounds = 5" in text and "Mogrifier rounds" in text
+
+
+def test_the_shipped_configs_use_the_papers_initialisation_and_the_default_is_torchs():
+    from moglm.train.config import ModelConfig, shipped_configs
+
+    assert ModelConfig(hidden_size=8).init == "torch"
+    assert all(load_config(name).model.init == "paper" for name in shipped_configs())

@@ -13,8 +13,9 @@ from safetensors.torch import load_file
 
 from conftest import tiny_config
 from moglm.errors import MoglmError
-from moglm.train import RunDirectory, Trainer, TrainingDiverged, TrainingInterrupted
-from moglm.train import checkpoint as checkpoint_module
+from moglm.train import LanguageModelRun, Trainer, TrainingDiverged, TrainingInterrupted
+from moglm.runs import checkpoints as checkpoint_module
+from moglm.train.engine import Engine
 
 
 class Killed(Exception):
@@ -26,11 +27,11 @@ def _train(cfg, run_dir, on_step=None):
 
 
 def _losses(run_dir):
-    return [(r["step"], r["xent"]) for r in RunDirectory(run_dir).read_metrics() if r["kind"] in ("train", "valid")]
+    return [(r["step"], r["xent"]) for r in LanguageModelRun(run_dir).read_metrics() if r["kind"] in ("train", "valid")]
 
 
 def _weights(run_dir, which="last"):
-    pointer = RunDirectory(run_dir).checkpoints.pointer(which)
+    pointer = LanguageModelRun(run_dir).checkpoints.pointer(which)
     return load_file(str(pointer["path"] / f"{pointer.get('weights', 'model')}.safetensors"))
 
 
@@ -38,7 +39,7 @@ def test_a_tiny_model_lowers_its_loss_by_a_clear_margin(tiny_corpus, tmp_path):
     cfg = tiny_config(tiny_corpus, train={"max_steps": 60, "eval_every": 10, "averaging_patience": None,
                                          "averaging_start": None})
     _train(cfg, tmp_path / "run")
-    valid = [r["xent"] for r in RunDirectory(tmp_path / "run").read_metrics() if r["kind"] == "valid"]
+    valid = [r["xent"] for r in LanguageModelRun(tmp_path / "run").read_metrics() if r["kind"] == "valid"]
     # log(13) = 2.56 is a uniform guess; the corpus' own entropy is (2 log 6 + log 4) / 7 = 0.71 nats/token
     assert valid[0] > valid[-1] + 0.5  # from step 10 to step 60
     assert valid[-1] < 0.9
@@ -56,7 +57,7 @@ def test_kill_and_rerun_continues_exactly_like_an_uninterrupted_run(tiny_corpus,
 
     with pytest.raises(Killed):
         _train(cfg, tmp_path / "killed", on_step=kill_at_7)
-    assert RunDirectory(tmp_path / "killed").checkpoints.pointer("last")["step"] == 4
+    assert LanguageModelRun(tmp_path / "killed").checkpoints.pointer("last")["step"] == 4
     _train(cfg, tmp_path / "killed")  # the same command again: resumes from step 4
     assert _losses(tmp_path / "killed") == _losses(tmp_path / "straight")
     for which in ("last", "best"):
@@ -74,7 +75,7 @@ def test_ctrl_c_saves_a_checkpoint_at_the_current_step_and_resume_is_exact(tiny_
 
     with pytest.raises(TrainingInterrupted, match="interrupted at step 6"):
         _train(cfg, tmp_path / "interrupted", on_step=ctrl_c_at_6)
-    assert RunDirectory(tmp_path / "interrupted").checkpoints.pointer("last")["step"] == 6
+    assert LanguageModelRun(tmp_path / "interrupted").checkpoints.pointer("last")["step"] == 6
     _train(cfg, tmp_path / "interrupted")
     assert _losses(tmp_path / "interrupted") == _losses(tmp_path / "straight")
 
@@ -95,7 +96,7 @@ def test_a_kill_during_a_checkpoint_write_leaves_the_previous_checkpoint_valid(t
     with pytest.raises(Killed):
         _train(cfg, tmp_path / "run")
     monkeypatch.undo()
-    run = RunDirectory(tmp_path / "run")
+    run = LanguageModelRun(tmp_path / "run")
     pointer = run.checkpoints.pointer("last")
     assert pointer["step"] == 4
     assert not (run.checkpoints.root / "step-00000008").exists()
@@ -108,7 +109,7 @@ def test_a_kill_during_a_checkpoint_write_leaves_the_previous_checkpoint_valid(t
 def test_a_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tiny_corpus, tmp_path, monkeypatch):
     cfg = tiny_config(tiny_corpus)
     trainer = Trainer(cfg, tmp_path / "run", progress=False, log=lambda s: None)
-    original = Trainer._step
+    original = Engine._step
 
     def poisoned(self, step):
         if step == 6:
@@ -116,7 +117,7 @@ def test_a_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tiny_
                 self.model.embedding.weight.fill_(float("nan"))
         return original(self, step)
 
-    monkeypatch.setattr(Trainer, "_step", poisoned)
+    monkeypatch.setattr(Engine, "_step", poisoned)
     with pytest.raises(TrainingDiverged, match=r"non-finite loss at step 6.*last good checkpoint \(step 4\) is kept"):
         trainer.train()
     weights = _weights(tmp_path / "run")
@@ -131,7 +132,7 @@ def test_weight_averaging_averages_every_step_since_it_started_and_is_what_best_
                       on_step=lambda step: seen.append({k: v.clone() for k, v in trainer.model.state_dict().items()}))
     trainer.train()
     averaged = _weights(tmp_path / "run", "best")
-    assert RunDirectory(tmp_path / "run").checkpoints.pointer("best")["weights"] == "averaged"
+    assert LanguageModelRun(tmp_path / "run").checkpoints.pointer("best")["weights"] == "averaged"
     for name, value in averaged.items():
         expected = torch.stack([s[name] for s in seen[4:]]).mean(0)  # steps 5..8
         torch.testing.assert_close(value, expected)
@@ -145,7 +146,7 @@ def test_a_run_directory_with_a_different_config_is_refused(tiny_corpus, tmp_pat
 
 def test_the_run_directory_holds_config_metrics_checkpoints_and_a_plot(tiny_corpus, tmp_path):
     _train(tiny_config(tiny_corpus), tmp_path / "run")
-    run = RunDirectory(tmp_path / "run")
+    run = LanguageModelRun(tmp_path / "run")
     assert run.load_config().format_version == 1
     assert run.plot_path.stat().st_size > 1000
     kinds = {r["kind"] for r in run.read_metrics()}
@@ -153,3 +154,16 @@ def test_the_run_directory_holds_config_metrics_checkpoints_and_a_plot(tiny_corp
     files = {p.name for p in run.checkpoints.pointer("last")["path"].iterdir()}
     assert {"model.safetensors", "training.safetensors", "state.json"} <= files
     assert json.loads(run.model_info_path.read_text())["hidden_size"] == 24
+
+
+def test_tensorboard_gets_hyperparameters_throughput_gradient_norm_and_learning_rate(tiny_corpus, tmp_path):
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    _train(tiny_config(tiny_corpus), tmp_path / "run")
+    events = event_accumulator.EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    assert {"train/xent", "train/grad_norm", "train/tokens_per_s", "train/learning_rate", "valid/xent"} <= scalars
+    assert "hparam/best_valid_xent" in scalars  # written with the hyperparameters at the end
+    plugins = events.PluginTagToContent("hparams")
+    assert plugins, "no hyperparameter summary"
+    assert any(b"model.cell.rounds" in content for content in plugins.values())

@@ -31,6 +31,6 @@ def default_out(name: str) -> Path:
 def write_report(report: dict[str, Any], out_path: str | Path | None) -> None:
     """Write ``report`` as JSON to ``out_path`` atomically (nothing when ``out_path`` is None)."""
     if out_path:
-        from ..train.checkpoint import atomic_write_text
+        from ..atomic import atomic_write_text
 
         atomic_write_text(Path(out_path), json.dumps(report, indent=1))

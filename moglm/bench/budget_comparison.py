@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import time
 from pathlib import Path
 from typing import Any
+
+from ..atomic import atomic_write_text
 
 # The paper's numbers (docs/method.md, "Headline numbers"), shown beside ours.
 PAPER = {
@@ -24,19 +25,16 @@ PAPER = {
 def _train_one(config: str, run_dir: str, overrides: list[str], threads: int | None) -> dict[str, Any]:
     import torch
 
+    from ..runs import RunDirectory
     from ..train.config import load_config
-    from ..train.final_evaluation import evaluate_run
-    from ..train.run_directory import RunDirectory
-    from ..train.trainer import Trainer
+    from ..train.trainer import train_and_evaluate
 
     if threads:
         torch.set_num_threads(threads)
     cfg = load_config(config, overrides)
-    start = time.perf_counter()
-    Trainer(cfg, run_dir, progress=threads is None, log=lambda s: print(f"[{config}] {s}", flush=True)).train()
-    train_seconds = time.perf_counter() - start
+    trained, results = train_and_evaluate(cfg, run_dir, progress=threads is None,
+                                          log=lambda s: print(f"[{config}] {s}", flush=True))
     run = RunDirectory(run_dir)
-    results = evaluate_run(run, progress=False, log=lambda s: print(f"[{config}] {s}", flush=True))
     metrics = run.read_metrics()
     rates = [r["tokens_per_s"] for r in metrics if r["kind"] == "train"]
     info = run.model_info()
@@ -49,7 +47,7 @@ def _train_one(config: str, run_dir: str, overrides: list[str], threads: int | N
         "hidden_size": info["hidden_size"],
         "training_tokens": last["tokens"],
         "tokens_per_s_median": sorted(rates)[len(rates) // 2] if rates else None,
-        "train_seconds_this_invocation": train_seconds,
+        "train_seconds": trained.seconds,  # training and validation over every invocation
         "temperature": results["temperature"],
         "splits": results["splits"],
         "level": results["level"],
@@ -75,8 +73,7 @@ def compare(
         rows = [_train_one(*job) for job in jobs]
     report = {"configs": configs, "overrides": list(overrides or []), "parallel": parallel, "results": rows}
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(report, indent=1))
+    atomic_write_text(out_path, json.dumps(report, indent=1))
     plot_comparison(report, out_path.with_suffix(".png"))
     return report
 
@@ -84,15 +81,15 @@ def compare(
 def plot_comparison(report: dict[str, Any], path: Path) -> Path | None:
     """Validation score against training tokens for every run of ``report`` on one axis (PNG), read back
     from the runs' ``metrics.jsonl``; ``None`` when matplotlib is missing."""
-    from ..figures import pyplot, save_figure
-    from ..train.run_directory import RunDirectory
+    from ..figures import new_figure, save_figure
+    from ..runs import RunDirectory
 
-    plt = pyplot()
-    if plt is None:
+    fig = new_figure((7, 4.2))
+    if fig is None:
         return None
 
     word = report["results"][0]["level"] == "word"
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax = fig.subplots()
     for row in report["results"]:
         valid = [r for r in RunDirectory(row["run_dir"]).read_metrics() if r["kind"] == "valid"]
         score = [r["perplexity"] if word else r["bits_per_token"] for r in valid]

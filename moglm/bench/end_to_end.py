@@ -31,7 +31,7 @@ BACKENDS = ("fused", "auto")
 
 def _tokens_per_s(config: str, backend: str, steps: int, run_dir: Path) -> dict[str, Any]:
     from ..train.config import load_config
-    from ..train.run_directory import RunDirectory
+    from ..runs import RunDirectory
     from ..train.trainer import Trainer
 
     cfg = load_config(config, [f"train.max_steps={steps}", f"train.eval_every={steps + 1}",

@@ -20,15 +20,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import sys
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from ..atomic import atomic_directory
 from ..errors import MoglmError
 from .vocabulary import EOS, Vocabulary
 
@@ -52,6 +51,14 @@ class Corpus:
         if split not in self.splits:
             raise MoglmError(f"split must be one of {SPLITS}, got {split!r}")
         return self.splits[split]
+
+    def separator_id(self) -> int:
+        """The token that ends a line or sequence: ``<eos>``, or the newline character (episodic batches
+        and episodic evaluation start a new sequence after it)."""
+        for token in (self.vocab.eos, "\n"):
+            if token is not None and token in self.vocab.stoi:
+                return self.vocab.stoi[token]
+        raise MoglmError("episodic mode needs <eos> or newline tokens in the vocabulary")
 
     def summary(self) -> str:
         sizes = ", ".join(f"{s} {len(self.splits[s]):,}" for s in SPLITS)
@@ -208,19 +215,15 @@ def _load_cached(directory: Path) -> Corpus | None:
 
 def _store_cached(directory: Path, corpus: Corpus) -> None:
     """Best effort (an unwritable cache only costs speed); atomic, so readers see all or nothing."""
-    tmp = None
     try:
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=".tmp-"))
-        for s in SPLITS:
-            np.save(tmp / f"{s}.npy", corpus.splits[s].astype(np.int32 if len(corpus.vocab) > 65535 else np.uint16))
-        meta = {"name": corpus.name, "format": corpus.format, "words": corpus.words}
-        meta["vocab"] = json.loads(corpus.vocab.to_json())
-        (tmp / "meta.json").write_text(json.dumps(meta))
-        os.replace(tmp, directory)
+        with atomic_directory(directory) as tmp:
+            for s in SPLITS:
+                np.save(tmp / f"{s}.npy", corpus.splits[s].astype(np.int32 if len(corpus.vocab) > 65535 else np.uint16))
+            meta = {"name": corpus.name, "format": corpus.format, "words": corpus.words}
+            meta["vocab"] = json.loads(corpus.vocab.to_json())
+            (tmp / "meta.json").write_text(json.dumps(meta))
     except OSError:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        pass
 
 
 # -- the entry point --------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from ..atomic import atomic_write
 from ..data.batching import StreamBatches
 from ..errors import MoglmError
 from ..model.language_model import LanguageModel
@@ -118,10 +119,7 @@ def load_or_collect(
             if sorted(rms) == sorted(names):
                 return rms
     rms = collect()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file({k: v.detach().contiguous().cpu() for k, v in rms.items()}, str(tmp),
-              metadata={"moglm": json.dumps(metadata, sort_keys=True)})
-    tmp.replace(path)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in rms.items()}
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata={"moglm": json.dumps(metadata, sort_keys=True)}))
     log(f"RMS statistics cached in {path}")
     return rms

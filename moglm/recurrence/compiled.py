@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..atomic import write_once
 from ..cells.base import Params
 from .fallback import FusedFallbackWarning, double_backward_by_reference, user_stacklevel
 
@@ -219,21 +220,9 @@ def gemm_route(dtype: torch.dtype) -> int:
 
 
 def _store_first(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` unless it already holds a valid file: written to a temporary file, then
-    hard-linked into place, which fails if another process got there first (no reader sees half a file).
-    An unreadable file at ``path`` is replaced."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            if _read_route(path, list(ROUTES)) is None:
-                os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only cache: this process keeps its own probe
-    finally:
-        tmp.unlink(missing_ok=True)
+    """Write ``text`` to ``path`` unless it already holds a valid file (first writer wins, so every process
+    on the machine uses one route); an unreadable file is replaced, a read-only cache skipped."""
+    write_once(path, text, lambda p: _read_route(p, list(ROUTES)) is not None)
 
 
 def info(paths: bool = True) -> dict:

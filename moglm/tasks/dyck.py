@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import MoglmError
-from ..train.checkpoint import atomic_write_text
+from ..atomic import atomic_write_text
 from .wcpa import POSITIONS
 
 _PAIRS = ("()", "[]", "{}", "<>")

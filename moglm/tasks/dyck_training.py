@@ -7,11 +7,11 @@ Two objectives, as in the report:
   :class:`ClosingBracketModel` is embedding -> recurrent stack -> an affine map to k logits. For the
   Dyck-RNN it is the report's model: the frozen 1-d bracket embedding with H = m (or the learned 2-d
   one with H = 2m), no biases, and the affine map reading the top of the stack, ``h[0]``. Other
-  architectures read all of h through a learned embedding of size H. Trained by
-  :func:`moglm.tasks.loop.train_loop`.
+  architectures read all of h through a learned embedding of size H. Trained by the training engine
+  (:mod:`moglm.train.engine`).
 * ``lm`` (how the report trains its natural-language models, "with teacher forcing"): a language model
   of the bracket corpus (``<eos>`` ends each sequence), one sequence per row, trained by
-  :class:`moglm.train.Trainer` on the corpus written to ``run_dir/data``; for WCPA its next-token
+  :func:`moglm.train.train_and_evaluate` on the corpus written to ``run_dir/data``; for WCPA its next-token
   distribution is renormalised over the closing brackets.
 
 The Dyck-RNN's push/pop gate weight starts at 0 (``g = 1/2`` for every bracket, ``zero_gate``): from a
@@ -21,7 +21,6 @@ a local minimum that training does not leave (``benchmarks/synthetic_tasks.py`` 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,15 +34,13 @@ from ..data.vocabulary import Vocabulary
 from ..errors import MoglmError
 from ..model.language_model import LanguageModel
 from ..model.sizing import largest_hidden_size
-from ..modules import ARCHITECTURES
-from ..modules_rnn import DyckRNN
-from ..train.checkpoint import atomic_write_text
+from ..modules import ARCHITECTURES, DyckRNN
+from ..runs import RunDirectory
 from ..train.config import RunConfig, apply_overrides, validate
-from ..train.final_evaluation import evaluate_run
-from ..train.run_directory import RunDirectory
-from ..train.trainer import Trainer
+from ..train.engine import Engine, Evaluation, Settings, StatelessTask, StepLoss
+from ..train.language_model_run import LanguageModelRun
+from ..train.trainer import train_and_evaluate
 from .dyck import SPLITS, DyckTask, bracket_tokens, prepare_corpus, read_sequences
-from .loop import LoopSettings, prepare_run, train_loop
 from .wcpa import WCPAResult, evaluate_wcpa, prediction_batch
 
 OBJECTIVES = ("closing", "lm")
@@ -95,6 +92,7 @@ class ClosingBracketModel(nn.Module):
         else:
             self.embedding = nn.Embedding(2 * k + 1, 2 if dyck else hidden_size)
         options = {"bias": False, "backend": "reference"} if dyck else {}  # the report's; no fused Dyck-RNN
+        options["init"] = "paper"
         self.rnn = ARCHITECTURES[architecture](self.embedding.embedding_dim, hidden_size, 1, **options)
         if dyck and zero_gate and not self.rnn.weight_gate_l0.is_meta:
             with torch.no_grad():
@@ -117,6 +115,38 @@ def _hidden_size(task: DyckTask, training: DyckTraining, build: Callable[[int], 
     return 16
 
 
+class ClosingBracketTask(StatelessTask):
+    """The engine's view of the closing objective: step s trains on a batch of training sequences drawn
+    with a generator seeded by s; validation is the cross-entropy and WCPA on the validation sequences."""
+
+    def __init__(self, task: DyckTask, training: DyckTraining, model: ClosingBracketModel,
+                 data: dict[str, list[list[int]]]) -> None:
+        k = task.num_types
+        self.task, self.training, self.model, self.data = task, training, model, data
+        self.ids, self.closes = torch.arange(2 * k), torch.arange(k)
+
+    def loss(self, step: int) -> StepLoss:
+        k, t, train = self.task.num_types, self.training, self.data["train"]
+        generator = torch.Generator().manual_seed(t.seed * (1 << 32) + step)
+        rows = torch.randint(len(train), (t.batch_size,), generator=generator).tolist()
+        inputs, where, types, _ = prediction_batch([train[r] for r in rows], k, self.ids, 2 * k)
+        log_probs = self.model(inputs)[where[:, 0], where[:, 1]]  # [N, k]
+        return StepLoss(F.nll_loss(log_probs, types, reduction="sum"), len(types), t.batch_size)
+
+    def wcpa(self, model: nn.Module, split: str) -> WCPAResult:
+        was_training = model.training
+        model.eval()
+        try:
+            return evaluate_wcpa(model, self.data[split], self.task.num_types, self.ids, 2 * self.task.num_types,
+                                 self.closes, self.task.positions, batch_size=256)
+        finally:
+            model.train(was_training)
+
+    def validate(self, model: nn.Module) -> dict[str, float]:
+        result = self.wcpa(model, "valid")
+        return {"xent": result.xent, "wcpa": result.wcpa, "accuracy": result.accuracy}
+
+
 def _train_closing(task: DyckTask, training: DyckTraining, run: RunDirectory, data: dict[str, list[list[int]]],
                    progress: bool, log: Callable[[str], None]) -> dict[str, Any]:
     k, t = task.num_types, training
@@ -127,32 +157,18 @@ def _train_closing(task: DyckTask, training: DyckTraining, run: RunDirectory, da
     torch.manual_seed(t.seed)
     model = build(_hidden_size(task, t, build))
     num_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    atomic_write_text(run.model_info_path, json.dumps({"hidden_size": model.rnn.hidden_size,
-                                                       "num_params": num_params}, indent=1))
+    run.write_json(run.model_info_path, {"hidden_size": model.rnn.hidden_size, "num_params": num_params})
     log(f"closing-bracket prediction: {t.architecture}, hidden {model.rnn.hidden_size}, embedding "
         f"{model.embedding.embedding_dim}{' (frozen)' if not model.embedding.weight.requires_grad else ''}: "
         f"{num_params:,} trainable parameters")
-    ids, closes, train = torch.arange(2 * k), torch.arange(k), data["train"]
-
-    def step_loss(step: int) -> Tensor:
-        generator = torch.Generator().manual_seed(t.seed * (1 << 32) + step)
-        rows = torch.randint(len(train), (t.batch_size,), generator=generator).tolist()
-        inputs, where, types, _ = prediction_batch([train[r] for r in rows], k, ids, 2 * k)
-        log_probs = model(inputs)[where[:, 0], where[:, 1]]  # [N, k]
-        return F.nll_loss(log_probs, types, reduction="sum") / t.batch_size
-
-    def wcpa(split: str) -> WCPAResult:
-        model.eval()
-        return evaluate_wcpa(model, data[split], k, ids, 2 * k, closes, task.positions, batch_size=256)
-
-    def validate() -> dict[str, float]:
-        result = wcpa("valid")
-        return {"xent": result.xent, "wcpa": result.wcpa, "accuracy": result.accuracy}
-
-    settings = LoopSettings(t.steps, t.learning_rate, t.eval_every)
-    state = train_loop(model, settings, run, step_loss, validate, progress, log, "dyck", t.batch_size)
-    return {"hidden_size": model.rnn.hidden_size, "num_params": num_params, "best_step": state["best_step"],
-            "train_seconds": state["seconds"], "wcpa": {s: wcpa(s).as_dict() for s in ("valid", "test")}}
+    closing = ClosingBracketTask(task, t, model, data)
+    settings = Settings(t.steps, t.learning_rate, t.eval_every, tokens_per_step=t.batch_size)
+    engine = Engine(closing, settings, run, progress=progress, desc="dyck", log=log,
+                    hparams={"task": asdict(task), "training": asdict(t)})
+    trained = engine.fit()
+    model.load_state_dict(engine.best_weights())
+    return {"hidden_size": model.rnn.hidden_size, "num_params": num_params, "best_step": trained.best_step,
+            "train_seconds": trained.seconds, "wcpa": {s: closing.wcpa(model, s).as_dict() for s in ("valid", "test")}}
 
 
 def lm_wcpa(model: LanguageModel, vocab: Vocabulary, sequences: Sequence[Sequence[int]], task: DyckTask) -> WCPAResult:
@@ -174,7 +190,7 @@ def lm_wcpa(model: LanguageModel, vocab: Vocabulary, sequences: Sequence[Sequenc
 def lm_config(task: DyckTask, training: DyckTraining, run_dir: Path, overrides: Sequence[str] = ()) -> RunConfig:
     """The language-model run: episodic (one sequence per row), one layer, untied, no weight averaging."""
     t = training
-    model: dict[str, Any] = {"architecture": t.architecture, "num_layers": 1, "tie_embeddings": False}
+    model: dict[str, Any] = {"architecture": t.architecture, "num_layers": 1, "tie_embeddings": False, "init": "paper"}
     if t.num_params is not None:
         model["num_params"] = t.num_params
     else:
@@ -194,17 +210,18 @@ def lm_config(task: DyckTask, training: DyckTraining, run_dir: Path, overrides: 
 
 def _train_lm(task: DyckTask, training: DyckTraining, run: RunDirectory, data: dict[str, list[list[int]]],
               overrides: Sequence[str], progress: bool, log: Callable[[str], None]) -> dict[str, Any]:
-    def valid_wcpa(step: int, xent: float) -> None:  # WCPA beside every validation loss in metrics.jsonl
-        result = lm_wcpa(trainer.average.evaluation_model(), trainer.corpus.vocab, data["valid"], task)
-        run.append_metrics({"kind": "valid_wcpa", "step": step, "wcpa": result.wcpa, "accuracy": result.accuracy})
-        log(f"step {step}: valid WCPA {100 * (result.wcpa or 0):.1f}%")
+    lm_run = LanguageModelRun(run.path / "lm")
 
-    trainer = Trainer(lm_config(task, training, run.path, overrides), run.path, progress=progress, log=log,
-                      on_evaluation=valid_wcpa)
-    trainer.train()
-    results = evaluate_run(run, progress=progress, log=log, write=False)
-    model, _, vocab = run.load_model("best")
-    info = run.model_info()
+    def valid_wcpa(evaluation: Evaluation) -> None:  # WCPA beside every validation loss in metrics.jsonl
+        result = lm_wcpa(evaluation.model, lm_run.load_vocab(), data["valid"], task)
+        lm_run.append_metrics({"kind": "valid_wcpa", "step": evaluation.step, "wcpa": result.wcpa,
+                            "accuracy": result.accuracy})
+        log(f"step {evaluation.step}: valid WCPA {100 * (result.wcpa or 0):.1f}%")
+
+    cfg = lm_config(task, training, run.path, overrides)
+    _, results = train_and_evaluate(cfg, lm_run.path, progress=progress, log=log, on_evaluation=valid_wcpa)
+    model, _, vocab = lm_run.load_model("best")
+    info = lm_run.model_info()
     results.update(hidden_size=info["hidden_size"], num_params=info["num_params"],
                    wcpa={s: lm_wcpa(model, vocab, data[s], task).as_dict() for s in ("valid", "test")})
     return results
@@ -212,13 +229,14 @@ def _train_lm(task: DyckTask, training: DyckTraining, run: RunDirectory, data: d
 
 def run_dyck(task: DyckTask, training: DyckTraining, run_dir: str | Path, overrides: Sequence[str] = (),
              progress: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Write the corpus to ``run_dir/data``, train (or resume) with ``training.objective``, measure WCPA on
+    """Write the corpus to ``run_dir/data``, train (or resume) with ``training.objective`` (the ``lm``
+    objective's language model is a run directory of its own, ``run_dir/lm``), measure WCPA on
     validation and test with the best checkpoint on validation, and write ``results.json``. ``overrides``
     (``section.key=value``) adjust the language model's run config (objective ``lm`` only)."""
     run = RunDirectory(run_dir)
     if overrides and training.objective != "lm":
         raise MoglmError("--set overrides a language model's run config; the closing objective has none")
-    prepare_run(run, {"task": asdict(task), "training": asdict(training), "overrides": list(overrides)}, "Dyck")
+    run.prepare({"task": asdict(task), "training": asdict(training), "overrides": list(overrides)}, "Dyck")
     prepare_corpus(task, run.path / "data")
     data = {s: read_sequences(run.path / "data" / f"{s}.txt", task.num_types) for s in SPLITS}
     if training.objective == "closing":
@@ -232,5 +250,5 @@ def run_dyck(task: DyckTask, training: DyckTraining, run_dir: str | Path, overri
                     default={"distance": "-"})["distance"]
         log(f"{split}: WCPA {100 * (r['wcpa'] or 0):.1f}% (worst bucket: distance {worst}; {r['predictions']:,} "
             f"predictions, {100 * (r['accuracy'] or 0):.1f}% correct overall)")
-    atomic_write_text(run.results_path, json.dumps(results, indent=1))
+    run.write_json(run.results_path, results)
     return results

@@ -7,8 +7,8 @@ A corpus transform: every line of the training split (a line is a sentence in PT
 its first ``cut`` tokens of the corpus's format (characters for ``char``, Mikolov's symbols for
 ``ptb_char``, where ``_`` is the space, words for ``word``, bytes for ``byte``); the end of line stays, so
 a cut sentence ends where it was cut. Validation and test files are copied unchanged. The transformed
-corpus is written into the run directory (``data/``) and trained with the normal
-:class:`moglm.train.Trainer`, the config's ``data.path`` pointing at it.
+corpus is written into the run directory (``data/``) and trained with
+:func:`moglm.train.train_and_evaluate`, the config's ``data.path`` pointing at it.
 """
 
 from __future__ import annotations
@@ -20,11 +20,10 @@ from typing import Any
 
 from ..data.corpus import _read, _split_by_fraction, find_split_files, resolve_path
 from ..errors import MoglmError
-from ..train.checkpoint import atomic_write_text
+from ..atomic import atomic_write_bytes
 from ..train.config import DataConfig, RunConfig
-from ..train.final_evaluation import evaluate_run
-from ..train.run_directory import RunDirectory
-from ..train.trainer import Trainer
+from ..runs import RunDirectory
+from ..train.trainer import train_and_evaluate
 
 
 def line_length(line, fmt: str) -> int:
@@ -67,10 +66,7 @@ def write_partial_corpus(data: DataConfig, cut: int, directory: Path) -> dict[st
     directory.mkdir(parents=True, exist_ok=True)
     out = {"train": cut_text(splits["train"], cut, data.format), "valid": splits["valid"], "test": splits["test"]}
     for split, text in out.items():
-        path = directory / f"{split}.txt"
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
-        tmp.replace(path)
+        atomic_write_bytes(directory / f"{split}.txt", text if isinstance(text, bytes) else text.encode("utf-8"))
     newline = b"\n" if isinstance(splits["train"], bytes) else "\n"
     lines = splits["train"].split(newline)
     lengths = [line_length(line, data.format) for line in lines]
@@ -82,27 +78,25 @@ def write_partial_corpus(data: DataConfig, cut: int, directory: Path) -> dict[st
 def run_partial_sentences(cfg: RunConfig, cut: int, run_dir: str | Path, progress: bool = True,
                           log: Callable[[str], None] = print) -> dict[str, Any]:
     """Write the cut corpus into ``run_dir/data``, train ``cfg`` on it (resuming if possible), and run the
-    final evaluation on the whole validation and test sentences; ``results.json`` records the cut."""
-    run_dir = Path(run_dir)
-    data_dir = run_dir / "data"
-    info_path = run_dir / "partial_sentences.json"
+    final evaluation on the whole sentences of ``evaluation.splits``; ``results.json`` records the cut."""
+    run = RunDirectory(run_dir)
+    data_dir = run.path / "data"
+    info_path = run.path / "partial_sentences.json"
     source = cfg.data.model_dump(mode="json")
     if info_path.is_file():
         info = json.loads(info_path.read_text())
         if info["source"] != source or info["statistics"]["cut"] != cut:
-            raise MoglmError(f"{run_dir} holds a partial-sentence run of another corpus or cut; choose another "
+            raise MoglmError(f"{run.path} holds a partial-sentence run of another corpus or cut; choose another "
                              "--run-dir or pass --restart")
     else:
         info = {"source": source, "statistics": write_partial_corpus(cfg.data, cut, data_dir)}
-        atomic_write_text(info_path, json.dumps(info, indent=1))
+        run.write_json(info_path, info)
     stats = info["statistics"]
     log(f"training sentences cut at {cut} tokens: {stats['train_lines_cut']:,} of {stats['train_lines']:,} lines cut; "
         "validation and test sentences whole")
     cfg = cfg.model_copy(deep=True)
     cfg.data = DataConfig(**{**source, "path": str(data_dir.resolve()), "files": None})
-    Trainer(cfg, run_dir, progress=progress, log=log).train()
-    run = RunDirectory(run_dir)
-    results = evaluate_run(run, ["valid", "test"], progress=progress, log=log, write=False)  # whole sentences
-    results["partial_sentences"] = info
-    atomic_write_text(run.results_path, json.dumps(results, indent=1))
+    _, results = train_and_evaluate(cfg, run.path, progress=progress, log=log, write=False)
+    results["partial_sentences"] = info  # evaluation.splits, whole sentences
+    run.write_json(run.results_path, results)
     return results

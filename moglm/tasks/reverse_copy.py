@@ -18,7 +18,6 @@ the whole reversed sequence.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,9 +32,8 @@ from ..errors import MoglmError
 from ..model.language_model import embedding_size
 from ..model.sizing import largest_hidden_size
 from ..modules import ARCHITECTURES
-from ..train.checkpoint import atomic_write_text
-from ..train.run_directory import RunDirectory
-from .loop import LoopSettings, prepare_run, train_loop
+from ..runs import RunDirectory
+from ..train.engine import Engine, Settings, StatelessTask, StepLoss
 
 _SPLIT_SEEDS = {"valid": 1 << 40, "test": (1 << 40) + 1}
 
@@ -97,8 +95,8 @@ class EncoderDecoder(nn.Module):
         self.encoder_embedding = nn.Embedding(vocab_size, self.embedding_size)
         self.decoder_embedding = nn.Embedding(vocab_size + 1, self.embedding_size)
         make = ARCHITECTURES[architecture]
-        self.encoder = make(self.embedding_size, hidden_size, num_layers, **(cell or {}))
-        self.decoder = make(self.embedding_size, hidden_size, num_layers, **(cell or {}))
+        self.encoder = make(self.embedding_size, hidden_size, num_layers, init="paper", **(cell or {}))
+        self.decoder = make(self.embedding_size, hidden_size, num_layers, init="paper", **(cell or {}))
         self.output = nn.Linear(hidden_size, vocab_size)
         for embedding in (self.encoder_embedding, self.decoder_embedding):
             if not embedding.weight.is_meta:
@@ -158,33 +156,47 @@ def _split(cfg: ReverseCopyConfig, split: str) -> Tensor:
     return sample_sources(generator, count, cfg.length, cfg.vocab_size)  # [T, N]
 
 
+class ReverseCopyTask(StatelessTask):
+    """The engine's view of the task: a fresh batch per step (seeded by the step), validation on the
+    fixed validation set."""
+
+    def __init__(self, cfg: ReverseCopyConfig, model: EncoderDecoder) -> None:
+        self.cfg, self.model = cfg, model
+        self.valid = _split(cfg, "valid")  # [T, N]
+
+    def loss(self, step: int) -> StepLoss:
+        cfg = self.cfg
+        generator = torch.Generator().manual_seed(cfg.seed * (1 << 42) + step)
+        nll, _, _ = self.model.loss(sample_sources(generator, cfg.batch_size, cfg.length, cfg.vocab_size))  # [T, B]
+        return StepLoss(nll.sum(), nll.numel(), cfg.batch_size)
+
+    def validate(self, model: nn.Module) -> dict[str, float]:
+        return evaluate(model, self.valid)
+
+
 def run_reverse_copy(cfg: ReverseCopyConfig, run_dir: str | Path, progress: bool = True,
                      log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train (or resume) ``cfg`` in ``run_dir``, evaluate the best checkpoint on test, write ``results.json``."""
     run = RunDirectory(run_dir)
-    prepare_run(run, asdict(cfg), "reverse-copy")
+    run.prepare(asdict(cfg), "reverse-copy")
     torch.manual_seed(cfg.seed)
     model = build_model(cfg)
     num_params = sum(p.numel() for p in model.parameters())
     hidden = model.output.in_features
-    atomic_write_text(run.model_info_path, json.dumps({"hidden_size": hidden, "embedding_size": model.embedding_size,
-                                                       "num_params": num_params}, indent=1))
+    run.write_json(run.model_info_path, {"hidden_size": hidden, "embedding_size": model.embedding_size,
+                                         "num_params": num_params})
     log(f"reverse copy, length {cfg.length}, vocabulary {cfg.vocab_size}: {cfg.architecture} encoder and decoder, "
         f"hidden {hidden}, embedding {model.embedding_size}: {num_params:,} parameters")
-    valid = _split(cfg, "valid")
-
-    def step_loss(step: int) -> Tensor:
-        generator = torch.Generator().manual_seed(cfg.seed * (1 << 42) + step)
-        nll, _, _ = model.loss(sample_sources(generator, cfg.batch_size, cfg.length, cfg.vocab_size))  # [T, B]
-        return nll.sum() / cfg.batch_size
-
-    settings = LoopSettings(cfg.steps, cfg.learning_rate, cfg.eval_every, cfg.clip_norm, cfg.l2_penalty)
-    state = train_loop(model, settings, run, step_loss, lambda: evaluate(model, valid), progress, log,
-                       "reverse copy", cfg.batch_size * cfg.length)
+    settings = Settings(cfg.steps, cfg.learning_rate, cfg.eval_every, clip_norm=cfg.clip_norm,
+                        l2_penalty=cfg.l2_penalty, tokens_per_step=cfg.batch_size * cfg.length)
+    engine = Engine(ReverseCopyTask(cfg, model), settings, run, progress=progress, desc="reverse copy", log=log,
+                    hparams=asdict(cfg) | {"hidden_size": hidden, "num_params": num_params})
+    trained = engine.fit()
+    model.load_state_dict(engine.best_weights())
     results = {"task": {"name": "reverse_copy", **asdict(cfg)}, "hidden_size": hidden, "num_params": num_params,
-               "best_step": state["best_step"], "train_seconds": state["seconds"],
+               "best_step": trained.best_step, "train_seconds": trained.seconds,
                "splits": {s: evaluate(model, _split(cfg, s)) for s in ("valid", "test")}}
-    atomic_write_text(run.results_path, json.dumps(results, indent=1))
+    run.write_json(run.results_path, results)
     test = results["splits"]["test"]
     log(f"test: cross-entropy {test['xent']:.4f} nats per token, {100 * test['sequence_accuracy']:.1f}% of sequences "
         f"exact, {100 * test['token_accuracy']:.1f}% of tokens")

@@ -38,6 +38,7 @@ def _language_model(cfg: ModelConfig, vocab_size: int, hidden_size: int) -> Lang
         state_dropout=cfg.state_dropout,
         output_dropout=cfg.output_dropout,
         backend=cfg.backend,
+        init=cfg.init,
     )
 
 

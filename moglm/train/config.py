@@ -8,16 +8,17 @@ description (``moglm train --help-config`` prints them). Command-line overrides 
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any, Literal
 
-import tomli_w
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from ..errors import MoglmError
+from ..runs.directory import to_toml
 from ..modules import ARCHITECTURES
 
 if sys.version_info >= (3, 11):
@@ -72,8 +73,12 @@ class ModelConfig(Section):
     mos_components: int = Field(1, ge=1, description="Mixture-of-softmaxes components (1: a plain softmax).")
     cell: dict[str, Any] = Field(
         default_factory=dict,
-        description="Options of the architecture's module, e.g. {rounds = 5, rank = 40, capped_input_gate = true}.",
+        description="The architecture's own options, e.g. {rounds = 5, rank = 40} for mogrifier; each "
+        "architecture's are listed below ([model.cell] for <architecture>).",
     )
+    init: Literal["torch", "paper"] = Field(
+        "torch", description="Initialisation: torch (torch.nn.LSTM's uniform, as the modules default to) or paper "
+        "(the original experiments' truncated normals; the shipped configs select it).")
     input_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the embeddings into layer 1.")
     inter_layer_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the inputs of layers >= 2.")
     state_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Variational dropout on h_prev, one mask per sequence.")
@@ -92,14 +97,13 @@ class ModelConfig(Section):
             raise ValueError(f"architecture must be one of {sorted(ARCHITECTURES)}, got {self.architecture!r}")
         if (self.hidden_size is None) == (self.num_params is None):
             raise ValueError("set exactly one of hidden_size and num_params")
-        params = inspect.signature(ARCHITECTURES[self.architecture].__init__).parameters
-        reserved = {"self", "input_size", "hidden_size", "num_layers", "dropout", "state_dropout", "backend",
-                    "batch_first", "device", "dtype"}
-        for key in self.cell:
-            if key not in params or key in reserved:
-                allowed = sorted(set(params) - reserved)
-                raise ValueError(f"cell.{key}: unknown option for {self.architecture} (allowed: {allowed})")
         return self
+
+    @field_validator("cell")
+    @classmethod
+    def _check_cell(cls, cell: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        architecture = info.data.get("architecture")
+        return validate_cell_options(architecture, cell) if architecture in ARCHITECTURES else cell
 
 
 class TrainConfig(Section):
@@ -138,7 +142,9 @@ class TrainConfig(Section):
 
 class EvaluationConfig(Section):
     temperature_search: bool = Field(True, description="Search the softmax temperature factor on validation.")
-    temperature_tokens: int = Field(50_000, ge=1, description="Validation tokens used by the temperature search.")
+    temperature_tokens: int | None = Field(
+        None, ge=1, description="Validation tokens used by the temperature search (null: 50,000, or the tokens the "
+        "run trained on when fewer, so a short run gets a short search).")
     batch_size: int = Field(1, ge=1, description="Streams for the final evaluation (1: one continuous stream).")
     mc_samples: int = Field(0, ge=0, description="MC-dropout samples for the final evaluation (0: off).")
     mc_dropout_multiplier: float = Field(0.75, gt=0.0, le=1.0, description="Dropout rates are multiplied by this.")
@@ -169,7 +175,32 @@ class RunConfig(Section):
         return self
 
     def to_toml(self) -> str:
-        return dump_toml(self.model_dump(mode="json", exclude_none=True))
+        return to_toml(self.model_dump(mode="json", exclude_none=True))
+
+
+def cell_options_class(architecture: str) -> type:
+    """The dataclass of ``architecture``'s own options (:attr:`moglm.modules.RecurrentModule.Options`)."""
+    return ARCHITECTURES[architecture].Options
+
+
+def validate_cell_options(architecture: str, cell: dict[str, Any]) -> dict[str, Any]:
+    """``cell`` checked against the architecture's typed options: unknown keys and wrong types are errors
+    naming the key (``"3"`` for an integer is refused; ``3`` for a float is taken as ``3.0``).
+    Only the keys given are kept, so a saved config stays as the user wrote it."""
+    options = cell_options_class(architecture)
+    known = {f.name: f for f in dataclasses.fields(options)}
+    out = {}
+    for key, value in cell.items():
+        if key not in known:
+            raise ValueError(f"cell.{key}: unknown option for {architecture} (its options: {', '.join(known) or 'none'})")
+        kind = known[key].type
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        try:
+            out[key] = TypeAdapter(kind).validate_python(value, strict=True)
+        except ValidationError as e:
+            raise ValueError(f"cell.{key}: {e.errors()[0]['msg']} (got {value!r})") from None
+    return out
 
 
 # -- reading, overriding, writing --------------------------------------------------------------------
@@ -206,23 +237,44 @@ def locate(config: str | Path) -> Path:
     raise MoglmError(f"{config}: no such config file or shipped config (shipped: {', '.join(shipped)})")
 
 
+def parse_value(raw: str) -> Any:
+    """An override's value: a TOML value (``0.1``, ``true``, ``[1, 2]``, ``{rounds = 3, rank = 4}``), else a
+    YAML scalar or flow collection, else the text itself (``mogrifier``)."""
+    if not raw.strip():
+        return None
+    try:
+        return tomllib.loads(f"value = {raw}")["value"]
+    except tomllib.TOMLDecodeError:
+        pass
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """``section.key=value`` assignments; values are parsed as YAML scalars/lists (``0.1``, ``true``, ``[1, 2]``)."""
+    """``section.key=value`` assignments (values: :func:`parse_value`). Switching ``model.architecture``
+    without setting ``model.cell`` drops the file's cell options the new architecture does not have (the
+    default config's ``rounds`` must not break ``--set model.architecture=lstm``)."""
+    keys = []
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise MoglmError(f"override {item!r}: expected key=value, e.g. train.learning_rate=0.002")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError:
-            value = raw
         node = data
         parts = key.strip().split(".")
+        keys.append(".".join(parts))
         for part in parts[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise MoglmError(f"override {item!r}: {part} is not a section")
-        node[parts[-1]] = value
+        node[parts[-1]] = parse_value(raw)
+    model = data.get("model")
+    switched = "model.architecture" in keys and not any(k == "model.cell" or k.startswith("model.cell.") for k in keys)
+    if switched and isinstance(model, dict) and isinstance(model.get("cell"), dict):
+        if model.get("architecture") in ARCHITECTURES:
+            accepted = {f.name for f in dataclasses.fields(cell_options_class(model["architecture"]))}
+            model["cell"] = {k: v for k, v in model["cell"].items() if k in accepted}
     return data
 
 
@@ -251,12 +303,9 @@ def load_config(config: str | Path | None = None, overrides: list[str] | None = 
     return validate(apply_overrides(data, list(overrides or [])), source)
 
 
-def dump_toml(data: dict[str, Any]) -> str:
-    return tomli_w.dumps(data)
-
-
 def describe() -> str:
-    """Every field with its type, default and meaning (``--help-config``)."""
+    """Every field with its type, default and meaning, and every architecture's cell options
+    (``--help-config``)."""
     lines = [f"moglm run config, format_version {FORMAT_VERSION}"]
     for section, model in (("data", DataConfig), ("model", ModelConfig), ("train", TrainConfig),
                            ("evaluation", EvaluationConfig), ("sample", SampleConfig)):
@@ -264,5 +313,10 @@ def describe() -> str:
         for name, f in model.model_fields.items():
             default = f.default_factory() if f.default_factory else f.default
             lines.append(f"  {name} = {default!r}\n      {f.description}")
+    for architecture in sorted(ARCHITECTURES):
+        fields = dataclasses.fields(cell_options_class(architecture))
+        lines.append(f"\n[model.cell] for architecture = {architecture!r}" + ("" if fields else ": no options"))
+        for f in fields:
+            kind = getattr(f.type, "__name__", None) or str(f.type).replace("typing.", "")
+            lines.append(f"  {f.name} = {f.default!r}  ({kind})\n      {f.metadata.get('help', '')}")
     return "\n".join(lines)
-

@@ -11,14 +11,14 @@ from ..evaluation.mc_dropout import evaluate_mc_dropout
 from ..evaluation.scores import Scores
 from ..evaluation.stream import evaluate_episodes, evaluate_stream
 from ..evaluation.temperature import search_temperature
+from ..atomic import atomic_write_text
+from ..device import resolve_device
 from .build import load_data
-from .checkpoint import atomic_write_text
-from .run_directory import RunDirectory
-from .trainer import resolve_device, separator_id
+from .language_model_run import LanguageModelRun
 
 
 def evaluate_run(
-    run: RunDirectory,
+    run: LanguageModelRun,
     splits: list[str] | None = None,
     batch_size: int | None = None,
     temperature: float | None = None,
@@ -45,19 +45,26 @@ def evaluate_run(
     results: dict[str, Any] = {"checkpoint": {"which": which, "step": pointer["step"],
                                               "weights": pointer.get("weights", "model")}}
     factor = 1.0
+    search = temperature is None and ev.temperature_search and not cfg.data.episodic
+    search_tokens = temperature_search_tokens(cfg, pointer.get("tokens"))
+    scored = {split: len(corpus[split]) - 1 for split in splits}
+    plan = ", ".join(f"{split} {n:,} tokens" for split, n in scored.items())
+    log(f"final evaluation of the {which} checkpoint (step {pointer['step']}): "
+        + (f"temperature search on {search_tokens:,} validation tokens, then " if search else "")
+        + f"{plan} at batch size {batch_size}" + (f", {mc_samples} MC-dropout passes each" if mc_samples else ""))
     if temperature is not None:
         factor = temperature
-    elif ev.temperature_search and not cfg.data.episodic:
-        factor, tried = search_temperature(model, corpus["valid"], ev.temperature_tokens,
-                                           cfg.train.eval_batch_size, cfg.train.bptt)
+    elif search:
+        factor, tried = search_temperature(model, corpus["valid"], search_tokens, cfg.train.eval_batch_size,
+                                           cfg.train.bptt)
         results["temperature_search"] = {str(k): v for k, v in tried.items()}
-        log(f"softmax temperature factor {factor:.2f} (searched on {ev.temperature_tokens:,} validation tokens)")
+        log(f"softmax temperature factor {factor:.2f} (searched on {search_tokens:,} validation tokens)")
     results["temperature"] = factor
     results["batch_size"] = batch_size
     results["splits"] = {}
     for split in splits:
         if cfg.data.episodic:
-            scores = evaluate_episodes(model, corpus[split], separator_id(corpus), batch_size, factor=factor)
+            scores = evaluate_episodes(model, corpus[split], corpus.separator_id(), batch_size, factor=factor)
         else:
             scores = evaluate_stream(model, corpus[split], batch_size, cfg.train.bptt, factor,
                                      words=corpus.words.get(split), progress=progress, desc=split)
@@ -74,6 +81,14 @@ def evaluate_run(
     if write:
         atomic_write_text(run.results_path, json.dumps(results, indent=1))
     return results
+
+
+def temperature_search_tokens(cfg, trained_tokens: int | None) -> int:
+    """``evaluation.temperature_tokens``, or by default 50,000 validation tokens, or the tokens the run
+    trained on when fewer (a 40-step run should not pay minutes of search)."""
+    if cfg.evaluation.temperature_tokens is not None:
+        return cfg.evaluation.temperature_tokens
+    return max(1_000, min(50_000, trained_tokens or 50_000))
 
 
 def headline(results: dict[str, Any], split: str = "valid") -> str:

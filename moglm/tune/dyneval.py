@@ -24,8 +24,8 @@ import optuna
 from ..dynamic_evaluation import Hyperparameters, StatisticsSettings, dynamic_evaluate, static_pass
 from ..dynamic_evaluation.run import load_corpus_for, run_statistics
 from ..errors import MoglmError
-from ..train.run_directory import RunDirectory
-from ..train.trainer import resolve_device
+from ..train.language_model_run import LanguageModelRun
+from ..device import resolve_device
 from .search_space import SearchSpace
 
 SETTINGS = tuple(f.name for f in dataclasses.fields(Hyperparameters))
@@ -63,7 +63,7 @@ def prepare_dyneval(space: SearchSpace, space_name: str, base: str | None, max_t
     """Check the keys and the run, and collect the RMS statistics once (workers then read the cache)."""
     if base is None:
         raise MoglmError(f"search space {space_name} tunes dynamic evaluation: --base RUN_DIR names the trained run")
-    run = RunDirectory(base)
+    run = LanguageModelRun(base)
     run.load_config()  # a run directory, or a one-line error
     fixed: dict[str, Any] = {}
     for section, mapping in (("fixed", space.fixed), ("trial", space.trial), ("params", space.params)):
@@ -95,7 +95,7 @@ class DynevalObjective:
     def load(self) -> dict[str, Any]:
         """The model, the validation prefix, its static pass, the temperature and the RMS statistics."""
         if self._loaded is None:
-            run = RunDirectory(self.setup.run_dir)
+            run = LanguageModelRun(self.setup.run_dir)
             cfg = run.load_config()
             model, _, _ = run.load_model("best", resolve_device(cfg.train.device))
             corpus = load_corpus_for(run, "dynamic evaluation")
@@ -135,7 +135,8 @@ def best_settings_text(study: optuna.Study, best: optuna.trial.FrozenTrial, setu
 
     settings = best.user_attrs["config"]["dyneval"]
     hp, _ = setup.settings(settings)
-    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in settings.items() if k != "rule")
+    options = {"lr": "learning-rate"}  # moglm dyneval's option for each setting that is named otherwise
+    flags = " ".join(f"--{options.get(k, k.replace('_', '-'))} {v}" for k, v in settings.items() if k != "rule")
     lines = [f"# moglm tune: the best dynamic-evaluation settings of Optuna study {study.study_name!r}",
              f"# storage: {storage}",
              f"# run {setup.run_dir}, first {setup.tokens:,} validation tokens: trial {best.number}, "

@@ -26,11 +26,11 @@ import torch
 
 from ..errors import MoglmError
 from ..model.language_model import embedding_size
+from ..progress import above_bars
 from ..train.build import load_data, resolve_hidden_size
 from ..train.config import RunConfig, apply_overrides, locate, read_mapping, validate
-from ..train.final_evaluation import evaluate_run
-from ..train.run_directory import RunDirectory
-from ..train.trainer import Trainer, TrainingInterrupted, total_steps
+from ..train.engine import Evaluation, TrainingInterrupted
+from ..train.trainer import total_steps, train_and_evaluate
 from .search_space import SearchSpace, set_dotted
 
 MAX_ATTEMPTS = 2  # a trial whose worker died is re-queued once (a second death is probably the trial's fault)
@@ -114,9 +114,10 @@ def fit_rank(cfg: RunConfig, vocab_size: int) -> tuple[RunConfig, dict[str, Any]
 class Objective:
     """The callable handed to ``study.optimize``; ``interrupted`` is set when Ctrl-C stopped a trial."""
 
-    def __init__(self, setup: TrialSetup, log_to_stdout: bool = False) -> None:
+    def __init__(self, setup: TrialSetup, log_to_stdout: bool = False, progress: bool = False) -> None:
         self.setup = setup
-        self.log_to_stdout = log_to_stdout
+        self.log_to_stdout = log_to_stdout  # every log line also on stdout, as "[trial N] line"
+        self.progress = progress  # a progress bar per trial
         self.interrupted = False
 
     def __call__(self, trial: optuna.Trial) -> float:
@@ -152,6 +153,7 @@ class Objective:
             set_dotted(ready, key, value)
         trial.set_user_attr("changed", changed)
         trial.set_user_attr("config", ready)
+        cfg = cfg.model_copy(update={"name": trial_title(trial.study.study_name, run_number, values)})
         if run_number == trial.number and run_dir.exists():
             shutil.rmtree(run_dir)  # left over from an earlier study in the same directory
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -161,17 +163,18 @@ class Objective:
                 log_file.write(message + "\n")
                 log_file.flush()
                 if self.log_to_stdout:
-                    print(f"[trial {trial.number}] {message}", flush=True)
+                    above_bars(lambda line: print(line, flush=True))(f"[trial {trial.number}] {message}")
 
             log(f"trial {trial.number}: {json.dumps(values)}" + (f"; changed {changed}" if changed else ""))
 
-            def report(step: int, valid_xent: float) -> None:
-                trial.report(valid_xent, step)
+            def report(evaluation: Evaluation) -> None:
+                xent = evaluation.scores["xent"]
+                trial.report(xent, evaluation.step)
                 if trial.should_prune():
-                    raise optuna.TrialPruned(f"pruned at step {step} (valid xent {valid_xent:.4f})")
+                    raise optuna.TrialPruned(f"pruned at step {evaluation.step} (valid xent {xent:.4f})")
 
-            progress = Trainer(cfg, run_dir, progress=False, log=log, on_evaluation=report).train()
-            results = evaluate_run(RunDirectory(run_dir), splits=["valid"], progress=False, log=log)
+            progress, results = train_and_evaluate(cfg, run_dir, splits=["valid"], progress=self.progress, log=log,
+                                                   on_evaluation=report)
         valid = results["splits"]["valid"]
         info = json.loads((run_dir / "model.json").read_text())
         trial.set_user_attr("level", results.get("level"))
@@ -183,6 +186,13 @@ class Objective:
         trial.set_user_attr("tokens", progress.tokens)
         trial.set_user_attr("seconds", round(time.monotonic() - start, 1))
         return float(valid["xent"])
+
+
+def trial_title(study_name: str, run: int, values: dict[str, Any]) -> str:
+    """A trial's run name, which titles its learning curve: the study, the trial's run and its parameters."""
+    shown = ", ".join(f"{key.rsplit('.', 1)[-1]}={value:.3g}" if isinstance(value, float)
+                      else f"{key.rsplit('.', 1)[-1]}={value}" for key, value in values.items())
+    return f"{study_name} trial {run}: {shown}"
 
 
 def requeue_stale_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:

@@ -10,9 +10,7 @@ Directories no pointer refers to are removed afterwards.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,22 +18,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from ..atomic import atomic_directory, atomic_write_text
 from ..errors import MoglmError
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old or the new content, never a mix."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _contiguous(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -56,21 +40,11 @@ class CheckpointStore:
         while name in taken:  # never replace a checkpoint a pointer refers to
             n += 1
             name = f"step-{step:08d}-{n}"
-        final = self.root / name
-        tmp = Path(tempfile.mkdtemp(dir=self.root, prefix=f".tmp-step-{step:08d}-"))
-        try:
-            for name, tensors in groups.items():
-                save_file(_contiguous(tensors), str(tmp / f"{name}.safetensors"))
+        final = self.root / name  # a leftover there was never pointed at: atomic_directory replaces it
+        with atomic_directory(final) as tmp:
+            for group, tensors in groups.items():
+                save_file(_contiguous(tensors), str(tmp / f"{group}.safetensors"))
             (tmp / "state.json").write_text(json.dumps(state, indent=1))
-            for f in tmp.iterdir():
-                with open(f, "rb") as fh:
-                    os.fsync(fh.fileno())
-            if final.exists():  # an unreferenced leftover of a run killed before it pointed at it
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return final
 
     def point(self, name: str, directory: Path, **info: Any) -> None:

@@ -1,0 +1,144 @@
+"""The run directory: everything a run produces, and everything later commands read.
+
+::
+
+    runs/<name>/
+      config.toml          the resolved config (a language model's RunConfig, or a task's settings)
+      vocab.json           the vocabulary (language models: from the training split)
+      model.json           resolved model sizes (hidden size chosen by budget, parameter count)
+      metrics.jsonl        one JSON record per line: train / valid / final
+      learning_curve.png   the learning curve, redrawn at every evaluation
+      results.json         the final evaluation
+      sample.txt           a sample from the best checkpoint (language models)
+      checkpoints/         see moglm.runs.checkpoints
+      tensorboard/         TensorBoard events, when tensorboard is installed
+
+Every run (``moglm train``, the synthetic tasks, tuning trials) uses this one API: :meth:`RunDirectory.prepare`
+starts a run or checks that the saved config is the same before it resumes, and the metrics log is cut
+back to the checkpoint a resumed run restarts from.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..atomic import atomic_write_text
+from ..data.vocabulary import Vocabulary
+from ..errors import MoglmError
+from .checkpoints import CheckpointStore
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+def plain(mapping: Any) -> Any:
+    """``mapping`` as TOML stores it: JSON types, tuples as lists, ``None`` values left out."""
+    if isinstance(mapping, dict):
+        return {str(k): plain(v) for k, v in mapping.items() if v is not None}
+    if isinstance(mapping, (list, tuple)):
+        return [plain(v) for v in mapping]
+    return mapping
+
+
+def first_difference(saved: Any, now: Any, prefix: str = "") -> str | None:
+    """The first dotted key whose value differs, as ``"key: a (saved) vs b (now)"``, or ``None``."""
+    if isinstance(saved, dict) and isinstance(now, dict):
+        for key in sorted(set(saved) | set(now)):
+            d = first_difference(saved.get(key), now.get(key), f"{prefix}{key}.")
+            if d:
+                return d
+        return None
+    return None if saved == now else f"{prefix[:-1]}: {saved!r} (saved) vs {now!r} (now)"
+
+
+def to_toml(mapping: dict[str, Any]) -> str:
+    import tomli_w
+
+    return tomli_w.dumps(plain(mapping))
+
+
+class RunDirectory:
+    """The files of one run (see the module docstring); creating the object touches nothing on disk."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.config_path = self.path / "config.toml"
+        self.vocab_path = self.path / "vocab.json"
+        self.model_info_path = self.path / "model.json"
+        self.metrics_path = self.path / "metrics.jsonl"
+        self.plot_path = self.path / "learning_curve.png"
+        self.results_path = self.path / "results.json"
+        self.sample_path = self.path / "sample.txt"
+        self.checkpoints = CheckpointStore(self.path / "checkpoints")
+
+    # -- starting or resuming -------------------------------------------------------------------
+    def prepare(self, config: dict[str, Any], what: str = "") -> bool:
+        """Create the directory for ``config`` (a mapping; ``None`` values are left out) and return whether
+        a checkpoint of the same config exists to resume. A different saved config is an error: a resumed
+        run must continue exactly. ``what`` names the kind of run in that error ("a Dyck run")."""
+        config = plain(config)
+        if self.config_path.is_file():
+            diff = first_difference(self.read_config(), config)
+            if diff:
+                kind = f"a {what} run" if what else "a run"
+                raise MoglmError(f"{self.path} holds {kind} with a different config ({diff}); "
+                                 "choose another --run-dir, or pass --restart to discard it")
+            return self.checkpoints.pointer("last") is not None
+        self.path.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.config_path, to_toml(config))
+        return False
+
+    def read_config(self) -> dict[str, Any]:
+        """The saved config as a mapping (one line of error for a missing or unreadable file)."""
+        if not self.config_path.is_file():
+            raise MoglmError(f"{self.path}: not a run directory (no config.toml)")
+        try:
+            return tomllib.loads(self.config_path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise MoglmError(f"{self.config_path}: not a readable config ({e})") from None
+
+    def write_json(self, path: Path, data: Any) -> None:
+        """Write ``data`` as indented JSON to ``path`` (a file of this run) atomically."""
+        atomic_write_text(path, json.dumps(data, indent=1))
+
+    # -- metrics --------------------------------------------------------------------------------
+    def append_metrics(self, record: dict[str, Any]) -> None:
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        if not self.metrics_path.is_file():
+            return []
+        out = []
+        for line in self.metrics_path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut short by a kill
+                continue
+        return out
+
+    def truncate_metrics(self, step: int) -> None:
+        """Drop records after ``step`` (written after the checkpoint a resumed run restarts from)."""
+        kept = [r for r in self.read_metrics() if r.get("step", 0) <= step and r.get("kind") != "final"]
+        atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
+
+    # -- reading a finished (or running) run ------------------------------------------------------
+    def load_vocab(self) -> Vocabulary:
+        if not self.vocab_path.is_file():
+            raise MoglmError(f"{self.path}: no vocab.json (the run never started training)")
+        return Vocabulary.from_json(self.vocab_path.read_text())
+
+    def model_info(self) -> dict[str, Any]:
+        if not self.model_info_path.is_file():
+            raise MoglmError(f"{self.path}: no model.json (the run never started training)")
+        return json.loads(self.model_info_path.read_text())
+
+    def results(self) -> dict[str, Any]:
+        if not self.results_path.is_file():
+            raise MoglmError(f"{self.path}: no results.json (the run has not been evaluated)")
+        return json.loads(self.results_path.read_text())

@@ -1,0 +1,429 @@
+"""The training engine: one loop for every model moglm trains (language models, the synthetic tasks,
+tuning trials), with the Mogrifier paper's recipe (section 3.3; docs/method.md, "Training recipe").
+
+* Adam with beta1 = 0 and a constant learning rate; the loss is a step's summed cross-entropy divided by
+  its sequences, plus ``l2_penalty * 0.5 * sum(w^2)``; global-norm clipping.
+* Evaluation every ``eval_every`` steps on validation; weight averaging after ``averaging_patience``
+  evaluations without improvement or at ``averaging_start`` of training; best and last checkpoints;
+  optional early stopping.
+
+A :class:`Task` plugs in what differs: the model, the loss of step s, validation, and any state the next
+step depends on (a language model's carried recurrent state). The engine owns the rest.
+
+Reliability: every evaluation writes an atomic checkpoint holding everything the next step depends on
+(weights, Adam's moments, the average, the task's state, the random number generators, the progress),
+so rerunning the same command after a kill continues exactly as the uninterrupted run would. Ctrl-C
+saves a checkpoint at the current step first. A non-finite loss or gradient stops the run before the
+weights are touched, keeping the last good checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import MoglmError
+from ..progress import progress_bar
+from ..runs import RunDirectory, load_group
+from .learning_curve import plot_learning_curve
+from .weight_averaging import WeightAverage
+
+
+class TrainingDiverged(MoglmError):
+    """The loss or the gradient became NaN or infinite."""
+
+
+class TrainingInterrupted(MoglmError):
+    """Ctrl-C: a checkpoint was saved and the run can be resumed."""
+
+
+@dataclass
+class Settings:
+    """How the engine trains: the optimizer, the schedule of evaluations and the averaging rules."""
+
+    steps: int
+    learning_rate: float
+    eval_every: int
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_norm: float = 10.0
+    l2_penalty: float = 0.0
+    averaging_patience: int | None = None
+    averaging_start: float | None = None
+    early_stopping_patience: int | None = None
+    tokens_per_step: int = 1  # for the progress bar's tokens/s
+    log_every: int = 10  # steps between training-loss records in metrics.jsonl
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "eval_every", "log_every"):
+            if getattr(self, name) < 1:
+                raise MoglmError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.learning_rate > 0:
+            raise MoglmError(f"the learning rate must be > 0, got {self.learning_rate}")
+
+
+@dataclass
+class StepLoss:
+    """A step's loss: the cross-entropy summed over its ``tokens`` scored tokens, and the ``sequences``
+    it is averaged over (the batch size)."""
+
+    summed: Tensor
+    tokens: int
+    sequences: int
+
+
+@dataclass
+class Evaluation:
+    """One validation during training, handed to ``on_evaluation`` (tuning reports ``scores["xent"]``)."""
+
+    step: int
+    scores: dict[str, float]
+    model: nn.Module  # the weights evaluated: the running average once averaging started
+    best: bool
+
+
+class Task(Protocol):
+    """What a task plugs into the engine."""
+
+    model: nn.Module
+
+    def loss(self, step: int) -> StepLoss:
+        """The loss of step ``step`` (a function of the step and the task's state, so resuming is exact)."""
+
+    def validate(self, model: nn.Module) -> dict[str, float]:
+        """Validation scores of ``model``; ``xent`` (lower is better) picks the best checkpoint."""
+
+    def describe(self, scores: dict[str, float]) -> str:
+        """Validation scores as the log line shows them."""
+
+    def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        """Tensors and JSON the next step depends on beyond the weights (e.g. a carried state)."""
+
+    def load_state(self, tensors: dict[str, Tensor], info: dict[str, Any]) -> None:
+        """Restore :meth:`state` from a checkpoint."""
+
+
+class StatelessTask:
+    """A task whose steps depend on nothing but the step number and the weights (the synthetic tasks draw
+    the batch of step s from a generator seeded by s); subclasses give ``model``, ``loss`` and ``validate``."""
+
+    model: nn.Module
+
+    def describe(self, scores: dict[str, float]) -> str:
+        return ", ".join(f"{k} {v:.4g}" for k, v in scores.items() if isinstance(v, float))
+
+    def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        return {}, {}
+
+    def load_state(self, tensors: dict[str, Tensor], info: dict[str, Any]) -> None:
+        pass
+
+
+@dataclass
+class Progress:
+    """Where training stands; saved as JSON in every checkpoint."""
+
+    step: int = 0
+    tokens: int = 0
+    best_xent: float | None = None
+    best_step: int | None = None
+    evals_without_improvement: int = 0
+    averaging_since: int | None = None
+    stopped_early: bool = False
+    finished: bool = False
+    seconds: float = 0.0  # training time over every invocation, evaluations included
+    window_nll: float = 0.0  # the training loss summed since the last metrics record
+    window_tokens: int = 0
+
+
+class _InterruptFlag:
+    """SIGINT sets a flag checked between steps (a second Ctrl-C interrupts at once)."""
+
+    def __init__(self) -> None:
+        self.set = False
+        self._previous = None
+
+    def __enter__(self) -> "_InterruptFlag":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.set:
+            raise KeyboardInterrupt
+        self.set = True
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+class Engine:
+    """Trains ``task.model`` in ``run`` with ``settings`` (resuming from the run's last checkpoint).
+
+    ``log`` prints a line (above the progress bar); ``on_step(step)`` is called after every completed
+    step (tests simulate kills with it); ``on_evaluation(Evaluation)`` after every checkpoint (tuning
+    prunes with it). ``hparams`` (the run's config, nested) goes to TensorBoard beside the best validation
+    score; ``unit`` is what the learning curve plots (``bits``, ``perplexity`` or ``nats``).
+    """
+
+    def __init__(
+        self,
+        task: Task,
+        settings: Settings,
+        run: RunDirectory,
+        *,
+        device: torch.device | str = "cpu",
+        title: str | None = None,
+        unit: str = "nats",
+        progress: bool = True,
+        desc: str = "train",
+        log: Callable[[str], None] = print,
+        on_step: Callable[[int], None] | None = None,
+        on_evaluation: Callable[[Evaluation], None] | None = None,
+        hparams: dict[str, Any] | None = None,
+    ) -> None:
+        self.task, self.settings, self.run = task, settings, run
+        self.model = task.model
+        self.device = torch.device(device)
+        self.title = title or run.path.name
+        self.unit = unit
+        self.progress_enabled, self.desc = progress, desc
+        self._log, self.on_step, self.on_evaluation = log, on_step, on_evaluation
+        self.hparams = flat_hparams(hparams or {})
+        self.parameters = [p for p in self.model.parameters() if p.requires_grad]
+        self.names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+        self.optimizer = torch.optim.Adam(self.parameters, lr=settings.learning_rate,
+                                          betas=(0.0, settings.adam_beta2), eps=settings.adam_eps)
+        self.average = WeightAverage(self.model)
+        self.progress = Progress()
+        self.writer = None
+        self.bar: Any = None
+        self._plotted = -math.inf
+        if run.checkpoints.pointer("last") is not None:
+            self._restore()
+
+    def log(self, message: str) -> None:
+        if self.bar is not None:
+            self.bar.write(self._log, message)
+        else:
+            self._log(message)
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def _checkpoint(self, best: bool) -> None:
+        tensors: dict[str, Tensor] = {"rng.cpu": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            tensors["rng.cuda"] = torch.cuda.get_rng_state(self.device)
+        for name, p in zip(self.names, self.parameters):
+            for key, value in self.optimizer.state.get(p, {}).items():
+                tensors[f"adam.{name}.{key}"] = torch.as_tensor(value)
+        task_tensors, task_info = self.task.state()
+        tensors.update({f"task.{k}": v for k, v in task_tensors.items()})
+        groups = {"model": self.model.state_dict(), "training": tensors}
+        if self.average.active:
+            groups["averaged"] = self.average.weights()
+        state = {"progress": asdict(self.progress), "averaged_count": self.average.count, "task": task_info}
+        directory = self.run.checkpoints.write(self.progress.step, groups, state)
+        self.run.checkpoints.point("last", directory, step=self.progress.step, tokens=self.progress.tokens)
+        if best:
+            weights = "averaged" if self.average.active else "model"
+            self.run.checkpoints.point("best", directory, step=self.progress.step, tokens=self.progress.tokens,
+                                       weights=weights,
+                                       valid_xent=self.progress.best_xent)
+        self.run.checkpoints.prune()
+
+    def _restore(self) -> None:
+        directory = self.run.checkpoints.pointer("last")["path"]
+        state = json.loads((directory / "state.json").read_text())
+        self.progress = Progress(**state["progress"])
+        self.model.load_state_dict(load_group(directory, "model", self.device))
+        training = load_group(directory, "training")
+        adam: dict[int, dict[str, Tensor]] = {}
+        for index, name in enumerate(self.names):
+            prefix = f"adam.{name}."
+            entry = {k[len(prefix):]: v for k, v in training.items() if k.startswith(prefix)}
+            if entry:
+                adam[index] = {k: (v if k == "step" else v.to(self.device)) for k, v in entry.items()}
+        self.optimizer.load_state_dict({"state": adam, "param_groups": self.optimizer.state_dict()["param_groups"]})
+        self.task.load_state({k[5:]: v.to(self.device) for k, v in training.items() if k.startswith("task.")},
+                             state.get("task", {}))
+        if self.progress.averaging_since is not None:
+            self.average.load(load_group(directory, "averaged", self.device), state["averaged_count"],
+                              self.progress.averaging_since)
+        torch.set_rng_state(training["rng.cpu"])
+        if "rng.cuda" in training and self.device.type == "cuda":
+            torch.cuda.set_rng_state(training["rng.cuda"], self.device)
+        self.run.truncate_metrics(self.progress.step)
+        self._log(f"resuming {self.run.path} from step {self.progress.step}")
+
+    def best_weights(self) -> dict[str, Tensor]:
+        """The weights that scored best on validation (averaged ones once averaging started)."""
+        pointer = self.run.checkpoints.pointer("best")
+        if pointer is None:
+            raise MoglmError(f"{self.run.path}: no best checkpoint yet")
+        return load_group(pointer["path"], pointer.get("weights", "model"), self.device)
+
+    # -- one step ---------------------------------------------------------------------------------
+    def _diverged(self, step: int, what: str) -> TrainingDiverged:
+        pointer = self.run.checkpoints.pointer("last")
+        kept = f"the last good checkpoint (step {pointer['step']}) is kept" if pointer else "no checkpoint was written"
+        return TrainingDiverged(f"non-finite {what} at step {step}; training stopped and {kept}")
+
+    def _step(self, step: int) -> tuple[float, int, float]:
+        """One optimizer step; returns (summed nll, scored tokens, gradient norm before clipping)."""
+        s = self.settings
+        self.model.train()
+        out = self.task.loss(step)
+        if not torch.isfinite(out.summed):
+            raise self._diverged(step, "loss")
+        loss = out.summed / out.sequences
+        if s.l2_penalty:
+            loss = loss + s.l2_penalty * 0.5 * sum(p.pow(2).sum() for p in self.parameters)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.parameters, s.clip_norm)
+        if not torch.isfinite(norm):
+            raise self._diverged(step, "gradient")
+        self.optimizer.step()
+        self.average.update()
+        return float(out.summed.detach()), out.tokens, float(norm)
+
+    # -- evaluation during training -----------------------------------------------------------------
+    def evaluation_model(self) -> nn.Module:
+        """The weights validation scores: the running average once averaging started."""
+        return self.average.evaluation_model()
+
+    def _evaluate_and_checkpoint(self) -> bool:
+        """Validation, best/averaging/early-stopping bookkeeping, checkpoint. Returns whether to stop."""
+        s, p = self.settings, self.progress
+        model = self.evaluation_model()
+        scores = self.task.validate(model)
+        improved = p.best_xent is None or scores["xent"] < p.best_xent
+        if improved:
+            p.best_xent, p.best_step, p.evals_without_improvement = scores["xent"], p.step, 0
+        else:
+            p.evals_without_improvement += 1
+        self.run.append_metrics({"kind": "valid", "step": p.step, "tokens": p.tokens, **scores,
+                                 "averaged": self.average.active, "best": improved})
+        for key, value in scores.items():
+            self._scalar(f"valid/{key}", value, p.step)
+        averaged = " (averaged weights)" if self.average.active else ""
+        best = " (best so far: checkpoint kept)" if improved else ""
+        self.log(f"step {p.step}: valid {self.task.describe(scores)}{averaged}{best}")
+        if (not self.average.active and s.averaging_patience is not None
+                and p.evals_without_improvement >= s.averaging_patience):
+            self._start_averaging("validation stopped improving")
+        stop = (s.early_stopping_patience is not None and p.evals_without_improvement >= s.early_stopping_patience
+                and (self.average.active or s.averaging_patience is None))
+        p.stopped_early = stop
+        p.finished = stop or p.step >= s.steps
+        self._checkpoint(best=improved)
+        if p.finished or time.monotonic() - self._plotted > 30:  # redraw at most twice a minute
+            plot_learning_curve(self.run.read_metrics(), self.run.plot_path, title=self.title, unit=self.unit)
+            self._plotted = time.monotonic()
+        if self.on_evaluation is not None:
+            self.on_evaluation(Evaluation(p.step, scores, model, improved))
+        return stop
+
+    def _start_averaging(self, why: str) -> None:
+        self.average.start(self.progress.step)
+        self.progress.averaging_since = self.progress.step
+        self.progress.evals_without_improvement = 0
+        self.log(f"step {self.progress.step}: weight averaging starts ({why})")
+
+    def _scalar(self, tag: str, value: Any, step: int) -> None:
+        if self.writer is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+            self.writer.add_scalar(tag, value, step)
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def fit(self) -> Progress:
+        """Run (or resume) training to the end; returns the final progress."""
+        s, p = self.settings, self.progress
+        if p.finished:
+            self._log(f"{self.run.path}: training already finished at step {p.step}")
+            return p
+        self.writer = _tensorboard_writer(self.run)
+        self.bar = progress_bar(s.steps, self.desc, s.tokens_per_step, self.progress_enabled, initial=p.step)
+        log_every = max(1, min(s.log_every, s.eval_every))
+        window_start = time.perf_counter()
+        session_start, seconds_before = time.perf_counter(), p.seconds
+        try:
+            with _InterruptFlag() as interrupt:
+                while p.step < s.steps:
+                    step = p.step + 1
+                    if (not self.average.active and s.averaging_start is not None
+                            and step > s.averaging_start * s.steps):
+                        self._start_averaging(f"{s.averaging_start:.0%} of training")
+                    summed, tokens, norm = self._step(step)
+                    p.step, p.tokens = step, p.tokens + tokens
+                    p.window_nll += summed
+                    p.window_tokens += tokens
+                    p.seconds = seconds_before + time.perf_counter() - session_start
+                    self.bar.update(1)
+                    if step % log_every == 0 or step == s.steps:
+                        self._record_training(step, norm, time.perf_counter() - window_start)
+                        window_start = time.perf_counter()
+                    if step % s.eval_every == 0 or step == s.steps:
+                        if self._evaluate_and_checkpoint():
+                            self.log(f"step {step}: early stopping")
+                            break
+                    if self.on_step is not None:
+                        self.on_step(step)
+                    if interrupt.set:
+                        last = self.run.checkpoints.pointer("last")
+                        if last is None or last["step"] != step:
+                            self._checkpoint(best=False)
+                        raise TrainingInterrupted(
+                            f"interrupted at step {step}; checkpoint saved, rerun the same command to resume")
+            if self.writer is not None and self.hparams:
+                self.writer.add_hparams(self.hparams, {"hparam/best_valid_xent": p.best_xent or math.nan},
+                                        run_name=".")
+        finally:
+            self.bar.close()
+            self.bar = None
+            if self.writer is not None:
+                self.writer.close()
+        return p
+
+    def _record_training(self, step: int, norm: float, elapsed: float) -> None:
+        p = self.progress
+        xent = p.window_nll / max(p.window_tokens, 1)
+        rate = p.window_tokens / max(elapsed, 1e-9)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.run.append_metrics({"kind": "train", "step": step, "tokens": p.tokens, "xent": xent, "grad_norm": norm,
+                                 "tokens_per_s": rate, "learning_rate": lr, "averaging": self.average.active})
+        for tag, value in (("train/xent", xent), ("train/grad_norm", norm), ("train/tokens_per_s", rate),
+                           ("train/learning_rate", lr)):
+            self._scalar(tag, value, step)
+        self.bar.set_postfix_str(f"xent {xent:.3f}")
+        p.window_nll, p.window_tokens = 0.0, 0
+
+
+def flat_hparams(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as TensorBoard's flat hyperparameters (``model.cell.rounds``); values that are not
+    numbers, strings or booleans become strings, ``None`` is left out."""
+    flat: dict[str, Any] = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            flat.update(flat_hparams(value, f"{prefix}{key}."))
+        elif value is not None:
+            flat[f"{prefix}{key}"] = value if isinstance(value, (int, float, str, bool)) else str(value)
+    return flat
+
+
+def _tensorboard_writer(run: RunDirectory):
+    """A TensorBoard SummaryWriter in the run's ``tensorboard/`` when tensorboard is installed, else ``None``."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(str(run.path / "tensorboard"))

@@ -1,0 +1,73 @@
+"""Using a trained run from Python: ``moglm.load_run(path)``.
+
+::
+
+    run = moglm.load_run("runs/default")
+    run.score("def main():\n    return 0\n").bits_per_token
+    print(run.sample("The ", num_tokens=200, temperature=0.8, seed=1))
+
+The model is the run's best checkpoint (averaged weights when averaging ran), in eval mode; the softmax
+temperature is the factor the final evaluation searched on validation (docs/method.md, "Evaluation"), or
+1 for a run that was never evaluated.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .data.vocabulary import Vocabulary
+from .device import resolve_device
+from .errors import MoglmError
+from .evaluation.scores import Scores
+from .evaluation.stream import evaluate_stream
+from .model.language_model import LanguageModel
+from .sampling import encode_prompt, sample
+from .train.config import RunConfig
+from .train.language_model_run import LanguageModelRun
+
+
+@dataclass
+class TrainedRun:
+    """A trained language model with its vocabulary and its tuned softmax temperature."""
+
+    path: Path
+    config: RunConfig
+    model: LanguageModel
+    vocab: Vocabulary
+    temperature: float  # the logit factor of the final evaluation (1.0 when none was searched)
+
+    def encode(self, text: str) -> torch.Tensor:
+        """``text`` as token ids ``[N]``, preceded by the line separator the training lines end with
+        (so the first token is scored in context, as in the corpus)."""
+        return torch.tensor(encode_prompt(self.vocab, text), dtype=torch.long)
+
+    def score(self, text: str, temperature: float | None = None) -> Scores:
+        """How well the model predicts ``text`` (one stream, from a zero state): cross-entropy, perplexity
+        and bits per token. ``temperature`` defaults to the run's tuned factor."""
+        ids = self.encode(text).numpy()  # [N]
+        if len(ids) < 2:
+            raise MoglmError("score: the text has no token to predict")
+        factor = self.temperature if temperature is None else temperature
+        return evaluate_stream(self.model, ids, 1, self.config.train.bptt, factor)
+
+    def sample(self, prompt: str = "", num_tokens: int = 200, temperature: float = 1.0, top_k: int | None = None,
+               seed: int | None = None) -> str:
+        """``prompt`` continued by ``num_tokens`` sampled tokens (``temperature`` divides the logits)."""
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        return sample(self.model, self.vocab, prompt, num_tokens, temperature, top_k, generator)
+
+
+def load_run(path: str | Path, checkpoint: str = "best", device: str | torch.device = "cpu") -> TrainedRun:
+    """The trained model of the run directory ``path`` (see :class:`TrainedRun`). ``checkpoint`` is
+    ``best`` or ``last``. Loading reads safetensors and JSON only; it never executes code."""
+    run = LanguageModelRun(path)
+    model, config, vocab = run.load_model(checkpoint, resolve_device(str(device)))
+    model.eval()
+    temperature = 1.0
+    if run.results_path.is_file():
+        temperature = float(json.loads(run.results_path.read_text()).get("temperature", 1.0))
+    return TrainedRun(run.path, config, model, vocab, temperature)
