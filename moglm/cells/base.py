@@ -17,14 +17,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Callable
 
-import torch
 from torch import Tensor
 
 State = tuple[Tensor, ...]
 Params = Mapping[str, Tensor]
-Step = Callable[[Tensor, State], tuple[Tensor, State]]
 
 
 class Cell(ABC):
@@ -54,16 +51,6 @@ class Cell(ABC):
     @abstractmethod
     def reset_parameters(self, params: Params) -> None:
         """Initialise ``params`` in place (called under ``torch.no_grad()``)."""
-
-    def num_parameters(self) -> int:
-        """Number of scalar parameters of this layer."""
-        total = 0
-        for shape in self.parameter_shapes().values():
-            n = 1
-            for s in shape:
-                n *= s
-            total += n
-        return total
 
     # -- state ------------------------------------------------------------------------------
     def state_sizes(self) -> tuple[int, ...]:

@@ -7,7 +7,8 @@ for r rounds, x first::
     even i:  h = 2 * sigmoid(R_i x + b_i) * h          R_i: m -> n, shape [n, m]
 
 Every round has its own matrix and a zero-initialised bias. With rank k > 0 each matrix is a product
-of two factors, ``Q_i = Q_i^left [m, k] @ Q_i^right [k, n]``; k <= 0 means full rank. With
+of two factors, ``Q_i = Q_i^left [m, k] @ Q_i^right [k, n]``; k <= 0 means full rank, and ``None`` chooses
+from the sizes (:func:`default_rank`: the paper's 40 where it fits, else full rank). With
 ``zigzag=False`` (the paper's ablation, Fig. 2) every round is conditioned on the ORIGINAL x and h.
 Only h_prev is mogrified; c_prev reaches the LSTM unchanged, and the state carried forward is the
 LSTM's new (h, c).
@@ -32,6 +33,9 @@ from .lstm import LSTMCell, lstm_pointwise
 
 PREFIX = "mogrifier_"
 
+#: the rank the Mogrifier paper's experiments use most (section 4.1: the best k lay in [40, 90])
+PAPER_RANK = 40
+
 
 def num_q_rounds(rounds: int) -> int:
     """Rounds that gate x (the odd ones)."""
@@ -43,16 +47,26 @@ def num_r_rounds(rounds: int) -> int:
     return rounds // 2
 
 
-def check_rounds_rank(rounds: int, rank: int, input_size: int, hidden_size: int) -> None:
-    if not isinstance(rounds, int) or rounds < 0:
+def default_rank(input_size: int, hidden_size: int) -> int:
+    """The rank ``rank=None`` means: :data:`PAPER_RANK` where both sizes are at least that, else 0 (full rank).
+    A factorisation of rank min(m, n) or more spans every matrix and has more parameters than the matrix."""
+    return PAPER_RANK if min(input_size, hidden_size) >= PAPER_RANK else 0
+
+
+def check_rounds_rank(rounds: int, rank: int | None, input_size: int, hidden_size: int) -> int:
+    """Validate ``rounds`` and ``rank``; returns the rank to build (0 for full rank)."""
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 0:
         raise ValueError(f"rounds must be an integer >= 0, got {rounds!r}")
-    if not isinstance(rank, int):
-        raise ValueError(f"rank must be an integer (<= 0 for full rank), got {rank!r}")
+    if rank is None:
+        return default_rank(input_size, hidden_size)
+    if not isinstance(rank, int) or isinstance(rank, bool):
+        raise ValueError(f"rank must be an integer (<= 0 for full rank) or None (chosen from the sizes), got {rank!r}")
     if rounds > 0 and rank > min(input_size, hidden_size):
         raise ValueError(
             f"rank must be <= min(input_size, hidden_size) = {min(input_size, hidden_size)} "
             f"(or <= 0 for full rank), got {rank}"
         )
+    return max(rank, 0)
 
 
 def mogrifier_parameter_shapes(m: int, n: int, rounds: int, rank: int, bias: bool) -> dict[str, tuple[int, ...]]:
@@ -128,10 +142,9 @@ class MogrifierRounds:
     """Mixin adding the mogrifier rounds to a cell (``rounds``, ``rank``, ``zigzag``): their parameters,
     their initialisation and :meth:`mogrify`. Put it before the cell class in the bases."""
 
-    def _init_rounds(self, rounds: int, rank: int, zigzag: bool) -> None:
-        check_rounds_rank(rounds, rank, self.input_size, self.hidden_size)
+    def _init_rounds(self, rounds: int, rank: int | None, zigzag: bool) -> None:
+        self.rank = check_rounds_rank(rounds, rank, self.input_size, self.hidden_size)
         self.rounds = rounds
-        self.rank = rank if rank > 0 else 0
         self.zigzag = bool(zigzag)
 
     def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -161,7 +174,7 @@ class MogrifierLSTMCell(MogrifierRounds, LSTMCell):
         hidden_size: int,
         bias: bool = True,
         rounds: int = 5,
-        rank: int = 40,
+        rank: int | None = None,
         zigzag: bool = True,
         capped_input_gate: bool = False,
         init: str = "paper",

@@ -36,7 +36,7 @@ class MogrifierGRUCell(MogrifierRounds, GRUCell):
         hidden_size: int,
         bias: bool = True,
         rounds: int = 5,
-        rank: int = 40,
+        rank: int | None = None,
         zigzag: bool = True,
         init: str = "paper",
     ) -> None:
@@ -59,7 +59,7 @@ class MogrifierRNNCell(MogrifierRounds, RNNCell):
         hidden_size: int,
         bias: bool = True,
         rounds: int = 5,
-        rank: int = 40,
+        rank: int | None = None,
         zigzag: bool = True,
         nonlinearity: str = "tanh",
         init: str = "paper",
