@@ -1,33 +1,8 @@
 """moglm: Mogrifier LSTM and other input-dependent recurrent language models for PyTorch."""
 
-from .modules import ARCHITECTURES, LSTM, MogrifierLSTM, MultiplicativeLSTM
-from .modules_rnn import (
-    GRU,
-    RNN,
-    DyckRNN,
-    MogrifierGRU,
-    MogrifierRNN,
-    MultiMatrixLSTM,
-    MultiMatrixRNN,
-    MultiplicativeRNN,
-)
-from .stack import RecurrentStack
+from .modules import *  # noqa: F403 - the modules (moglm.LSTM, moglm.MogrifierLSTM ...) and ARCHITECTURES
+from .modules import __all__ as _modules
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "ARCHITECTURES",
-    "GRU",
-    "LSTM",
-    "RNN",
-    "DyckRNN",
-    "MogrifierGRU",
-    "MogrifierLSTM",
-    "MogrifierRNN",
-    "MultiMatrixLSTM",
-    "MultiMatrixRNN",
-    "MultiplicativeLSTM",
-    "MultiplicativeRNN",
-    "RecurrentStack",
-    "__version__",
-]
+__all__ = [*_modules, "__version__"]

@@ -83,7 +83,7 @@ def test_bracket_embeddings_fixed_and_learned():
 
 
 def test_parameters_are_only_the_trainable_ones_and_paper_init_starts_at_the_reports_equations():
-    model = moglm.DyckRNN(3, 8)
+    model = moglm.DyckRNN(3, 8, init="paper")
     assert dict((n, tuple(p.shape)) for n, p in model.named_parameters()) == {
         "weight_ih_l0": (8, 3), "weight_gate_l0": (1, 3), "bias_ih_l0": (8,), "bias_gate_l0": (1,)
     }

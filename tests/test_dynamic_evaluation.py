@@ -32,7 +32,7 @@ V = 23
 def _model(dtype=torch.float32, architecture="mogrifier"):
     torch.manual_seed(0)
     options = {"rounds": 3, "rank": 4} if architecture == "mogrifier" else {}
-    return LanguageModel(V, 12, 2, architecture, options).to(dtype).eval()
+    return LanguageModel(V, 12, 2, architecture, options, init="paper").to(dtype).eval()
 
 
 def _ids(n=301, seed=0):

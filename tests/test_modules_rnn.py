@@ -168,8 +168,8 @@ def test_dtype_moves_and_state_dict_round_trip(name):
 
 def test_repr_shows_the_configuration():
     assert repr(moglm.RNN(3, 4, nonlinearity="relu", bias=False)) == "RNN(3, 4, nonlinearity=relu, bias=False)"
-    assert repr(moglm.MultiMatrixLSTM(3, 4, 2, num_matrices=4, dropout=0.5)) == (
-        "MultiMatrixLSTM(3, 4, num_layers=2, num_matrices=4, dropout=0.5)"
+    assert repr(moglm.MultiMatrixLSTM(3, 4, 2, num_matrices=3, dropout=0.5)) == (
+        "MultiMatrixLSTM(3, 4, num_layers=2, num_matrices=3, dropout=0.5)"
     )
     assert repr(moglm.MogrifierGRU(3, 4, rounds=2, rank=0)) == "MogrifierGRU(3, 4, rounds=2, rank=0)"
     assert repr(moglm.DyckRNN(1, 4, state_dropout=0.25)) == "DyckRNN(1, 4, state_dropout=0.25)"

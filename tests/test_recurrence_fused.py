@@ -11,8 +11,8 @@ import torch
 
 import moglm
 from moglm.cells import LSTMCell, MogrifierLSTMCell
+from moglm.modules import RecurrentStack
 from moglm.recurrence import FusedFallbackWarning, fallback, fused_cell, gemm, run_layer
-from moglm.stack import RecurrentStack
 
 D = torch.float64
 T, B, M, H = 6, 3, 7, 5  # odd sizes: input 7, hidden 5

@@ -188,8 +188,8 @@ def test_dtype_moves_and_state_dict_round_trip(name):
 
 def test_repr_shows_the_configuration():
     assert repr(moglm.MogrifierLSTM(13, 17, 2, rounds=5, rank=4, dropout=0.1)) == (
-        "MogrifierLSTM(13, 17, num_layers=2, rounds=5, rank=4, dropout=0.1)"
-    )
+        "MogrifierLSTM(13, 17, num_layers=2, rank=4, dropout=0.1)"
+    )  # options are shown where they differ from their default, as torch.nn.LSTM's arguments
     assert repr(moglm.MogrifierLSTM(13, 17, rounds=6, rank=0, zigzag=False, batch_first=True)) == (
         "MogrifierLSTM(13, 17, rounds=6, rank=0, zigzag=False, batch_first=True)"
     )
@@ -197,6 +197,7 @@ def test_repr_shows_the_configuration():
         "LSTM(3, 4, capped_input_gate=True, bias=False)"
     )
     assert repr(moglm.MultiplicativeLSTM(3, 4, state_dropout=0.25)) == "MultiplicativeLSTM(3, 4, state_dropout=0.25)"
+    assert repr(moglm.LSTM(3, 4, init="paper")) == "LSTM(3, 4, init=paper)"
 
 
 def test_parameters_are_registered_as_in_torch_lstm_and_state_is_not_stored():

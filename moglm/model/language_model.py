@@ -20,8 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..cells.initialisation import truncated_normal_
-from ..modules import ARCHITECTURES
-from ..stack import StackState
+from ..modules import ARCHITECTURES, StackState
 from .mixture_of_softmaxes import MixtureOfSoftmaxes
 from .softmax import SoftmaxHead
 
@@ -36,6 +35,10 @@ class LanguageModel(nn.Module):
 
     ``forward(tokens [T, B], state) -> (features [T, B, H], state)``; :meth:`nll` and :meth:`log_probs`
     add the output head. State is passed in and returned, as with torch.nn.LSTM.
+
+    ``init`` initialises the recurrent stack: ``"torch"`` (default, as the modules) or ``"paper"`` (the
+    original experiments' truncated normals, docs/method.md "Initialisation"), which the paper configs set.
+    ``cell_options`` are the fields of ``ARCHITECTURES[architecture].Options``.
     """
 
     def __init__(
@@ -54,6 +57,7 @@ class LanguageModel(nn.Module):
         state_dropout: float = 0.0,
         output_dropout: float = 0.0,
         backend: str = "auto",
+        init: str = "torch",
     ) -> None:
         super().__init__()
         if architecture not in ARCHITECTURES:
@@ -72,6 +76,7 @@ class LanguageModel(nn.Module):
             num_layers,
             dropout=inter_layer_dropout,
             state_dropout=state_dropout,
+            init=init,
             backend=backend,
             **(cell_options or {}),
         )

@@ -4,18 +4,26 @@
 parameter name plus ``_l{k}``: ``weight_ih_l0``, ``mogrifier_q_left_l1`` ...), samples the dropout masks,
 checks shapes, and runs the layers one after another through :func:`moglm.recurrence.run_layer`.
 State is passed in and returned, never stored on the module.
+
+Input is a tensor (time-major, batch-first or unbatched) or a
+:class:`~torch.nn.utils.rnn.PackedSequence`. A packed batch runs as a padded one whose rows are sorted by
+length; wherever a row ends, the layer's loop stops for it (the window is cut at every length, and the
+rows still running continue from their state), so each sequence's final state is the one at its own
+last step and nothing past its end reaches the outputs or the gradients.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from .cells.base import Cell, State
-from .recurrence import check_backend, run_layer
+from ..cells.base import Cell, Params, State
+from ..recurrence import check_backend, run_layer
 
 StackState = Tensor | tuple[Tensor, ...]
 
@@ -26,15 +34,50 @@ def _check_rate(name: str, p: float) -> float:
     return float(p)
 
 
-def check_num_layers(num_layers: int) -> int:
-    if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1:
-        raise ValueError(f"num_layers must be an integer >= 1, got {num_layers!r}")
-    return num_layers
-
-
 def variational_mask(batch: int, size: int, p: float, like: Tensor) -> Tensor:
     """One inverted-dropout mask ``[batch, size]`` with keep probability ``1 - p`` (Gal & Ghahramani 2016)."""
     return like.new_empty(batch, size).bernoulli_(1.0 - p).div_(1.0 - p)
+
+
+class Packing(NamedTuple):
+    """How a PackedSequence was laid out: the padded run's rows are sorted by length, longest first."""
+
+    batch_sizes: Tensor  # [T] live rows at each step (CPU int64)
+    lengths: Tensor  # [B] length of each sorted row (CPU int64)
+    sorted_indices: Tensor | None  # [B] sorted row -> original row
+    unsorted_indices: Tensor | None  # [B] original row -> sorted row
+
+
+def runs_of_equal_batch_size(batch_sizes: Tensor) -> list[tuple[int, int, int]]:
+    """``(start, stop, rows)`` for each run of steps in which the first ``rows`` rows are live."""
+    sizes = batch_sizes.tolist()
+    runs, start = [], 0
+    for t in range(1, len(sizes) + 1):
+        if t == len(sizes) or sizes[t] != sizes[start]:
+            runs.append((start, t, sizes[start]))
+            start = t
+    return runs
+
+
+def run_packed_layer(
+    cell: Cell, params: Params, xs: Tensor, state: State, h_mask: Tensor | None, backend: str,
+    runs: list[tuple[int, int, int]],
+) -> tuple[Tensor, State]:
+    """:func:`~moglm.recurrence.run_layer` over a padded batch whose rows are sorted by length, one window per
+    run of equal batch size. Returns ``(outputs [T, B, H], final state)``: outputs are zero past each row's
+    end and the final state of each row is the one at its own last step."""
+    batch = xs.shape[1]
+    outputs, finished = [], []
+    for start, stop, rows in runs:
+        if rows < state[0].shape[0]:  # the rows from ``rows`` on ended at ``start``
+            finished.append(tuple(s[rows:] for s in state))
+            state = tuple(s[:rows] for s in state)
+        mask = None if h_mask is None else h_mask[:rows]  # [rows, H]
+        ys, state = run_layer(cell, params, xs[start:stop, :rows], state, mask, backend)  # [t, rows, H]
+        outputs.append(F.pad(ys, (0, 0, 0, batch - rows)))  # [t, B, H]
+    finished.append(state)
+    final = tuple(torch.cat([part[j] for part in reversed(finished)]) for j in range(len(state)))  # each [B, *]
+    return torch.cat(outputs), final  # [T, B, H]
 
 
 class RecurrentStack(nn.Module):
@@ -124,17 +167,21 @@ class RecurrentStack(nn.Module):
         return joined[0] if len(joined) == 1 else joined
 
     # -- forward ----------------------------------------------------------------------------
-    def _check_input(self, input: Tensor, hx: StackState | None) -> tuple[Tensor, StackState | None, bool]:
-        """Validate; return time-major batched input ``[T, B, m]``, batched ``hx`` and whether it was unbatched."""
-        if not isinstance(input, Tensor):
-            raise ValueError(f"input must be a torch.Tensor, got {type(input).__name__}")
-        if input.dim() not in (2, 3):
-            raise ValueError(f"input must be 2-D (unbatched) or 3-D, got shape {tuple(input.shape)}")
+    def _check_features(self, input: Tensor) -> None:
+        """The input's last dimension and dtype must match the parameters'."""
         if input.shape[-1] != self.input_size:
             raise ValueError(f"input: last dimension must be input_size={self.input_size}, got {input.shape[-1]}")
         weight = next(self.parameters(), None)
         if weight is not None and input.dtype != weight.dtype:
             raise ValueError(f"input has dtype {input.dtype} but the parameters are {weight.dtype}")
+
+    def _check_input(self, input: Tensor, hx: StackState | None) -> tuple[Tensor, StackState | None, bool]:
+        """Validate; return time-major batched input ``[T, B, m]``, batched ``hx`` and whether it was unbatched."""
+        if not isinstance(input, Tensor):
+            raise ValueError(f"input must be a torch.Tensor or a PackedSequence, got {type(input).__name__}")
+        if input.dim() not in (2, 3):
+            raise ValueError(f"input must be 2-D (unbatched) or 3-D, got shape {tuple(input.shape)}")
+        self._check_features(input)
         unbatched = input.dim() == 2
         if unbatched:
             input = input.unsqueeze(1)  # [T, 1, m]
@@ -151,12 +198,33 @@ class RecurrentStack(nn.Module):
             raise ValueError("input has no time steps")
         return input, hx, unbatched
 
-    def forward_layers(self, input: Tensor, hx: StackState | None = None) -> tuple[list[Tensor], StackState]:
+    def _unpack(self, input: PackedSequence) -> tuple[Tensor, Packing]:
+        """The padded time-major batch ``[T, B, m]`` of a PackedSequence, rows sorted by length (longest first)."""
+        data, batch_sizes, sorted_indices, unsorted_indices = input
+        if data.dim() != 2:
+            raise ValueError(f"input: a PackedSequence's data must be 2-D [steps, features], got {tuple(data.shape)}")
+        self._check_features(data)
+        xs, lengths = pad_packed_sequence(PackedSequence(data, batch_sizes))  # [T, B, m], in sorted order
+        return xs, Packing(batch_sizes, lengths, sorted_indices, unsorted_indices)
+
+    def forward_layers(
+        self, input: Tensor | PackedSequence, hx: StackState | None = None
+    ) -> tuple[list[Tensor] | list[PackedSequence], StackState]:
         """Like :meth:`forward` but returns every layer's output (before inter-layer dropout), for skip-sum
-        stacking. Outputs follow ``input``'s layout."""
-        xs, hx, unbatched = self._check_input(input, hx)
+        stacking. Outputs follow ``input``'s layout (PackedSequences for a PackedSequence)."""
+        packing = None
+        if isinstance(input, PackedSequence):
+            xs, packing = self._unpack(input)
+            unbatched = False
+        else:
+            xs, hx, unbatched = self._check_input(input, hx)
         batch = xs.shape[1]
         states = self._split_state(hx, batch, xs)
+        runs = [(0, xs.shape[0], batch)]
+        if packing is not None:
+            runs = runs_of_equal_batch_size(packing.batch_sizes)
+            if hx is not None and packing.sorted_indices is not None:  # hx rows follow the caller's order
+                states = [tuple(s.index_select(0, packing.sorted_indices) for s in state) for state in states]
         outputs, finals = [], []
         for k, cell in enumerate(self.cells):
             if k > 0 and self.training and self.dropout > 0:
@@ -164,10 +232,16 @@ class RecurrentStack(nn.Module):
             h_mask = None
             if self.training and self.state_dropout > 0:
                 h_mask = variational_mask(batch, cell.hidden_size, self.state_dropout, xs)  # [B, H]
-            xs, final = run_layer(cell, self.layer_parameters(k), xs, states[k], h_mask, self.backend)  # [T, B, H]
+            params = self.layer_parameters(k)
+            if len(runs) == 1:
+                xs, final = run_layer(cell, params, xs, states[k], h_mask, self.backend)  # [T, B, H]
+            else:
+                xs, final = run_packed_layer(cell, params, xs, states[k], h_mask, self.backend, runs)  # [T, B, H]
             outputs.append(xs)
             finals.append(final)
         state = self._join_state(finals)
+        if packing is not None:
+            return self._pack(outputs, state, packing)
         if unbatched:
             outputs = [o.squeeze(1) for o in outputs]
             state = state.squeeze(1) if isinstance(state, Tensor) else tuple(s.squeeze(1) for s in state)
@@ -175,10 +249,28 @@ class RecurrentStack(nn.Module):
             outputs = [o.transpose(0, 1) for o in outputs]
         return outputs, state
 
-    def forward(self, input: Tensor, hx: StackState | None = None) -> tuple[Tensor, StackState]:
-        """``input`` ``[T, B, m]`` (``[B, T, m]`` if batch_first, ``[T, m]`` unbatched) and optional state
-        (``(h_0, c_0)``, each ``[num_layers, B, H]``; zeros when omitted). Returns the last layer's output
-        and the final state, shaped like torch.nn.LSTM's."""
+    @staticmethod
+    def _pack(outputs: list[Tensor], state: StackState, packing: Packing) -> tuple[list[PackedSequence], StackState]:
+        """Padded sorted outputs back into PackedSequences, and the final state's rows back into the caller's order."""
+        packed = [
+            PackedSequence(pack_padded_sequence(o, packing.lengths).data, packing.batch_sizes,
+                           packing.sorted_indices, packing.unsorted_indices)
+            for o in outputs
+        ]  # each data [sum(lengths), H]
+        if packing.unsorted_indices is not None:
+            order = packing.unsorted_indices
+            state = state.index_select(1, order) if isinstance(state, Tensor) else tuple(
+                s.index_select(1, order) for s in state
+            )
+        return packed, state
+
+    def forward(
+        self, input: Tensor | PackedSequence, hx: StackState | None = None
+    ) -> tuple[Tensor | PackedSequence, StackState]:
+        """``input`` ``[T, B, m]`` (``[B, T, m]`` if batch_first, ``[T, m]`` unbatched, or a PackedSequence) and
+        optional state (``(h_0, c_0)``, each ``[num_layers, B, H]``; zeros when omitted). Returns the last layer's
+        output (a PackedSequence for a PackedSequence) and the final state, shaped like torch.nn.LSTM's; for
+        packed input, each sequence's final state is the one at its own last step."""
         outputs, state = self.forward_layers(input, hx)
         return outputs[-1], state
 
@@ -186,11 +278,8 @@ class RecurrentStack(nn.Module):
         s = f"{self.input_size}, {self.hidden_size}"
         if self.num_layers != 1:
             s += f", num_layers={self.num_layers}"
-        cell = self.cells[0]
-        for name, default in self._repr_options():
-            value = getattr(cell, name, getattr(self, name, None))
-            if value != default:
-                s += f", {name}={value}"
+        for name, value in self._repr_options():
+            s += f", {name}={value}"
         for name in ("batch_first", "dropout", "state_dropout"):
             value = getattr(self, name)
             if value:
@@ -200,5 +289,5 @@ class RecurrentStack(nn.Module):
         return s
 
     def _repr_options(self) -> list[tuple[str, object]]:
-        """(name, default) of the cell options shown in the repr when not at their default."""
-        return [("capped_input_gate", False)]
+        """(name, value) of the options shown in the repr (a module's, when not at their default)."""
+        return []
