@@ -5,4 +5,14 @@ from .modules import __all__ as _modules
 
 __version__ = "0.1.0"
 
-__all__ = [*_modules, "__version__"]
+__all__ = [*_modules, "TrainedRun", "__version__", "load_run"]
+
+
+def __getattr__(name: str):
+    """``moglm.load_run`` (and ``TrainedRun``) are imported on first use: they need the training extras
+    (pydantic, safetensors), which the modules alone do not."""
+    if name in ("load_run", "TrainedRun"):
+        from . import trained_run
+
+        return getattr(trained_run, name)
+    raise AttributeError(f"module 'moglm' has no attribute {name!r}")

@@ -21,9 +21,18 @@ back to the checkpoint a resumed run restarts from.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: runs are not locked
+    fcntl = None
 
 from ..atomic import atomic_write_text
 from ..data.vocabulary import Vocabulary
@@ -62,6 +71,14 @@ def to_toml(mapping: dict[str, Any]) -> str:
     return tomli_w.dumps(plain(mapping))
 
 
+_held: dict[Path, int] = {}  # run directories this process has locked, and how many times (re-entrant)
+_held_lock = threading.Lock()
+
+
+class RunInUse(MoglmError):
+    """Another process holds the run directory's lock."""
+
+
 class RunDirectory:
     """The files of one run (see the module docstring); creating the object touches nothing on disk."""
 
@@ -76,6 +93,51 @@ class RunDirectory:
         self.sample_path = self.path / "sample.txt"
         self.checkpoints = CheckpointStore(self.path / "checkpoints")
 
+    # -- ownership ------------------------------------------------------------------------------
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the run directory for this process: a second process that tries (a second ``moglm train``
+        on the same ``--run-dir``) gets a one-line :class:`RunInUse` naming the holder's pid. The lock is
+        an ``flock`` on ``.lock``, so a killed holder releases it; it is re-entrant within a process."""
+        key = self.path.resolve()
+        with _held_lock:
+            if key in _held:
+                _held[key] += 1
+                acquired = None
+            else:
+                acquired = self._acquire()
+                _held[key] = 1
+        try:
+            yield
+        finally:
+            with _held_lock:
+                _held[key] -= 1
+                if _held[key] == 0:
+                    del _held[key]
+                    if acquired is not None:
+                        fcntl.flock(acquired, fcntl.LOCK_UN)
+                        os.close(acquired)
+
+    def _acquire(self) -> int | None:
+        if fcntl is None:
+            return None
+        self.path.mkdir(parents=True, exist_ok=True)
+        path = self.path / ".lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as e:
+            raise MoglmError(f"{self.path}: cannot write to the run directory ({e.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunInUse(f"{self.path} is in use by another moglm process (pid {holder}); wait for it to finish "
+                           "or choose another --run-dir") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        return fd
+
     # -- starting or resuming -------------------------------------------------------------------
     def prepare(self, config: dict[str, Any], what: str = "") -> bool:
         """Create the directory for ``config`` (a mapping; ``None`` values are left out) and return whether
@@ -88,7 +150,7 @@ class RunDirectory:
                 kind = f"a {what} run" if what else "a run"
                 raise MoglmError(f"{self.path} holds {kind} with a different config ({diff}); "
                                  "choose another --run-dir, or pass --restart to discard it")
-            return self.checkpoints.pointer("last") is not None
+            return (self.checkpoints.root / "last.json").is_file()  # damaged or not: the engine opens it
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.config_path, to_toml(config))
         return False

@@ -234,6 +234,12 @@ def run_dyck(task: DyckTask, training: DyckTraining, run_dir: str | Path, overri
     validation and test with the best checkpoint on validation, and write ``results.json``. ``overrides``
     (``section.key=value``) adjust the language model's run config (objective ``lm`` only)."""
     run = RunDirectory(run_dir)
+    with run.lock():
+        return _run_dyck(task, training, run, overrides, progress, log)
+
+
+def _run_dyck(task: DyckTask, training: DyckTraining, run: RunDirectory, overrides: Sequence[str],
+              progress: bool, log: Callable[[str], None]) -> dict[str, Any]:
     if overrides and training.objective != "lm":
         raise MoglmError("--set overrides a language model's run config; the closing objective has none")
     run.prepare({"task": asdict(task), "training": asdict(training), "overrides": list(overrides)}, "Dyck")

@@ -176,8 +176,15 @@ class ReverseCopyTask(StatelessTask):
 
 def run_reverse_copy(cfg: ReverseCopyConfig, run_dir: str | Path, progress: bool = True,
                      log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Train (or resume) ``cfg`` in ``run_dir``, evaluate the best checkpoint on test, write ``results.json``."""
+    """Train (or resume) ``cfg`` in ``run_dir``, evaluate the best checkpoint on test, write ``results.json``
+    (holding the run directory's lock throughout)."""
     run = RunDirectory(run_dir)
+    with run.lock():
+        return _train_and_test(cfg, run, progress, log)
+
+
+def _train_and_test(cfg: ReverseCopyConfig, run: RunDirectory, progress: bool,
+                    log: Callable[[str], None]) -> dict[str, Any]:
     run.prepare(asdict(cfg), "reverse-copy")
     torch.manual_seed(cfg.seed)
     model = build_model(cfg)

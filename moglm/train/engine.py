@@ -19,13 +19,13 @@ weights are touched, keeping the last good checkpoint.
 
 from __future__ import annotations
 
-import json
 import math
 import signal
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from ..errors import MoglmError
 from ..progress import progress_bar
 from ..runs import RunDirectory, load_group
+from ..runs.checkpoints import load_state
 from .learning_curve import plot_learning_curve
 from .weight_averaging import WeightAverage
 
@@ -146,25 +147,29 @@ class Progress:
 
 
 class _InterruptFlag:
-    """SIGINT sets a flag checked between steps (a second Ctrl-C interrupts at once)."""
+    """SIGINT (Ctrl-C) and SIGTERM (a scheduler's or ``kill``'s stop) set a flag checked between steps, so
+    the run saves a checkpoint before it stops; a second Ctrl-C interrupts at once."""
+
+    SIGNALS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
 
     def __init__(self) -> None:
-        self.set = False
-        self._previous = None
+        self.set: str | None = None
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> "_InterruptFlag":
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def _handle(self, signum, frame) -> None:
-        if self.set:
+        if self.set and signum == signal.SIGINT:
             raise KeyboardInterrupt
-        self.set = True
+        self.set = self.SIGNALS[signum]
 
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
 
 
 class Engine:
@@ -209,8 +214,11 @@ class Engine:
         self.writer = None
         self.bar: Any = None
         self._plotted = -math.inf
-        if run.checkpoints.pointer("last") is not None:
-            self._restore()
+        last = run.checkpoints.open("last", log=self._log)
+        if last is not None:
+            self._restore(last["path"])
+        elif run.metrics_path.is_file():
+            run.truncate_metrics(0)  # records of a run killed before its first checkpoint
 
     def log(self, message: str) -> None:
         if self.bar is not None:
@@ -241,9 +249,8 @@ class Engine:
                                        valid_xent=self.progress.best_xent)
         self.run.checkpoints.prune()
 
-    def _restore(self) -> None:
-        directory = self.run.checkpoints.pointer("last")["path"]
-        state = json.loads((directory / "state.json").read_text())
+    def _restore(self, directory: Path) -> None:
+        state = load_state(directory)
         self.progress = Progress(**state["progress"])
         self.model.load_state_dict(load_group(directory, "model", self.device))
         training = load_group(directory, "training")
@@ -267,7 +274,7 @@ class Engine:
 
     def best_weights(self) -> dict[str, Tensor]:
         """The weights that scored best on validation (averaged ones once averaging started)."""
-        pointer = self.run.checkpoints.pointer("best")
+        pointer = self.run.checkpoints.open("best")
         if pointer is None:
             raise MoglmError(f"{self.run.path}: no best checkpoint yet")
         return load_group(pointer["path"], pointer.get("weights", "model"), self.device)
@@ -346,7 +353,11 @@ class Engine:
 
     # -- the loop ---------------------------------------------------------------------------------
     def fit(self) -> Progress:
-        """Run (or resume) training to the end; returns the final progress."""
+        """Run (or resume) training to the end, holding the run directory's lock; returns the final progress."""
+        with self.run.lock():
+            return self._fit()
+
+    def _fit(self) -> Progress:
         s, p = self.settings, self.progress
         if p.finished:
             self._log(f"{self.run.path}: training already finished at step {p.step}")
@@ -383,7 +394,7 @@ class Engine:
                         if last is None or last["step"] != step:
                             self._checkpoint(best=False)
                         raise TrainingInterrupted(
-                            f"interrupted at step {step}; checkpoint saved, rerun the same command to resume")
+                            f"{interrupt.set} at step {step}; checkpoint saved, rerun the same command to resume")
             if self.writer is not None and self.hparams:
                 self.writer.add_hparams(self.hparams, {"hparam/best_valid_xent": p.best_xent or math.nan},
                                         run_name=".")

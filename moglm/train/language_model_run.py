@@ -24,7 +24,7 @@ class LanguageModelRun(RunDirectory):
         """The model of checkpoint ``which`` (``best``: the weights that scored best on validation,
         averaged if averaging was on; ``last``: the latest raw training weights)."""
         config, vocab = self.load_config(), self.load_vocab()
-        pointer = self.checkpoints.pointer(which)
+        pointer = self.checkpoints.open(which)
         if pointer is None:
             raise MoglmError(f"{self.path}: no {which} checkpoint yet")
         model = build_model(config.model, len(vocab), self.model_info()["hidden_size"])

@@ -176,8 +176,9 @@ class Trainer:
 
     def train(self) -> Progress:
         """Run (or resume) training to the end; returns the final progress."""
-        self.engine = self._setup()
-        return self.engine.fit()
+        with self.run.lock():  # before the config is written: a second trainer is refused at once
+            self.engine = self._setup()
+            return self.engine.fit()
 
 
 def train_and_evaluate(
@@ -195,6 +196,8 @@ def train_and_evaluate(
     Returns the training progress and the results (written to ``results.json`` unless ``write`` is false)."""
     from .final_evaluation import evaluate_run
 
-    trained = Trainer(config, run_dir, progress=progress, log=log, on_evaluation=on_evaluation).train()
-    results = evaluate_run(LanguageModelRun(run_dir), splits, progress=progress, log=log, write=write)
+    run = LanguageModelRun(run_dir)
+    with run.lock():
+        trained = Trainer(config, run_dir, progress=progress, log=log, on_evaluation=on_evaluation).train()
+        results = evaluate_run(run, splits, progress=progress, log=log, write=write)
     return trained, results

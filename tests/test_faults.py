@@ -1,0 +1,161 @@
+"""The fault suite: damaged files, concurrent runs and signals end in a one-line error or a recovery, with
+nothing lost. Each case runs the command line as a user would and checks stderr has no traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import tiny_config
+from moglm.cli import main
+from moglm.errors import MoglmError
+from moglm.runs import RunDirectory
+from moglm.train import Trainer, TrainingInterrupted
+
+
+def _train(cfg, run_dir, **kw):
+    return Trainer(cfg, run_dir, progress=False, log=kw.pop("log", lambda s: None), **kw).train()
+
+
+def _losses(run_dir):
+    return [(r["kind"], r["step"], r["xent"]) for r in RunDirectory(run_dir).read_metrics()]
+
+
+@pytest.fixture
+def config_file(tiny_corpus, tmp_path):
+    path = tmp_path / "tiny.toml"
+    path.write_text(tiny_config(tiny_corpus, train={"max_steps": 8}, sample={"num_tokens": 0}).to_toml())
+    return path
+
+
+def _cli(args, capsys):
+    code = main([*map(str, args), "--no-progress"])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return code, err
+
+
+def _damage(run, what):
+    store = RunDirectory(run).checkpoints
+    last = store.pointer("last")["path"]
+    if what == "truncated weights":
+        path = last / "model.safetensors"
+        path.write_bytes(path.read_bytes()[:100])
+    elif what == "flipped bit":
+        path = last / "model.safetensors"
+        data = bytearray(path.read_bytes())
+        data[-5] ^= 0x10
+        path.write_bytes(bytes(data))
+    elif what == "truncated state":
+        (last / "state.json").write_text('{"progress": {')
+    elif what == "pointer is a list":
+        (store.root / "last.json").write_text("[1, 2]")
+
+
+@pytest.mark.parametrize("what", ["truncated weights", "flipped bit", "truncated state", "pointer is a list"])
+def test_a_damaged_last_checkpoint_falls_back_to_the_previous_one_and_resumes_exactly(tiny_corpus, tmp_path, what):
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 12})
+    _train(cfg, tmp_path / "straight")
+
+    class Killed(Exception):
+        pass
+
+    def kill_at_9(step):
+        if step == 9:
+            raise Killed
+
+    with pytest.raises(Killed):
+        _train(cfg, tmp_path / "run", on_step=kill_at_9)  # checkpoints at 4 and 8
+    _damage(tmp_path / "run", what)
+    lines = []
+    _train(cfg, tmp_path / "run", log=lines.append)
+    assert any("falling back to the previous checkpoint (step 4)" in line for line in lines)
+    assert _losses(tmp_path / "run") == _losses(tmp_path / "straight")
+
+
+@pytest.mark.parametrize("what", ["flipped bit", "truncated weights"])
+def test_evaluating_a_damaged_best_checkpoint_is_a_one_line_error_and_keeps_the_results(config_file, tmp_path,
+                                                                                        capsys, what):
+    run = tmp_path / "run"
+    assert _cli(["train", config_file, "--run-dir", run], capsys)[0] == 0
+    results = (run / "results.json").read_text()
+    store = RunDirectory(run).checkpoints
+    store.point("last", store.pointer("best")["path"], step=8)  # the damaged one is also the last
+    (store.root / "previous.json").unlink(missing_ok=True)
+    _damage(run, what)
+    code, err = _cli(["evaluate", run], capsys)
+    assert code == 1 and "model.safetensors" in err and err.count("\n") == 1
+    assert (run / "results.json").read_text() == results  # not overwritten with scores of damaged weights
+
+
+def test_a_pointer_without_dir_is_a_one_line_error_naming_the_file(config_file, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert _cli(["train", config_file, "--run-dir", run], capsys)[0] == 0
+    (run / "checkpoints" / "best.json").write_text('{"step": 8}')
+    code, err = _cli(["evaluate", run], capsys)
+    assert code == 1 and "best.json: corrupt checkpoint pointer" in err
+
+
+def test_a_second_trainer_on_the_same_run_directory_is_refused_with_the_holders_pid(tiny_corpus, tmp_path):
+    run = RunDirectory(tmp_path / "run")
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from moglm.runs import RunDirectory\n"
+        f"with RunDirectory({str(run.path)!r}).lock():\n    print('held', flush=True); time.sleep(60)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(MoglmError, match=rf"in use by another moglm process \(pid {holder.pid}\)"):
+            _train(tiny_config(tiny_corpus), run.path)
+    finally:
+        holder.kill()
+        holder.wait()
+    _train(tiny_config(tiny_corpus), run.path)  # a killed holder releases the lock
+
+
+def test_records_of_a_run_killed_before_its_first_checkpoint_are_not_duplicated(tiny_corpus, tmp_path):
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 12, "eval_every": 12})  # a training record at step 10
+
+    class Killed(Exception):
+        pass
+
+    def kill_at_11(step):
+        if step == 11:
+            raise Killed
+
+    _train(cfg, tmp_path / "straight")
+    with pytest.raises(Killed):
+        _train(cfg, tmp_path / "run", on_step=kill_at_11)
+    assert RunDirectory(tmp_path / "run").read_metrics()  # records written before the kill
+    _train(cfg, tmp_path / "run")
+    assert _losses(tmp_path / "run") == _losses(tmp_path / "straight")
+
+
+def test_sigterm_saves_a_checkpoint_like_ctrl_c_and_resume_is_exact(tiny_corpus, tmp_path):
+    cfg = tiny_config(tiny_corpus)
+    _train(cfg, tmp_path / "straight")
+
+    def term_at_6(step):
+        if step == 6:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(TrainingInterrupted, match="terminated at step 6"):
+        _train(cfg, tmp_path / "run", on_step=term_at_6)
+    assert RunDirectory(tmp_path / "run").checkpoints.pointer("last")["step"] == 6
+    _train(cfg, tmp_path / "run")
+    assert _losses(tmp_path / "run") == _losses(tmp_path / "straight")
+
+
+def test_temporary_files_a_kill_left_in_the_checkpoint_folder_are_removed(tiny_corpus, tmp_path):
+    cfg = tiny_config(tiny_corpus)
+    _train(cfg, tmp_path / "run", on_step=None)
+    root = tmp_path / "run" / "checkpoints"
+    (root / ".last.json.abc123.tmp.json").write_text("{")
+    (root / ".tmp-step-00000099-xyz").mkdir()
+    RunDirectory(tmp_path / "run").checkpoints.prune()
+    assert not (root / ".last.json.abc123.tmp.json").exists() and not (root / ".tmp-step-00000099-xyz").exists()
+    assert json.loads((root / "last.json").read_text())["step"] == 12
