@@ -89,7 +89,8 @@ def main(argv=None) -> None:
     parser.add_argument("--max-cost", type=float, default=3.0, help="search only settings at most this many times "
                         "the static CPU time")
     parser.add_argument("--sparse-units", type=int, default=100, help="H, the adapted units per layer (sparse)")
-    parser.add_argument("--eval-tokens", "--max-tokens", dest="max_tokens", type=int, default=None, help="only the first N test tokens (smoke tests)")
+    parser.add_argument("--eval-tokens", "--max-tokens", dest="max_tokens", type=int, default=None,
+                        help="only the first N test tokens (smoke tests)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--progress", action="store_true", help="show progress bars")
     args = parser.parse_args(argv)

@@ -3,7 +3,7 @@ compiler): torch.profiler over forward+backward, by kind of op. The compiled CPU
 torch.profiler; docs/fused-recurrence.md profiles it with perf instead.
 
     python benchmarks/profile_fused.py                 # H=650 (B=64, T=70); ~1 minute
-    python benchmarks/profile_fused.py --hidden 256
+    python benchmarks/profile_fused.py --hidden-size 256
 
 For torch.nn.LSTM, and moglm's LSTM and Mogrifier (r=5, k=64) on the Python fused window, it profiles a few forward+backward
 passes (after a warm-up) and sums the self time of every op into: matrix products (oneDNN/MKL GEMMs and
@@ -111,8 +111,8 @@ def markdown_table(rows: list[dict]) -> str:
 
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hidden", type=int, nargs="+", default=[650])
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--hidden-size", "--hidden", dest="hidden", type=int, nargs="+", default=[650])
+    parser.add_argument("--batch-size", "--batch", dest="batch", type=int, default=64)
     parser.add_argument("--bptt", type=int, default=70)
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))

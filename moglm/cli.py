@@ -12,6 +12,8 @@ from typing import Optional
 
 try:
     import typer
+
+    from .cli_common import DEVICE_HELP, Checkpoint, Sampler, Split, UpdateRule, deprecated, new_app, renamed, values
 except ImportError:  # pragma: no cover - exercised only without the extra
     typer = None
 
@@ -21,13 +23,8 @@ EXTRA_HINT = "moglm's command line needs its optional dependencies: pip install 
 
 
 def _build_app():
-    app = typer.Typer(
-        name="moglm",
-        help="Mogrifier LSTM and other input-dependent recurrent language models.",
-        no_args_is_help=True,
-        add_completion=False,
-        pretty_exceptions_enable=False,
-    )
+    app = new_app("Mogrifier LSTM and other input-dependent recurrent language models.", name="moglm",
+                  add_completion=False, pretty_exceptions_enable=False)
 
     def show_version(value: bool) -> None:
         if value:
@@ -45,18 +42,20 @@ def _build_app():
 
     @app.command()
     def train(
-        config: Optional[str] = typer.Argument(None, help="Config file (TOML/YAML) or shipped config name [default]."),
+        config: Optional[str] = typer.Argument(None, help="Config file (TOML/YAML) or shipped config name "
+                                                          "(default: default; `moglm configs` lists them)."),
         set_: list[str] = typer.Option([], "--set", "-s", help="Override a config key: section.key=value."),
-        run_dir: Optional[Path] = typer.Option(None, help="Run directory [default: runs/<config name>]."),
+        run_dir: Optional[Path] = typer.Option(None, help="Run directory (default: runs/<config name>)."),
         restart: bool = typer.Option(False, help="Discard an existing run in the run directory."),
         progress: bool = typer.Option(True, help="Show progress bars."),
         help_config: bool = typer.Option(False, "--help-config", help="Describe every config field and exit."),
     ) -> None:
         """Train a language model (rerun the same command to resume), evaluate it and print a sample."""
+        from .atomic import atomic_write_text
         from .train.config import describe, load_config
-        from .train.final_evaluation import evaluate_run, headline
-        from .train.run_directory import RunDirectory
-        from .train.trainer import Trainer
+        from .train.final_evaluation import headline
+        from .train.language_model_run import LanguageModelRun
+        from .train.trainer import train_and_evaluate
 
         if help_config:
             typer.echo(describe())
@@ -65,40 +64,39 @@ def _build_app():
         path = run_dir or Path("runs") / (cfg.name or "default")
         if restart and path.exists():
             shutil.rmtree(path)
-        trainer = Trainer(cfg, path, progress=progress, log=typer.echo)
-        trainer.train()
-        run = RunDirectory(path)
-        results = evaluate_run(run, progress=progress, log=typer.echo)
-        typer.echo(headline(results, "valid"))
+        _, results = train_and_evaluate(cfg, path, progress=progress, log=typer.echo)
+        for split in results["splits"]:
+            typer.echo(headline(results, split))
+        run = LanguageModelRun(path)
         if cfg.sample.num_tokens:
             text = _sample(run, cfg.sample.prompt, cfg.sample.num_tokens, cfg.sample.temperature, cfg.sample.top_k,
                            cfg.train.seed)
-            run.sample_path.write_text(text + "\n")
+            atomic_write_text(run.sample_path, text + "\n")
             typer.echo(f"--- sample ---\n{text}\n--------------")
         typer.echo(f"run directory: {path}")
 
     @app.command()
     def evaluate(
         run_dir: Path = typer.Argument(..., help="A run directory made by `moglm train`."),
-        split: list[str] = typer.Option([], help="Split(s) to evaluate [default: the config's]."),
+        split: list[Split] = typer.Option([], help="Split(s) to evaluate (default: the config's)."),
         batch_size: Optional[int] = typer.Option(None, help="Streams (1: one continuous stream)."),
-        temperature: Optional[float] = typer.Option(None, help="Logit factor (default: searched on valid)."),
+        logit_factor: Optional[float] = typer.Option(
+            None, help="Multiply the logits by this factor, the inverse of a softmax temperature (default: the "
+            "factor searched on valid)."),
+        temperature: Optional[float] = deprecated("--temperature"),
         mc_samples: Optional[int] = typer.Option(None, help="MC-dropout samples (0: off)."),
         mc_dropout_multiplier: Optional[float] = typer.Option(None, help="MC dropout: rates are multiplied by this."),
-        checkpoint: str = typer.Option("best", help="best or last."),
-        device: Optional[str] = typer.Option(None, help="cpu, cuda, ... [default: the run's]."),
+        checkpoint: Checkpoint = typer.Option("best", help="The best or the last checkpoint."),
+        device: Optional[str] = typer.Option(None, help=f"{DEVICE_HELP} (default: the run's)."),
         progress: bool = typer.Option(True, help="Show progress bars."),
     ) -> None:
         """Evaluate a trained run (perplexity, bits per character/word) and write results.json."""
         from .train.final_evaluation import evaluate_run
-        from .train.run_directory import RunDirectory
+        from .train.language_model_run import LanguageModelRun
 
-        for s in split:
-            if s not in ("train", "valid", "test"):
-                raise MoglmError(f"--split must be train, valid or test, got {s!r}")
-        if checkpoint not in ("best", "last"):
-            raise MoglmError(f"--checkpoint must be best or last, got {checkpoint!r}")
-        evaluate_run(RunDirectory(run_dir), split or None, batch_size, temperature, mc_samples,
+        split = values(split)
+        logit_factor = renamed(logit_factor, temperature, "--temperature", "--logit-factor")
+        evaluate_run(LanguageModelRun(run_dir), split or None, batch_size, logit_factor, mc_samples,
                      mc_dropout_multiplier, checkpoint, device, progress, typer.echo,
                      write=(not split and checkpoint == "best"))
 
@@ -106,18 +104,21 @@ def _build_app():
     def sample(
         run_dir: Path = typer.Argument(..., help="A run directory made by `moglm train`."),
         prompt: str = typer.Option("", help="Text to continue."),
-        tokens: int = typer.Option(200, min=0, help="Tokens to sample."),
+        num_tokens: int = typer.Option(200, min=0, help="Tokens to sample."),
+        tokens: Optional[int] = deprecated("--tokens", min=0),
         temperature: float = typer.Option(1.0, help="Sampling temperature (> 0)."),
         top_k: Optional[int] = typer.Option(None, help="Sample among the k most likely tokens."),
         seed: Optional[int] = typer.Option(None, help="Random seed."),
-        checkpoint: str = typer.Option("best", help="best or last."),
+        checkpoint: Checkpoint = typer.Option("best", help="The best or the last checkpoint."),
         prompt_file: Optional[Path] = typer.Option(None, help="Read the prompt from a file (a long text)."),
         adapt: bool = typer.Option(False, help="Dynamic evaluation: adapt the weights to the prompt first."),
         adapt_output: bool = typer.Option(False, help="Also adapt to the sample itself, segment by segment."),
-        adapt_lr: Optional[float] = typer.Option(None, help="Adaptation lr (default: dyneval/full.json's)."),
+        adapt_learning_rate: Optional[float] = typer.Option(
+            None, help="Learning rate of the adaptation (default: dyneval/full.json's, else moglm dyneval's)."),
+        adapt_lr: Optional[float] = deprecated("--adapt-lr"),
     ) -> None:
         """Sample text from a trained run (optionally adapting to the prompt and the output, thesis 5.2)."""
-        from .train.run_directory import RunDirectory
+        from .train.language_model_run import LanguageModelRun
 
         if prompt_file is not None:
             if prompt:
@@ -125,8 +126,10 @@ def _build_app():
             if not prompt_file.is_file():
                 raise MoglmError(f"{prompt_file}: no such prompt file")
             prompt = prompt_file.read_text().rstrip("\n")
-        typer.echo(_sample(RunDirectory(run_dir), prompt, tokens, temperature, top_k, seed, checkpoint,
-                           adapt or adapt_output, adapt_output, adapt_lr))
+        num_tokens = renamed(num_tokens, tokens, "--tokens", "--num-tokens")
+        adapt_learning_rate = renamed(adapt_learning_rate, adapt_lr, "--adapt-lr", "--adapt-learning-rate")
+        typer.echo(_sample(LanguageModelRun(run_dir), prompt, num_tokens, temperature, top_k, seed, checkpoint,
+                           adapt or adapt_output, adapt_output, adapt_learning_rate))
 
     @app.command()
     def configs() -> None:
@@ -150,16 +153,23 @@ def _build_app():
         set_: list[str] = typer.Option([], "--set", "-s", help="Override a base-config key: section.key=value."),
         trials: Optional[int] = typer.Option(None, help="Trials in the study in total (default: the space's)."),
         timeout: Optional[str] = typer.Option(None, help="Wall time, e.g. 3600, 90m, 2h: no trial starts after it."),
-        max_tokens: Optional[int] = typer.Option(None, help="Training tokens per trial (train.max_tokens)."),
+        train_tokens: Optional[int] = typer.Option(
+            None, min=1, help="Training tokens per trial (sets train.max_tokens; default: the space's budget)."),
+        eval_tokens: Optional[int] = typer.Option(
+            None, min=1, help="Dynamic-evaluation spaces: validation tokens each trial scores (default: the "
+            "space's budget, else 10,000)."),
+        max_tokens: Optional[int] = deprecated("--max-tokens", min=1),
         workers: int = typer.Option(1, help="Worker processes on this machine."),
         threads: Optional[int] = typer.Option(None, help="Torch threads per worker (default: cores / workers)."),
         storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: SQLite in the study dir)."),
         study_name: Optional[str] = typer.Option(None, help="Study name (default: the space's name)."),
         study_dir: Optional[Path] = typer.Option(None, help="Trials and reports (default: studies/<study name>)."),
-        sampler: Optional[str] = typer.Option(None, help="gp, tpe or random (default: the space's)."),
+        sampler: Optional[Sampler] = typer.Option(None, help="Optuna sampler (default: the space's)."),
         seed: Optional[int] = typer.Option(None, help="Sampler seed (default: the space's)."),
         keep_checkpoints: bool = typer.Option(False, help="Keep every trial's checkpoints (default: the best's)."),
         plots: bool = typer.Option(True, help="Draw the plots (parallel coordinates, history, importances)."),
+        progress: bool = typer.Option(True, help="Show a progress bar per trial (one worker) and a line per "
+                                      "evaluation."),
         list_spaces: bool = typer.Option(False, "--list", help="List the shipped search spaces and exit."),
     ) -> None:
         """Tune hyperparameters with Optuna (rerun to resume; workers elsewhere join through --storage)."""
@@ -174,12 +184,12 @@ def _build_app():
             for name in shipped_spaces():
                 typer.echo(f"{name:20s} {load_space(name)[0].description or ''}")
             return
-        if sampler is not None and sampler not in ("gp", "tpe", "random"):
-            raise MoglmError(f"--sampler must be gp, tpe or random, got {sampler!r}")
+        tokens = _trial_tokens(load_space(space)[0].target, train_tokens, eval_tokens, max_tokens)
         result = run_study(space, base=base, overrides=set_, study_name=study_name, study_dir=study_dir,
                            storage=storage, workers=workers, threads=threads, trials=trials,
-                           timeout=_seconds(timeout), max_tokens=max_tokens, sampler=sampler,
-                           seed="space" if seed is None else seed, keep_checkpoints=keep_checkpoints, log=typer.echo)
+                           timeout=_seconds(timeout), max_tokens=tokens, sampler=sampler,
+                           seed="space" if seed is None else seed, keep_checkpoints=keep_checkpoints, log=typer.echo,
+                           progress=progress)
         typer.echo(write_report(result, plots=plots), nl=False)
         if result.failed_workers:
             raise MoglmError("; ".join(result.failed_workers) + " (rerun the same command to continue the study)")
@@ -187,14 +197,16 @@ def _build_app():
     @app.command()
     def dyneval(
         run_dir: Path = typer.Argument(..., help="A run directory made by `moglm train`."),
-        split: list[str] = typer.Option([], help="Split(s) to evaluate (default: test)."),
-        rule: str = typer.Option("rms-rmsdecay", help="Update rule: sgd, sgd-decay, rms, rms-decay or rms-rmsdecay."),
-        lr: Optional[float] = typer.Option(None, help="Learning rate (default: 1e-3; SGD rules 0.03)."),
+        split: list[Split] = typer.Option([], help="Split(s) to evaluate (default: test)."),
+        rule: UpdateRule = typer.Option("rms-rmsdecay", help="Update rule (Krause thesis 4.2)."),
+        learning_rate: Optional[float] = typer.Option(None, help="Learning rate (default: 1e-3; SGD rules 0.03)."),
+        lr: Optional[float] = deprecated("--lr"),
         decay: Optional[float] = typer.Option(None, help="Decay towards the trained weights (default: 1e-2)."),
         eps: Optional[float] = typer.Option(None, help="RMS stabiliser epsilon (default: 1e-3)."),
         segment_length: Optional[int] = typer.Option(None, "--segment-length", "-n",
                                                       help="Tokens per update (default: 20)."),
-        search: bool = typer.Option(False, help="Search lr, decay, eps and n on a validation prefix."),
+        search: bool = typer.Option(False, help="Search the learning rate, decay, eps and segment length on a "
+                                    "validation prefix."),
         search_tokens: int = typer.Option(10_000, help="Validation tokens the search scores each setting on."),
         max_cost: Optional[float] = typer.Option(None, help="Search: at most this x the static CPU time."),
         sparse: bool = typer.Option(False, help="Sparse dynamic evaluation: adapt only an H x H matrix per layer."),
@@ -207,11 +219,16 @@ def _build_app():
         boundary: Optional[str] = typer.Option(None, help="Episodic: the boundary token (default: <eos> or newline)."),
         stats_fraction: float = typer.Option(0.01, help="RMS statistics: fraction of the training split."),
         stats_batch_size: int = typer.Option(8, help="RMS statistics: streams per batch."),
-        max_tokens: Optional[int] = typer.Option(None, help="Evaluate only the first N tokens of each split."),
-        temperature: Optional[float] = typer.Option(None, help="Logit factor (default: results.json's, else 1)."),
+        eval_tokens: Optional[int] = typer.Option(None, min=1, help="Evaluate only the first N tokens of each "
+                                                  "split."),
+        max_tokens: Optional[int] = deprecated("--max-tokens", min=1),
+        logit_factor: Optional[float] = typer.Option(
+            None, help="Multiply the logits by this factor, the inverse of a softmax temperature (default: "
+            "results.json's, else 1)."),
+        temperature: Optional[float] = deprecated("--temperature"),
         margin: Optional[float] = typer.Option(None, help="Divergence guard: nats/token over static (default: 3)."),
-        checkpoint: str = typer.Option("best", help="best or last."),
-        device: Optional[str] = typer.Option(None, help="cpu, cuda, ... (default: the run's)."),
+        checkpoint: Checkpoint = typer.Option("best", help="The best or the last checkpoint."),
+        device: Optional[str] = typer.Option(None, help=f"{DEVICE_HELP} (default: the run's)."),
         threads: Optional[int] = typer.Option(None, help="CPU threads for torch."),
         progress: bool = typer.Option(True, help="Show progress bars."),
     ) -> None:
@@ -220,20 +237,22 @@ def _build_app():
 
         from .dynamic_evaluation import Hyperparameters, SparseSpec, StatisticsSettings
         from .dynamic_evaluation.run import dyneval_run
-        from .train.run_directory import RunDirectory
+        from .train.language_model_run import LanguageModelRun
 
-        if checkpoint not in ("best", "last"):
-            raise MoglmError(f"--checkpoint must be best or last, got {checkpoint!r}")
-        given = {"lr": lr, "decay": decay, "eps": eps, "segment_length": segment_length}
+        learning_rate = renamed(learning_rate, lr, "--lr", "--learning-rate")
+        eval_tokens = renamed(eval_tokens, max_tokens, "--max-tokens", "--eval-tokens")
+        logit_factor = renamed(logit_factor, temperature, "--temperature", "--logit-factor")
+        given = {"lr": learning_rate, "decay": decay, "eps": eps, "segment_length": segment_length}
         hp = Hyperparameters(rule=rule, **{k: v for k, v in given.items() if v is not None})
         if threads is not None:
             torch.set_num_threads(max(1, threads))
         extra = {} if margin is None else {"margin": margin}
-        dyneval_run(RunDirectory(run_dir), tuple(split) or ("test",), hp, search=search, search_tokens=search_tokens,
+        dyneval_run(LanguageModelRun(run_dir), tuple(values(split)) or ("test",), hp, search=search,
+                    search_tokens=search_tokens,
                     max_cost=max_cost, sparse=SparseSpec(sparse_units, tuple(sparse_layer) or None) if sparse else None,
                     streams=streams, episodic=episodic, boundary=boundary,
-                    statistics=StatisticsSettings(stats_fraction, stats_batch_size), max_tokens=max_tokens,
-                    temperature=temperature, which=checkpoint, device=device, progress=progress, log=typer.echo,
+                    statistics=StatisticsSettings(stats_fraction, stats_batch_size), eval_tokens=eval_tokens,
+                    temperature=logit_factor, which=checkpoint, device=device, progress=progress, log=typer.echo,
                     **extra)
 
     from .tasks.cli import task_app
@@ -245,6 +264,20 @@ def _build_app():
     app.add_typer(bench_app(), name="bench", help="Benchmarks: throughput against nn.LSTM; equal-budget comparisons.")
 
     return app
+
+
+def _trial_tokens(target: str, train_tokens: Optional[int], eval_tokens: Optional[int],
+                  max_tokens: Optional[int]) -> Optional[int]:
+    """The token budget of each trial (the space's ``budget.max_tokens``): ``--train-tokens`` for a space that
+    trains, ``--eval-tokens`` for one that tunes dynamic evaluation (or ``--max-tokens``, their old name)."""
+    if target == "dyneval" and train_tokens is not None:
+        raise MoglmError("--train-tokens: this space tunes dynamic evaluation, which trains nothing; "
+                         "--eval-tokens sets the validation tokens each trial scores")
+    if target != "dyneval" and eval_tokens is not None:
+        raise MoglmError("--eval-tokens applies to dynamic-evaluation spaces; --train-tokens sets a trial's "
+                         "training tokens")
+    new = "--eval-tokens" if target == "dyneval" else "--train-tokens"
+    return renamed(train_tokens if eval_tokens is None else eval_tokens, max_tokens, "--max-tokens", new)
 
 
 def _seconds(text: Optional[str]) -> Optional[float]:
@@ -317,17 +350,36 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {EXTRA_HINT}", file=sys.stderr)
         return 2
     app = _build_app()
+    click_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
     try:
-        app(args=argv, prog_name="moglm")  # usage errors: typer prints the usage and exits 2
+        code = app(args=argv, prog_name="moglm", standalone_mode=False)  # --help, --version: the exit code
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except click_error as e:  # a usage error: one line, not the usage and a box
+        return _usage_error(e)
+    except typer.Abort:
+        print("error: aborted", file=sys.stderr)
+        return 1
     except MoglmError as e:
         print(f"error: {e}", file=sys.stderr)
         return 130 if type(e).__name__ == "TrainingInterrupted" else 1
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
-    return 0
+    return code if isinstance(code, int) else 0
+
+
+def _usage_error(error) -> int:
+    """Print a usage error as one line naming the command's ``--help`` (the help itself when a command
+    that needs arguments got none); returns its exit code (2)."""
+    ctx = getattr(error, "ctx", None)
+    if type(error).__name__ == "NoArgsIsHelpError" and ctx is not None:
+        print(ctx.get_help())
+        return error.exit_code
+    message = " ".join(error.format_message().replace("Value error, ", "").split())
+    where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+    print(f"error: {message}{where}", file=sys.stderr)
+    return error.exit_code
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,5 +1,10 @@
-"""Figures: matplotlib with the non-interactive Agg backend, saved atomically (a reader, such as an image
-viewer refreshing a learning curve during training, never sees half a PNG). matplotlib is optional."""
+"""Figures: each on its own Agg canvas, saved atomically. matplotlib is optional.
+
+A figure is a :class:`matplotlib.figure.Figure` with a ``FigureCanvasAgg`` of its own: pyplot is never
+imported, so drawing a plot neither switches the user's backend (a notebook's inline backend stays) nor
+leaves a figure open in pyplot's registry. Saving goes through a temporary file and a rename, so a reader,
+such as an image viewer refreshing a learning curve during training, never sees half a PNG.
+"""
 
 from __future__ import annotations
 
@@ -7,25 +12,23 @@ from pathlib import Path
 from typing import Any
 
 
-def pyplot() -> Any | None:
-    """``matplotlib.pyplot`` on the Agg backend, or ``None`` when matplotlib is not installed."""
+def new_figure(figsize: tuple[float, float] = (7, 4.2)) -> Any | None:
+    """An empty figure of ``figsize`` inches on its own Agg canvas (draw with ``fig.subplots()``), or ``None``
+    when matplotlib is not installed."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
     except ImportError:
         return None
-    return plt
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    return fig
 
 
 def save_figure(fig: Any, path: Path, dpi: int = 110) -> Path:
-    """Write ``fig`` to ``path`` (PNG) through a temporary file and a rename, then close it."""
-    import matplotlib.pyplot as plt
-
+    """Write ``fig`` to ``path`` (PNG) through a temporary file and a rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=dpi)
-    plt.close(fig)
     tmp.replace(path)
     return path

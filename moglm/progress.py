@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Callable
 
 from tqdm.auto import tqdm
 
@@ -16,6 +17,9 @@ class _Silent:
 
     def close(self) -> None:
         pass
+
+    def write(self, log, message: str) -> None:
+        log(message)
 
 
 class TokenBar:
@@ -39,7 +43,23 @@ class TokenBar:
     def close(self) -> None:
         self.bar.close()
 
+    def write(self, log, message: str) -> None:
+        """``log(message)`` above the bar: the bar is cleared, the line printed, the bar redrawn (any
+        ``log`` callable works, print or typer.echo, unlike ``tqdm.write``)."""
+        with self.bar.external_write_mode(file=sys.stderr):
+            log(message)
+
 
 def progress_bar(total: int, desc: str, tokens_per_step: int, enabled: bool = True, initial: int = 0):
     """A :class:`TokenBar`, or a silent stand-in when ``enabled`` is false."""
     return TokenBar(total, desc, tokens_per_step, initial) if enabled else _Silent()
+
+
+def above_bars(log: Callable[[str], None] = print) -> Callable[[str], None]:
+    """``log`` wrapped so that every line goes above the active progress bars (they are cleared, the line
+    is written, they are redrawn) rather than into a bar's line. Any ``log`` works (print, typer.echo)."""
+    def write(message: str) -> None:
+        with tqdm.external_write_mode(file=sys.stderr):
+            log(message)
+
+    return write

@@ -12,7 +12,7 @@ from moglm.cli import main
 
 def test_bench_throughput_writes_ratios_to_nn_lstm_for_every_model(tmp_path, capsys):
     out = tmp_path / "throughput.json"
-    code = main(["bench", "throughput", "--hidden", "65", "--batch", "3", "--bptt", "5", "--repeats", "1",
+    code = main(["bench", "throughput", "--hidden-size", "65", "--batch-size", "3", "--bptt", "5", "--repeats", "1",
                  "--memory-bptt", "0", "--model", "torch.nn.LSTM", "--model", "moglm Mogrifier r=5 k=64",
                  "--out", str(out)])
     assert code == 0
@@ -29,9 +29,9 @@ def test_bench_throughput_writes_ratios_to_nn_lstm_for_every_model(tmp_path, cap
 
 def test_bench_throughput_rejects_an_unknown_model_in_one_line(tmp_path, capsys):
     code = main(["bench", "throughput", "--model", "GRU", "--out", str(tmp_path / "t.json")])
-    assert code == 1
+    assert code == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: unknown --model 'GRU'") and "\n" not in err
+    assert err.startswith("error: Invalid value for '--model': 'GRU' is not one of 'torch.nn.LSTM'") and "\n" not in err
     assert not (tmp_path / "t.json").exists()
 
 
@@ -79,7 +79,7 @@ def test_bench_gemm_routes_writes_under_the_bench_directory_never_the_working_tr
         pytest.skip(f"compiled recurrence unavailable: {compiled.unavailable_reason()}")
     monkeypatch.setenv("MOGLM_BENCH_DIR", str(tmp_path / "bench"))
     monkeypatch.chdir(tmp_path)
-    assert main(["bench", "gemm-routes", "--hidden", "8", "--batch", "4"]) == 0
+    assert main(["bench", "gemm-routes", "--hidden-size", "8", "--batch-size", "4"]) == 0
     report = json.loads((tmp_path / "bench" / "gemm_routes.json").read_text())
     assert not (tmp_path / "benchmarks").exists()
     routes = compiled._candidate_routes(torch.float32)

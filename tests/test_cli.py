@@ -52,11 +52,11 @@ def test_train_evaluate_sample_end_to_end(tiny_corpus, tmp_path, capsys):
     assert "valid perplexity" in out and "--- sample ---" in out and "the cat" in out
     results = json.loads((run / "results.json").read_text())
     assert set(results["splits"]) == {"valid", "test"} and results["splits"]["test"]["perplexity"] > 1
-    assert main(["evaluate", str(run), "--split", "test", "--temperature", "1.0", "--no-progress"]) == 0
+    assert main(["evaluate", str(run), "--split", "test", "--logit-factor", "1.0", "--no-progress"]) == 0
     assert "test: ppl" in capsys.readouterr().out
-    assert main(["sample", str(run), "--prompt", "the dog", "--tokens", "5", "--seed", "3"]) == 0
+    assert main(["sample", str(run), "--prompt", "the dog", "--num-tokens", "5", "--seed", "3"]) == 0
     first = capsys.readouterr().out
-    assert main(["sample", str(run), "--prompt", "the dog", "--tokens", "5", "--seed", "3"]) == 0
+    assert main(["sample", str(run), "--prompt", "the dog", "--num-tokens", "5", "--seed", "3"]) == 0
     assert capsys.readouterr().out == first and first.startswith("the dog")
     # rerunning the finished command does not train again
     assert main(["train", str(cfg), "--set", f"data.path={tiny_corpus}", "--run-dir", str(run), "--no-progress"]) == 0

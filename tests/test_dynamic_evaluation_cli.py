@@ -78,17 +78,17 @@ def test_statistics_are_loaded_from_the_cache(tiny_run, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "args, message",
+    "args, message, code",
     [
-        (["--segment-length", "0"], "segment length must be an integer >= 1, got 0"),
-        (["--rule", "adam"], "unknown dynamic-evaluation rule 'adam'"),
-        (["--split", "nope"], "split must be train, valid or test"),
-        (["--episodic", "--streams", "2"], "episodic dynamic evaluation reads one stream"),
-        (["--episodic", "--boundary", "<nope>"], "boundary token '<nope>' is not in the vocabulary"),
+        (["--segment-length", "0"], "segment length must be an integer >= 1, got 0", 1),
+        (["--rule", "adam"], "'adam' is not one of 'sgd', 'sgd-decay', 'rms', 'rms-decay', 'rms-rmsdecay'", 2),
+        (["--split", "nope"], "'nope' is not one of 'train', 'valid', 'test'", 2),
+        (["--episodic", "--streams", "2"], "episodic dynamic evaluation reads one stream", 1),
+        (["--episodic", "--boundary", "<nope>"], "boundary token '<nope>' is not in the vocabulary", 1),
     ],
 )
-def test_bad_arguments_are_one_line_errors(tiny_run, args, message, capsys):
-    assert main(["dyneval", str(tiny_run), "--no-progress", *args]) == 1
+def test_bad_arguments_are_one_line_errors(tiny_run, args, message, code, capsys):
+    assert main(["dyneval", str(tiny_run), "--no-progress", *args]) == code
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 

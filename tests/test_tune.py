@@ -15,7 +15,7 @@ from moglm.errors import MoglmError
 from moglm.train import TrainingDiverged
 from moglm.train.config import load_config
 from moglm.tune import run_study, shipped_spaces, write_report
-from moglm.tune import objective as objective_module
+from moglm.train import trainer as trainer_module
 from moglm.tune.objective import fit_rank, prepare
 from moglm.tune.plots import near_best
 from moglm.tune.search_space import load_space, validate_space
@@ -90,7 +90,7 @@ def test_study_with_two_workers_resumes_and_its_best_config_trains(space, tmp_pa
     assert "valid perplexity" in capsys.readouterr().out and (run / "results.json").is_file()
 
 
-class _FailingTrainer(objective_module.Trainer):
+class _FailingTrainer(trainer_module.Trainer):
     """Trial 1 runs out of memory, trial 2 diverges; the others train."""
 
     calls = 0
@@ -105,7 +105,7 @@ class _FailingTrainer(objective_module.Trainer):
 
 
 def test_failing_trials_are_recorded_and_the_study_goes_on(space, tmp_path, monkeypatch):
-    monkeypatch.setattr(objective_module, "Trainer", _FailingTrainer)
+    monkeypatch.setattr(trainer_module, "Trainer", _FailingTrainer)  # what train_and_evaluate runs
     result = run_study(space, study_dir=tmp_path / "study", trials=4, threads=1, log=lambda s: None)
     states = [t.state for t in result.study.get_trials()]
     assert states.count(TrialState.FAIL) == 2 and len(states) == 4
@@ -116,7 +116,7 @@ def test_failing_trials_are_recorded_and_the_study_goes_on(space, tmp_path, monk
     assert "2 fail" in summary and "failed: trial 1: RuntimeError" in summary and "best: trial" in summary
 
 
-class _InterruptedTrainer(objective_module.Trainer):
+class _InterruptedTrainer(trainer_module.Trainer):
     """The first trial is interrupted (Ctrl-C) after its first checkpoint."""
 
     interrupted = False
@@ -129,11 +129,11 @@ class _InterruptedTrainer(objective_module.Trainer):
 
     def _interrupt(self, step):
         if step == 5:
-            raise objective_module.TrainingInterrupted("interrupted at step 5")
+            raise trainer_module.TrainingInterrupted("interrupted at step 5")
 
 
 def test_an_interrupted_trial_resumes_in_its_run_directory(space, tmp_path, monkeypatch):
-    monkeypatch.setattr(objective_module, "Trainer", _InterruptedTrainer)
+    monkeypatch.setattr(trainer_module, "Trainer", _InterruptedTrainer)
     with pytest.raises(MoglmError, match="rerun the same command to resume"):
         run_study(space, study_dir=tmp_path / "study", trials=2, threads=1, log=lambda s: None)
     result = run_study(space, study_dir=tmp_path / "study", trials=2, threads=1, log=lambda s: None)
@@ -265,8 +265,8 @@ max_tokens = 100
 
 def test_a_dynamic_evaluation_study_tunes_a_trained_run(tiny_corpus, tmp_path, capsys):
     run = tmp_path / "run"
-    objective_module.Trainer(tiny_config(tiny_corpus, train={"max_steps": 8, "threads": 1}), run, progress=False,
-                             log=lambda s: None).train()
+    trainer_module.Trainer(tiny_config(tiny_corpus, train={"max_steps": 8, "threads": 1}), run, progress=False,
+                           log=lambda s: None).train()
     space = tmp_path / "dyneval.toml"
     space.write_text(DYNEVAL)
     result = run_study(space, base=str(run), study_dir=tmp_path / "study", threads=1, log=lambda s: None)
@@ -277,9 +277,32 @@ def test_a_dynamic_evaluation_study_tunes_a_trained_run(tiny_corpus, tmp_path, c
     assert "dynamic-evaluation cross-entropy" in summary
     text = (tmp_path / "study" / "best_dyneval.toml").read_text()
     assert "[dyneval]" in text and f"# apply: moglm dyneval {run.resolve()} --rule rms-rmsdecay" in text
+    assert " --learning-rate " in text and " --lr " not in text  # the command line's name of dyneval.lr
     # the shipped table-6 space runs too; a key that is no dynamic-evaluation setting is a one-line error
     run_study("dyneval-word", base=str(run), study_dir=tmp_path / "word", trials=1, threads=1, max_tokens=60,
               log=lambda s: None)
     space.write_text(DYNEVAL.replace('"dyneval.lr"', '"dyneval.learning_rate"'))
     assert main(["tune", str(space), "--base", str(run), "--study-dir", str(tmp_path / "bad")]) == 1
     assert "params.dyneval.learning_rate: not a dynamic-evaluation setting" in capsys.readouterr().err
+
+
+def test_a_trial_prints_its_evaluations_and_titles_its_learning_curve(space, tmp_path, capsys):
+    study_dir = tmp_path / "study"
+    args = ["tune", str(space), "--trials", "1", "--threads", "1", "--study-dir", str(study_dir), "--no-plots"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "[trial 0] step 8: valid" in out  # a line per evaluation while the trial trains
+    name = load_config(study_dir / "trials" / "0000" / "config.toml").name
+    assert name.startswith("space trial 0: learning_rate=") and "rank=" in name  # its learning curve's title
+    assert (study_dir / "trials" / "0000" / "learning_curve.png").is_file()
+    assert main([*args, "--trials", "2", "--no-progress"]) == 0
+    assert "[trial 1]" not in capsys.readouterr().out
+
+
+def test_tune_token_budgets_and_the_old_option(space, tmp_path, capsys):
+    args = ["tune", str(space), "--trials", "1", "--threads", "1", "--study-dir", str(tmp_path / "s"), "--no-plots",
+            "--no-progress"]
+    assert main([*args, "--max-tokens", "40"]) == 0
+    assert "warning: --max-tokens is deprecated" in capsys.readouterr().err
+    trial = _trials(tmp_path / "s")[0]
+    assert trial.user_attrs["tokens"] <= 40 + 4 * 10  # batch 4 x bptt 10: the budget rounds up to a step

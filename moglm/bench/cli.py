@@ -15,6 +15,7 @@ from typing import Optional
 
 import typer
 
+from ..cli_common import DEVICE_HELP, ThroughputModel, deprecated, new_app, renamed, values
 from ..errors import MoglmError
 from . import default_out
 
@@ -23,51 +24,56 @@ OUT_HELP = ("Where the JSON report goes (default: under the user's cache, never 
 
 
 def bench_app() -> typer.Typer:
-    app = typer.Typer(help="Benchmarks: recurrent-layer throughput against torch.nn.LSTM; equal-budget comparisons.",
-                      no_args_is_help=True)
+    app = new_app("Benchmarks: recurrent-layer throughput against torch.nn.LSTM; equal-budget comparisons.")
 
     @app.command()
     def throughput(
-        hidden: list[int] = typer.Option([256, 650, 1024], "--hidden", help="Hidden sizes (input size = hidden)."),
-        batch: int = typer.Option(64, help="Batch size B."),
+        hidden_size: list[int] = typer.Option([256, 650, 1024], help="Hidden sizes (input size = hidden size)."),
+        batch_size: int = typer.Option(64, help="Batch size B."),
         bptt: int = typer.Option(70, help="Window T."),
         repeats: int = typer.Option(5, help="Interleaved repeats per model; the median is reported."),
         memory_bptt: int = typer.Option(500, help="Window of the memory measurement (0: skip it)."),
-        model: list[str] = typer.Option([], "--model", help="Only these models (default: all; see --help)."),
-        device: str = typer.Option("cpu", help="cpu, cuda, ..."),
+        model: list[ThroughputModel] = typer.Option([], help="Only these models (default: all)."),
+        device: str = typer.Option("cpu", help=DEVICE_HELP),
         threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's)."),
         out: Path = typer.Option(default_out("throughput.json"), help=OUT_HELP, show_default=False),
+        hidden: list[int] = deprecated("--hidden", default=[]),
+        batch: Optional[int] = deprecated("--batch"),
     ) -> None:
         """Tokens/s of nn.LSTM and moglm's LSTM, Mogrifier and multiplicative LSTM; ratios, % of GEMM peak, memory."""
         import torch
 
         from .throughput import MODELS, markdown_table, run_throughput
 
-        unknown = [m for m in model if m not in MODELS]
-        if unknown:
-            raise MoglmError(f"unknown --model {unknown[0]!r}; choose from: {', '.join(MODELS)}")
-        if min(hidden, default=1) < 1 or batch < 1 or bptt < 1 or repeats < 1 or memory_bptt < 0:
-            raise MoglmError("--hidden, --batch, --bptt and --repeats must be positive, --memory-bptt >= 0")
+        hidden_size = renamed(hidden_size, hidden, "--hidden", "--hidden-size")
+        batch_size = renamed(batch_size, batch, "--batch", "--batch-size")
+        model = values(model)
+        if min(hidden_size, default=1) < 1 or batch_size < 1 or bptt < 1 or repeats < 1 or memory_bptt < 0:
+            raise MoglmError("--hidden-size, --batch-size, --bptt and --repeats must be positive, --memory-bptt >= 0")
         if threads is not None:
             torch.set_num_threads(max(1, threads))
-        report = run_throughput(tuple(hidden), batch, bptt, repeats, memory_bptt, tuple(model) or MODELS, device, out,
-                                log=typer.echo)
+        report = run_throughput(tuple(hidden_size), batch_size, bptt, repeats, memory_bptt, tuple(model) or MODELS,
+                                device, out, log=typer.echo)
         typer.echo(markdown_table(report))
         typer.echo(f"written to {out}")
 
     @app.command("gemm-routes")
     def gemm_routes(
-        hidden: list[int] = typer.Option([256, 650, 1024], "--hidden", help="Hidden sizes (input size = hidden)."),
-        batch: int = typer.Option(64, help="Batch size B, split over the threads."),
+        hidden_size: list[int] = typer.Option([256, 650, 1024], help="Hidden sizes (input size = hidden size)."),
+        batch_size: int = typer.Option(64, help="Batch size B, split over the threads."),
         out: Path = typer.Option(default_out("gemm_routes.json"), help=OUT_HELP, show_default=False),
+        hidden: list[int] = deprecated("--hidden", default=[]),
+        batch: Optional[int] = deprecated("--batch"),
     ) -> None:
         """GFLOP/s of the compiled recurrence's GEMM routes at the products a window runs per step."""
         from .gemm_routes import markdown_table, run_gemm_routes
 
-        if min(hidden, default=1) < 1 or batch < 1:
-            raise MoglmError("--hidden and --batch must be positive")
+        hidden_size = renamed(hidden_size, hidden, "--hidden", "--hidden-size")
+        batch_size = renamed(batch_size, batch, "--batch", "--batch-size")
+        if min(hidden_size, default=1) < 1 or batch_size < 1:
+            raise MoglmError("--hidden-size and --batch-size must be positive")
         try:
-            report = run_gemm_routes(tuple(hidden), batch, out_path=out, log=typer.echo)
+            report = run_gemm_routes(tuple(hidden_size), batch_size, out_path=out, log=typer.echo)
         except RuntimeError as error:
             raise MoglmError(str(error)) from None
         typer.echo(markdown_table(report))
@@ -75,8 +81,8 @@ def bench_app() -> typer.Typer:
 
     @app.command("end-to-end")
     def end_to_end(
-        configs: list[str] = typer.Argument(None, help="Shipped config names or files [ptb-word-lstm-cpu "
-                                                         "ptb-word-mogrifier-cpu]."),
+        configs: list[str] = typer.Argument(None, help="Shipped config names or files (default: "
+                                                         "ptb-word-lstm-cpu ptb-word-mogrifier-cpu)."),
         steps: int = typer.Option(60, help="Optimizer steps per config and backend."),
         default_command: bool = typer.Option(True, help="Also time `moglm train` with no arguments."),
         out: Path = typer.Option(default_out("end_to_end.json"), help=OUT_HELP, show_default=False),
@@ -93,8 +99,8 @@ def bench_app() -> typer.Typer:
 
     @app.command()
     def budget(
-        configs: list[str] = typer.Argument(None, help="Shipped config names or files [ptb-word-lstm-cpu "
-                                                         "ptb-word-mogrifier-cpu]."),
+        configs: list[str] = typer.Argument(None, help="Shipped config names or files (default: "
+                                                         "ptb-word-lstm-cpu ptb-word-mogrifier-cpu)."),
         runs: Path = typer.Option(default_out("runs"), help="Where the run directories go (resumed if present; default: "
                                   "under the user's cache).", show_default=False),
         out: Path = typer.Option(default_out("ptb_cpu_budget.json"), help=OUT_HELP, show_default=False),

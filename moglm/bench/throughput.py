@@ -351,8 +351,8 @@ def markdown_table(report: dict[str, Any]) -> str:
 
 def main(argv=None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description="Tokens/s of moglm's recurrent layers against torch.nn.LSTM.")
-    parser.add_argument("--hidden", type=int, nargs="+", default=[256, 650, 1024])
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--hidden-size", "--hidden", dest="hidden", type=int, nargs="+", default=[256, 650, 1024])
+    parser.add_argument("--batch-size", "--batch", dest="batch", type=int, default=64)
     parser.add_argument("--bptt", type=int, default=70)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--memory-bptt", type=int, default=500, help="window of the memory measurement (0: skip)")

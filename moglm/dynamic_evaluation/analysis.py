@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..figures import pyplot, save_figure
+from ..figures import new_figure, save_figure
 
 
 def _binned(values: Tensor, counts: Tensor, width: int) -> list[float]:
@@ -63,11 +63,11 @@ def position_profile(static: Tensor, dynamic: Tensor, episodes: list[int] | None
 def plot_profile(profile: dict, path: Path, title: str = "") -> Path | None:
     """Two panels: binned loss by position, and the mean gain so far (the difference of the cumulative
     means, static - dynamic). ``None`` without matplotlib."""
-    plt = pyplot()
-    if plt is None:
+    fig = new_figure((7, 6))
+    if fig is None:
         return None
     x = [s + profile["bin_width"] / 2 for s in profile["bin_start"]]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [2, 1]})
     top.plot(x, profile["static"], lw=1, label="static")
     top.plot(x, profile["dynamic"], lw=1, label="dynamic")
     top.set_ylabel(f"loss (nats / token), bins of {profile['bin_width']}")

@@ -21,9 +21,9 @@ import numpy as np
 
 from ..errors import MoglmError
 from ..train.build import load_data
-from ..train.checkpoint import atomic_write_text
-from ..train.run_directory import RunDirectory
-from ..train.trainer import resolve_device, separator_id
+from ..atomic import atomic_write_text
+from ..train.language_model_run import LanguageModelRun
+from ..device import resolve_device
 from .analysis import plot_profile, position_profile
 from .evaluate import DEFAULT_MARGIN, DynamicEvaluator, dynamic_evaluate, static_pass
 from .search import ORDER, ORDER_WITH_BUDGET, coordinate_search
@@ -32,7 +32,7 @@ from .statistics import StatisticsSettings, cache_key, gradient_rms, load_or_col
 from .update_rules import Hyperparameters, uses_rms
 
 
-def load_corpus_for(run: RunDirectory, purpose: str):
+def load_corpus_for(run: LanguageModelRun, purpose: str):
     """The run's corpus, or a one-line error saying what it was needed for."""
     cfg = run.load_config()
     try:
@@ -41,7 +41,7 @@ def load_corpus_for(run: RunDirectory, purpose: str):
         raise MoglmError(f"{run.path}: {purpose} needs the run's training data, which cannot be read: {e}") from None
 
 
-def run_statistics(run: RunDirectory, which: str, model, train_ids: np.ndarray, sparse: SparseSpec | None,
+def run_statistics(run: LanguageModelRun, which: str, model, train_ids: np.ndarray, sparse: SparseSpec | None,
                    settings: StatisticsSettings, progress: bool = True, log: Callable[[str], None] = print):
     """Global RMS statistics of a run's checkpoint, from the cache in ``dyneval/`` or collected."""
     pointer = run.checkpoints.pointer(which)
@@ -59,7 +59,7 @@ def run_statistics(run: RunDirectory, which: str, model, train_ids: np.ndarray, 
                            metadata, log)
 
 
-def saved_settings(run: RunDirectory, tag: str = "full") -> tuple[Hyperparameters, StatisticsSettings] | None:
+def saved_settings(run: LanguageModelRun, tag: str = "full") -> tuple[Hyperparameters, StatisticsSettings] | None:
     """The hyperparameters and statistics settings a previous ``moglm dyneval`` used
     (``dyneval/<tag>.json``), if any."""
     path = run.path / "dyneval" / f"{tag}.json"
@@ -72,7 +72,7 @@ def saved_settings(run: RunDirectory, tag: str = "full") -> tuple[Hyperparameter
         return None
 
 
-def sampling_adapter(run: RunDirectory, model, which: str = "best", lr: float | None = None) -> DynamicEvaluator:
+def sampling_adapter(run: LanguageModelRun, model, which: str = "best", lr: float | None = None) -> DynamicEvaluator:
     """An adapter for ``moglm sample --adapt``: the settings of ``dyneval/full.json`` when a previous
     ``moglm dyneval`` wrote one, else the defaults; ``lr`` overrides the learning rate."""
     hp, statistics = saved_settings(run) or (Hyperparameters(), StatisticsSettings())
@@ -86,7 +86,7 @@ def sampling_adapter(run: RunDirectory, model, which: str = "best", lr: float | 
 
 
 def dyneval_run(
-    run: RunDirectory,
+    run: LanguageModelRun,
     splits: tuple[str, ...] = ("test",),
     hp: Hyperparameters = Hyperparameters(),
     search: bool = False,
@@ -97,7 +97,7 @@ def dyneval_run(
     episodic: bool | None = None,
     boundary: str | None = None,
     statistics: StatisticsSettings = StatisticsSettings(),
-    max_tokens: int | None = None,
+    eval_tokens: int | None = None,
     temperature: float | None = None,
     margin: float = DEFAULT_MARGIN,
     which: str = "best",
@@ -108,7 +108,8 @@ def dyneval_run(
 ) -> dict[str, Any]:
     """Dynamic evaluation of a run's checkpoint on ``splits`` (optionally after a search on the first
     ``search_tokens`` validation tokens, among settings that take at most ``max_cost`` times the CPU
-    time of static evaluation); returns (and writes) the report. ``temperature=None``: the
+    time of static evaluation; ``eval_tokens``: only the first that many tokens of each split); returns
+    (and writes) the report. ``temperature=None``: the
     logit factor of the run's ``results.json`` (what ``moglm evaluate`` reported), else 1.
     ``episodic=None``: episodic when the run was trained on episodes (``data.episodic``)."""
     for split in splits:
@@ -126,7 +127,7 @@ def dyneval_run(
     boundary_id = None
     if episodic:
         if boundary is None:
-            boundary_id = separator_id(corpus)
+            boundary_id = corpus.separator_id()
         elif boundary in vocab.stoi:
             boundary_id = vocab.stoi[boundary]
         else:
@@ -150,11 +151,11 @@ def dyneval_run(
     report["splits"] = {}
     tag = ("sparse" if sparse else "full") + ("-episodic" if episodic else "")
     for split in splits:
-        ids = corpus[split] if max_tokens is None else corpus[split][: max_tokens + streams]
+        ids = corpus[split] if eval_tokens is None else corpus[split][: eval_tokens + streams]
         static = None
         if not episodic:
             static = static_pass(model, ids, streams, cfg.train.bptt, factor, corpus.words.get(split)
-                                 if max_tokens is None else None, progress)
+                                 if eval_tokens is None else None, progress)
         result = dynamic_evaluate(model, ids, hp, rms, static=static, progress=progress, desc=split, **options)
         profile = position_profile(result.static_losses, result.losses, result.episodes)
         report["splits"][split] = result.as_dict() | {"profile": profile}
@@ -172,7 +173,7 @@ def dyneval_run(
     return report
 
 
-def _run_temperature(run: RunDirectory) -> float:
+def _run_temperature(run: LanguageModelRun) -> float:
     if run.results_path.is_file():
         try:
             return float(json.loads(run.results_path.read_text()).get("temperature", 1.0))

@@ -12,6 +12,7 @@ from typing import Optional
 
 import typer
 
+from ..cli_common import Architecture, DyckObjective, DyckPositions, deprecated, new_app, renamed
 from ..errors import MoglmError
 
 
@@ -22,29 +23,33 @@ def _fresh(path: Path, restart: bool) -> Path:
 
 
 def task_app() -> typer.Typer:
-    app = typer.Typer(help="Synthetic tasks: bounded Dyck-k (WCPA), reverse copy, partial-sentence training.",
-                      no_args_is_help=True)
+    app = new_app("Synthetic tasks: bounded Dyck-k (WCPA), reverse copy, partial-sentence training.")
 
     @app.command()
     def dyck(
         k: int = typer.Option(2, "--k", help="Bracket types."),
         m: int = typer.Option(4, "--m", help="Maximum depth (unclosed brackets)."),
-        architecture: str = typer.Option("dyck_rnn", help="Any moglm architecture (config name)."),
-        objective: Optional[str] = typer.Option(None, help="closing or lm (default: closing for dyck_rnn, else lm)."),
+        architecture: Architecture = typer.Option("dyck_rnn", help="Any moglm architecture (model.architecture)."),
+        objective: Optional[DyckObjective] = typer.Option(
+            None, help="closing: predict the closing brackets; lm: a language model (default: closing for dyck_rnn, "
+            "else lm)."),
         learned_embedding: bool = typer.Option(False, help="Dyck-RNN: the report's learned 2-d embedding, H = 2m."),
         zero_gate: bool = typer.Option(True, help="Dyck-RNN: start the push/pop gate weight at 0 (else random)."),
         hidden_size: Optional[int] = typer.Option(None, help="Hidden units (default: m (2m) for the Dyck-RNN, else 16)."),
         num_params: Optional[int] = typer.Option(None, help="Parameter budget instead of a hidden size."),
         steps: int = typer.Option(1000, help="Training steps."),
         batch_size: int = typer.Option(128, help="Sequences per step."),
-        lr: float = typer.Option(0.03, help="Adam learning rate (beta1 = 0)."),
+        learning_rate: float = typer.Option(0.03, help="Adam learning rate (beta1 = 0)."),
+        lr: Optional[float] = deprecated("--lr"),
         seed: int = typer.Option(1, help="Seed of the corpus and of training."),
         train_sequences: int = typer.Option(2000, help="Training sequences."),
         valid_sequences: int = typer.Option(200, help="Validation sequences."),
         test_sequences: int = typer.Option(500, help="Test sequences."),
         train_lengths: tuple[int, int] = typer.Option((20, 100), help="Brackets per training/validation sequence."),
         test_lengths: tuple[int, int] = typer.Option((102, 200), help="Brackets per test sequence."),
-        positions: str = typer.Option("closing", help="WCPA positions: closing (before each close) or open_stack."),
+        positions: DyckPositions = typer.Option(
+            "closing", help="WCPA positions: closing (before each closing bracket) or open_stack (before each "
+            "token read with a bracket open)."),
         set_: list[str] = typer.Option([], "--set", "-s", help="Objective lm: override a run-config key (a.b=value)."),
         run_dir: Optional[Path] = typer.Option(None, help="Run directory (default: runs/dyck-k<k>-m<m>-<arch>)."),
         restart: bool = typer.Option(False, help="Discard an existing run in the run directory."),
@@ -58,7 +63,8 @@ def task_app() -> typer.Typer:
                         test_sequences=test_sequences, train_lengths=train_lengths, test_lengths=test_lengths,
                         seed=seed, positions=positions)
         training = DyckTraining(architecture, objective, learned_embedding, zero_gate, hidden_size, num_params,
-                                batch_size, steps, lr, seed=seed)
+                                batch_size, steps, renamed(learning_rate, lr, "--lr", "--learning-rate"),
+                                seed=seed)
         name = f"dyck-k{k}-m{m}-{architecture}{'-learned' if learned_embedding else ''}"
         path = _fresh(run_dir or Path("runs") / name, restart)
         results = run_dyck(task, training, path, set_, progress, typer.echo)
@@ -68,7 +74,8 @@ def task_app() -> typer.Typer:
     def reverse_copy(
         length: int = typer.Option(20, help="Tokens to copy (the decoder writes them reversed)."),
         vocab_size: int = typer.Option(100, help="Vocabulary the tokens are drawn from (uniformly)."),
-        architecture: str = typer.Option("mogrifier", help="Encoder and decoder architecture (config name)."),
+        architecture: Architecture = typer.Option("mogrifier", help="Encoder and decoder architecture "
+                                                  "(model.architecture)."),
         num_params: Optional[int] = typer.Option(200_000, help="Parameter budget (both halves together)."),
         hidden_size: Optional[int] = typer.Option(None, help="Hidden units instead of a budget."),
         embedding_ratio: float = typer.Option(1.0, help="Embedding size = ratio * hidden size."),
@@ -76,7 +83,8 @@ def task_app() -> typer.Typer:
         num_layers: int = typer.Option(1, help="Layers of the encoder and of the decoder."),
         steps: int = typer.Option(2000, help="Training steps."),
         batch_size: int = typer.Option(64, help="Sequences per step (fresh ones every step)."),
-        lr: float = typer.Option(0.003, help="Adam learning rate (beta1 = 0)."),
+        learning_rate: float = typer.Option(0.003, help="Adam learning rate (beta1 = 0)."),
+        lr: Optional[float] = deprecated("--lr"),
         l2_penalty: float = typer.Option(0.0, help="l2_penalty * 0.5 * sum(w^2) added to the loss."),
         eval_every: int = typer.Option(200, help="Validate and checkpoint every this many steps."),
         test_examples: int = typer.Option(1000, help="Validation and test sequences (each)."),
@@ -99,7 +107,8 @@ def task_app() -> typer.Typer:
         cfg = ReverseCopyConfig(length=length, vocab_size=vocab_size, architecture=architecture, num_layers=num_layers,
                                 hidden_size=hidden_size, num_params=None if hidden_size else num_params,
                                 input_embedding_ratio=embedding_ratio, cell=options, batch_size=batch_size, steps=steps,
-                                learning_rate=lr, l2_penalty=l2_penalty, eval_every=eval_every,
+                                learning_rate=renamed(learning_rate, lr, "--lr", "--learning-rate"),
+                                l2_penalty=l2_penalty, eval_every=eval_every,
                                 valid_examples=test_examples, test_examples=test_examples, seed=seed)
         path = _fresh(run_dir or Path("runs") / f"reverse-copy-{architecture}-L{length}", restart)
         run_reverse_copy(cfg, path, progress, typer.echo)

@@ -14,7 +14,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from ..train.checkpoint import atomic_write_text
+from ..atomic import atomic_write_text
 from ..train.config import validate
 from .plots import plot_study
 from .study import StudyResult, _public, counted_trials

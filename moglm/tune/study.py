@@ -31,7 +31,7 @@ from optuna.trial import TrialState
 
 from ..errors import MoglmError
 from ..train.trainer import TrainingInterrupted
-from .objective import TrialSetup, prepare, requeue_stale_trial
+from .objective import Objective, TrialSetup, prepare, requeue_stale_trial
 from .search_space import StudySettings, load_space
 
 if TYPE_CHECKING:
@@ -154,6 +154,8 @@ class WorkerArgs:
     deadline: float | None
     threads: int
     keep_checkpoints: bool
+    progress: bool = False  # a progress bar per trial
+    echo: bool = False  # every trial's log lines on stdout, "[trial N] ..." (evaluations, averaging, the result)
 
 
 def work(args: WorkerArgs, quota: Quota, index: int = 0) -> bool:
@@ -169,6 +171,8 @@ def work(args: WorkerArgs, quota: Quota, index: int = 0) -> bool:
         study = optuna.load_study(study_name=args.study_name, storage=open_storage(args.storage),
                                   pruner=make_pruner(args.setup))
         objective = args.setup.objective()
+        if isinstance(objective, Objective):  # a training trial: what it does while it trains
+            objective.progress, objective.log_to_stdout = args.progress, args.echo
         while not objective.interrupted and (args.deadline is None or time.time() < args.deadline):
             if not quota.take(study):
                 break
@@ -223,9 +227,11 @@ def run_study(
     seed: int | None | str = "space",
     keep_checkpoints: bool = False,
     log: Callable[[str], None] = print,
+    progress: bool = False,
 ) -> StudyResult:
     """Create or resume a study and run trials until its budget is spent; arguments left ``None`` come from
-    the search-space file (``seed="space"``: the space's seed)."""
+    the search-space file (``seed="space"``: the space's seed). ``progress``: print each training trial's log
+    lines as it runs (``[trial N] step 400: valid ...``), with a progress bar when there is one worker."""
     spec, path = load_space(space)
     if workers < 1:
         raise MoglmError(f"--workers must be >= 1, got {workers}")
@@ -259,7 +265,8 @@ def run_study(
     timeout = timeout if timeout is not None else spec.budget.timeout
     deadline = None if timeout is None else time.time() + timeout
     threads = threads or max(1, default_cores() // workers)
-    args = WorkerArgs(setup, settings, url, name, deadline, threads, keep_checkpoints)
+    args = WorkerArgs(setup, settings, url, name, deadline, threads, keep_checkpoints,
+                      progress=progress and workers == 1, echo=progress)
     n = min(workers, max(remaining, 1))
     log(f"study {name!r} ({_public(url)}): {total - max(remaining, 0)} of {total} trials exist; "
         + (f"running up to {remaining} with {n} worker{'s' * (n > 1)} x {threads} "

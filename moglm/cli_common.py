@@ -1,0 +1,67 @@
+"""What every ``moglm`` command shares: the Typer app factory, the option value sets, renamed options.
+
+* Help is plain text (``rich_markup_mode=None``): Rich would read ``[default: ...]`` and other square
+  brackets in a help string as markup and drop them.
+* An option with a fixed set of values is typed with one of the ``Literal`` aliases below (``Split`` is an
+  :class:`enum.Enum`, because Typer takes no list of ``Literal``): ``--help`` shows the values
+  (``<best|last>``) and a wrong value is refused before the command runs. The sets are written out here,
+  so that building the command line imports neither torch nor the modules that define them; the tests
+  check that they match those modules.
+* One vocabulary: options are named after the config fields they set (``--learning-rate``,
+  ``--hidden-size``, ``--batch-size``). The spellings of earlier releases are kept for one release as
+  hidden options that still work and print a deprecation warning (:func:`renamed`).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Literal
+
+import typer
+
+UpdateRule = Literal["sgd", "sgd-decay", "rms", "rms-decay", "rms-rmsdecay"]  # dynamic_evaluation.update_rules.RULES
+Sampler = Literal["gp", "tpe", "random"]  # tune.search_space.StudySettings.sampler
+Checkpoint = Literal["best", "last"]
+DyckObjective = Literal["closing", "lm"]  # tasks.dyck_training.OBJECTIVES
+DyckPositions = Literal["closing", "open_stack"]  # tasks.wcpa.POSITIONS
+Architecture = Literal["lstm", "mogrifier", "multiplicative_lstm", "rnn", "multiplicative_rnn", "mmrnn", "mmlstm",
+                       "dyck_rnn", "gru", "mogrifier_gru", "mogrifier_rnn"]  # modules.ARCHITECTURES
+ThroughputModel = enum.Enum("ThroughputModel", {name: name for name in (  # bench.throughput.MODELS
+    "torch.nn.LSTM", "moglm LSTM", "moglm LSTM + state dropout", "moglm Mogrifier r=5 k=64",
+    "moglm multiplicative LSTM", "LSTM, Python fused", "Mogrifier, Python fused",
+    "multiplicative LSTM, Python fused", "Mogrifier, reference loop")}, type=str)
+
+
+class Split(str, enum.Enum):
+    """A corpus split (an Enum: ``--split`` can be repeated)."""
+
+    train = "train"
+    valid = "valid"
+    test = "test"
+
+
+DEVICE_HELP = "cpu, cuda, cuda:1, mps, ..."
+
+
+def new_app(help: str, **options: Any) -> typer.Typer:
+    """A Typer app (or sub-app) with plain-text help that prints its help when called without arguments."""
+    return typer.Typer(help=help, rich_markup_mode=None, no_args_is_help=True, **options)
+
+
+def values(items: list[Any]) -> list[Any]:
+    """The plain values of a repeated Enum option."""
+    return [getattr(item, "value", item) for item in items]
+
+
+def renamed(value: Any, old_value: Any, old: str, new: str) -> Any:
+    """``value`` of option ``new``, or the value given under its deprecated spelling ``old`` (a hidden option
+    that defaults to ``None`` or ``[]``), with a warning on stderr."""
+    if old_value is None or (isinstance(old_value, list) and not old_value):
+        return value
+    typer.echo(f"warning: {old} is deprecated and will be removed in the next release; use {new}", err=True)
+    return old_value
+
+
+def deprecated(old: str, **options: Any) -> Any:
+    """A hidden option for the deprecated spelling ``old`` of a renamed option (see :func:`renamed`)."""
+    return typer.Option(options.pop("default", None), old, hidden=True, **options)
