@@ -89,7 +89,11 @@ def plot_learning_curve(records: list[dict[str, Any]], path: Path, title: str = 
     if start is not None:
         ax.axvline(start, color="tab:red", lw=0.8, ls="--", label="weight averaging starts")
     if unit == "perplexity":
+        from matplotlib.ticker import LogFormatter
+
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(LogFormatter())  # 10, 100 and, on a short range, 20, 50: no 6 x 10^0
+        ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
     ax.set_xlabel("training tokens")
     ax.set_ylabel(label)
     ax.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=10)
