@@ -7,6 +7,8 @@ segment's loss (Krause thesis 4.3 and 5.2)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .data.vocabulary import Vocabulary
@@ -54,8 +56,8 @@ def sample(
 ) -> str:
     """Continue ``prompt`` by ``num_tokens`` tokens; returns the prompt followed by the continuation.
     ``adapter``: adapt to the prompt first (and, with ``adapt_output``, to the sample as it grows)."""
-    if temperature <= 0:
-        raise MoglmError(f"temperature must be > 0, got {temperature}")
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise MoglmError(f"temperature must be a finite number > 0, got {temperature}")
     if top_k is not None and top_k < 1:
         raise MoglmError(f"top_k must be >= 1, got {top_k}")
     if adapt_output and adapter is None:

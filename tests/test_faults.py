@@ -34,7 +34,7 @@ def config_file(tiny_corpus, tmp_path):
 
 
 def _cli(args, capsys):
-    code = main([*map(str, args), "--no-progress"])
+    code = main([*map(str, args), *(["--no-progress"] if args[0] in ("train", "evaluate") else [])])
     err = capsys.readouterr().err
     assert "Traceback" not in err
     return code, err
@@ -159,3 +159,93 @@ def test_temporary_files_a_kill_left_in_the_checkpoint_folder_are_removed(tiny_c
     RunDirectory(tmp_path / "run").checkpoints.prune()
     assert not (root / ".last.json.abc123.tmp.json").exists() and not (root / ".tmp-step-00000099-xyz").exists()
     assert json.loads((root / "last.json").read_text())["step"] == 12
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--logit-factor", "0"], "logit factor) must be a finite number > 0, got 0.0"),
+    (["--logit-factor", "-2"], "must be a finite number > 0, got -2.0"),
+    (["--batch-size", "0"], "batch size must be >= 1, got 0"),
+    (["--mc-samples", "-1"], "MC-dropout samples must be >= 0, got -1"),
+])
+def test_evaluate_arguments_that_would_give_wrong_scores_are_one_line_errors(config_file, tmp_path, capsys, args,
+                                                                              message):
+    run = tmp_path / "run"
+    assert _cli(["train", config_file, "--run-dir", run], capsys)[0] == 0
+    results = (run / "results.json").read_text()
+    code, err = _cli(["evaluate", run, *args], capsys)
+    assert code != 0 and message in err and (run / "results.json").read_text() == results
+
+
+def test_sample_with_a_nan_temperature_is_a_one_line_error(config_file, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert _cli(["train", config_file, "--run-dir", run], capsys)[0] == 0
+    code, err = _cli(["sample", run, "--temperature", "nan"], capsys)
+    assert code == 1 and "temperature must be a finite number > 0, got nan" in err
+
+
+def test_evaluating_after_the_corpus_changed_is_refused(config_file, tiny_corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert _cli(["train", config_file, "--run-dir", run], capsys)[0] == 0
+    with open(tiny_corpus / "test.txt", "a") as f:
+        f.write("the owl sees the cat .\n")
+    code, err = _cli(["evaluate", run], capsys)
+    assert code == 1 and "changed since this run trained on it" in err
+
+
+def test_a_read_only_run_directory_prints_the_results_and_says_they_were_not_saved(config_file, tmp_path, capsys,
+                                                                                  monkeypatch):
+    from moglm.train import final_evaluation
+
+    run = tmp_path / "run"
+    assert _cli(["train", config_file, "--run-dir", run], capsys)[0] == 0
+
+    def read_only(path, text):  # what a read-only folder does to the write (tests may run as root)
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(final_evaluation, "atomic_write_text", read_only)
+    code = main(["evaluate", str(run), "--no-progress"])
+    out, err = capsys.readouterr()
+    assert code == 1 and "valid:" in out and "Permission denied); the results printed above were not saved" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("one character", "a", "split has no tokens"),
+    ("byte-order mark only", "\ufeff", "file is empty"),
+    ("no newline, empty prompt", "abcabcabcabcabc" * 20, "no line separator to start from"),
+])
+def test_bad_corpora_are_refused_before_training(tmp_path, capsys, name, content, message):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(content, encoding="utf-8")
+    overrides = [f"data.path={corpus}", "data.format=char", "train.max_steps=2", "sample.prompt=''",
+                 "model.hidden_size=8", "model.cell.rank=2", "train.batch_size=2", "train.bptt=4"]
+    code, err = _cli(["train", "default", "--run-dir", tmp_path / "run", *[a for o in overrides for a in ("--set", o)]],
+                     capsys)
+    assert code == 1 and message in err
+    assert not (tmp_path / "run" / "checkpoints").exists()  # nothing trained
+
+
+def test_crlf_and_a_byte_order_mark_do_not_become_tokens(tmp_path):
+    from moglm.data.corpus import load_corpus
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_bytes("\ufeff".encode() + b"ab cd\r\nef gh\r\n" * 50)
+    loaded = load_corpus(str(corpus), "char")
+    assert "\r" not in loaded.vocab.stoi and "\ufeff" not in loaded.vocab.stoi and "\n" in loaded.vocab.stoi
+
+
+def test_a_damaged_corpus_cache_is_a_cache_miss(tiny_corpus):
+    from moglm.data.corpus import cache_root, load_corpus
+
+    first = load_corpus(str(tiny_corpus), "word")
+    for meta in cache_root().glob("*/meta.json"):
+        meta.write_text("{}")
+    again = load_corpus(str(tiny_corpus), "word")
+    assert again.digest() == first.digest()
+
+
+def test_split_fractions_that_overlap_are_refused_before_training():
+    from moglm.train.config import load_config
+
+    with pytest.raises(MoglmError, match=r"split_fractions: .*together at most 1"):
+        load_config("default", ["data.split_fractions=[0.5, 0.5, 0.5]"])

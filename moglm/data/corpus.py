@@ -60,6 +60,14 @@ class Corpus:
                 return self.vocab.stoi[token]
         raise MoglmError("episodic mode needs <eos> or newline tokens in the vocabulary")
 
+    def digest(self) -> str:
+        """A fingerprint of the token ids and the vocabulary: a run records it, so that evaluating after the
+        corpus changed is refused instead of scoring other text."""
+        h = hashlib.sha256(self.vocab.to_json().encode())
+        for split in SPLITS:
+            h.update(np.ascontiguousarray(self.splits[split], dtype=np.int64).tobytes())
+        return h.hexdigest()[:16]
+
     def summary(self) -> str:
         sizes = ", ".join(f"{s} {len(self.splits[s]):,}" for s in SPLITS)
         return f"{self.name} ({self.format}): vocabulary {len(self.vocab):,}; tokens {sizes}"
@@ -110,9 +118,15 @@ def _read(path: Path, binary: bool) -> bytes | str:
     if binary:
         return data
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise MoglmError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); use data.format = 'byte'") from None
+    # a byte-order mark is not text, and Windows (CRLF) or old Mac (CR) line ends are line ends: neither
+    # may become a token of a character model
+    text = text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+    if not text.strip():
+        raise MoglmError(f"{path}: file is empty")
+    return text
 
 
 def _line_tokens(text: str) -> list[str]:
@@ -175,21 +189,30 @@ def build_corpus(name: str, fmt: str, raw_splits: dict[str, object]) -> Corpus:
     """Tokenise raw split contents (str, or bytes for ``byte``) and index them with the train vocabulary."""
     if fmt == "byte":
         tokens = {s: np.frombuffer(raw, dtype=np.uint8) for s, raw in raw_splits.items()}
-        vocab, splits = Vocabulary.bytes(), {s: t.astype(np.int64) for s, t in tokens.items()}
     elif fmt == "char":
         tokens = {s: _char_codes(raw) for s, raw in raw_splits.items()}
-        vocab, splits = _index_codes(tokens, fmt)
     else:
         tokens = {s: _line_tokens(raw) for s, raw in raw_splits.items()}
+    for split, t in tokens.items():
+        if len(t) == 0 or (fmt in ("word", "ptb_char") and all(x == EOS for x in t)):
+            raise MoglmError(f"corpus {name}: the {split} split has no tokens")
+        if len(t) < 2:  # a prediction needs an input and a target
+            raise MoglmError(f"corpus {name}: the {split} split has only {len(t)} token; every split needs at least 2 "
+                             "(a longer file, or other data.split_fractions)")
+    if fmt == "byte":
+        vocab, splits = Vocabulary.bytes(), {s: t.astype(np.int64) for s, t in tokens.items()}
+    elif fmt == "char":
+        vocab, splits = _index_codes(tokens, fmt)
+    else:
         counts = Counter(tokens["train"])
         need_unk = any(t not in counts for s in ("valid", "test") for t in tokens[s])
         vocab = Vocabulary.from_counts(counts, fmt, need_unk, eos=EOS)
         splits = {s: vocab.encode(t) for s, t in tokens.items()}
-    for split, t in tokens.items():
-        if len(t) == 0 or (fmt in ("word", "ptb_char") and all(x == EOS for x in t)):
-            raise MoglmError(f"corpus {name}: the {split} split has no tokens")
     words = {s: _count_words(fmt, t) for s, t in tokens.items()}
     return Corpus(name, fmt, vocab, splits, words)
+
+
+CACHE_VERSION = 2  # 2: byte-order marks dropped, CR and CRLF line ends read as newlines
 
 
 # -- caching --------------------------------------------------------------------------------------
@@ -204,13 +227,18 @@ def _cache_key(parts: list) -> str:
 
 
 def _load_cached(directory: Path) -> Corpus | None:
+    """The cached corpus, or ``None`` for a miss: a missing, partial or damaged cache (a ``meta.json`` of
+    ``{}``, a truncated array) is rebuilt, never an error."""
     try:
         meta = json.loads((directory / "meta.json").read_text())
         splits = {s: np.load(directory / f"{s}.npy", allow_pickle=False) for s in SPLITS}
-    except (OSError, ValueError, KeyError):
+        vocab = Vocabulary.from_json(json.dumps(meta["vocab"]))
+        corpus = Corpus(meta["name"], meta["format"], vocab, splits, meta["words"])
+        if any(len(a) < 2 or int(a.max()) >= len(vocab) for a in splits.values()):
+            return None
+        return corpus
+    except Exception:  # any damage is a cache miss
         return None
-    vocab = Vocabulary.from_json(json.dumps(meta["vocab"]))
-    return Corpus(meta["name"], meta["format"], vocab, splits, meta["words"])
 
 
 def _store_cached(directory: Path, corpus: Corpus) -> None:
@@ -243,7 +271,7 @@ def load_corpus(
         from pydoc_data.topics import topics
 
         text = "".join(topics[k] for k in sorted(topics))
-        key = _cache_key([DEFAULT_CORPUS, sys.version_info[:3], len(text), format, split_fractions])
+        key = _cache_key([DEFAULT_CORPUS, sys.version_info[:3], len(text), format, split_fractions, CACHE_VERSION])
         raw = text.encode("utf-8") if format == "byte" else text
         return _with_cache(key, use_cache, lambda: build_corpus(DEFAULT_CORPUS, format, _split_by_fraction(raw, split_fractions)))
     root = resolve_path(path)
@@ -260,7 +288,7 @@ def load_corpus(
     else:
         split_files = {"all": root}
     stats = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in split_files.values() if p.exists()]
-    key = _cache_key([stats, format, split_fractions])
+    key = _cache_key([stats, format, split_fractions, CACHE_VERSION])
     name = root.name
 
     def build() -> Corpus:

@@ -55,6 +55,13 @@ class DataConfig(Section):
     )
     max_length: int | None = Field(None, ge=1, description="Episodic mode: truncate sequences to this many tokens.")
 
+    @field_validator("split_fractions")
+    @classmethod
+    def _check_fractions(cls, fractions: tuple[float, float, float]) -> tuple[float, float, float]:
+        if any(f <= 0 for f in fractions) or sum(fractions) > 1 + 1e-9:
+            raise ValueError(f"each fraction must be > 0 and together at most 1, got {list(fractions)}")
+        return fractions
+
 
 class ModelConfig(Section):
     architecture: str = Field("mogrifier", description=f"Recurrent cell: one of {sorted(ARCHITECTURES)}.")

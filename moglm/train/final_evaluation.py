@@ -5,6 +5,7 @@ dropout. Results go to ``results.json`` in the run directory."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Callable
 
 from ..evaluation.mc_dropout import evaluate_mc_dropout
@@ -12,6 +13,7 @@ from ..evaluation.scores import Scores
 from ..evaluation.stream import evaluate_episodes, evaluate_stream
 from ..evaluation.temperature import search_temperature
 from ..atomic import atomic_write_text
+from ..errors import MoglmError
 from ..device import resolve_device
 from .build import load_data
 from .language_model_run import LanguageModelRun
@@ -32,11 +34,16 @@ def evaluate_run(
 ) -> dict[str, Any]:
     """Evaluate a run's checkpoint; arguments left ``None`` come from the run's ``[evaluation]`` config.
     ``temperature=None`` with ``temperature_search`` on searches the factor on validation."""
+    _check_arguments(batch_size, temperature, mc_samples, mc_dropout_multiplier)
     cfg = run.load_config()
     ev = cfg.evaluation
     dev = resolve_device(device or cfg.train.device)
     model, _, _ = run.load_model(which, dev)
     corpus = load_data(cfg.data)
+    trained_on = run.model_info().get("corpus_digest")
+    if trained_on is not None and trained_on != corpus.digest():
+        raise MoglmError(f"{run.path}: the corpus ({cfg.data.path or 'the default'}) changed since this run trained "
+                         "on it; its scores would be of other text. Restore the corpus, or train a new run")
     splits = list(splits or ev.splits)
     batch_size = batch_size or ev.batch_size
     mc_samples = ev.mc_samples if mc_samples is None else mc_samples
@@ -78,9 +85,25 @@ def evaluate_run(
             results["mc_dropout"]["splits"][split] = scores.as_dict()
             log(f"{split} (MC dropout, {mc_samples} samples): {scores.headline(corpus.format)}")
     results["level"] = corpus.format
-    if write:
-        atomic_write_text(run.results_path, json.dumps(results, indent=1))
+    if write:  # every score was printed above: a failed write loses nothing but the file
+        try:
+            atomic_write_text(run.results_path, json.dumps(results, indent=1))
+        except OSError as e:
+            raise MoglmError(f"{run.results_path}: could not be written ({e.strerror}); the results printed above "
+                             "were not saved") from None
     return results
+
+
+def _check_arguments(batch_size, temperature, mc_samples, multiplier) -> None:
+    """Arguments that would silently give wrong scores are errors (a temperature of 0 is not 'the default')."""
+    if batch_size is not None and batch_size < 1:
+        raise MoglmError(f"batch size must be >= 1, got {batch_size}")
+    if temperature is not None and not (math.isfinite(temperature) and temperature > 0):
+        raise MoglmError(f"the softmax temperature (logit factor) must be a finite number > 0, got {temperature}")
+    if mc_samples is not None and mc_samples < 0:
+        raise MoglmError(f"MC-dropout samples must be >= 0, got {mc_samples}")
+    if multiplier is not None and not (math.isfinite(multiplier) and 0 < multiplier <= 1):
+        raise MoglmError(f"the MC-dropout multiplier must be in (0, 1], got {multiplier}")
 
 
 def temperature_search_tokens(cfg, trained_tokens: int | None) -> int:

@@ -25,6 +25,7 @@ from ..atomic import atomic_write_text
 from ..device import resolve_device
 from ..evaluation.stream import evaluate_episodes, evaluate_stream
 from ..model.language_model import LanguageModel, count_parameters
+from ..sampling import encode_prompt
 from .build import build_model, load_data, resolve_hidden_size
 from .config import RunConfig
 from .engine import Engine, Evaluation, Progress, Settings, StepLoss, TrainingDiverged, TrainingInterrupted
@@ -158,8 +159,11 @@ class Trainer:
         vocab_size = len(self.corpus.vocab)
         hidden = resolve_hidden_size(cfg.model, vocab_size)
         self.model: LanguageModel = build_model(cfg.model, vocab_size, hidden).to(self.device)
+        if cfg.sample.num_tokens:  # a sample the run cannot start fails now, not after training
+            encode_prompt(self.corpus.vocab, cfg.sample.prompt)
         info = {"hidden_size": hidden, "embedding_size": self.model.embedding_size,
-                "num_params": count_parameters(self.model), "vocab_size": vocab_size}
+                "num_params": count_parameters(self.model), "vocab_size": vocab_size,
+                "corpus_digest": self.corpus.digest()}
         self.run.write_json(self.run.model_info_path, info)
         layers = f"{cfg.model.num_layers} layer{'s' * (cfg.model.num_layers > 1)}"
         self.log(f"model: {cfg.model.architecture}, {layers}, hidden {hidden}, embedding {self.model.embedding_size}: "
