@@ -44,6 +44,7 @@ def test_partial_sentences(tiny_corpus, tmp_path, capsys):
             "--set", "model.hidden_size=16", "--set", "model.cell={rounds: 2, rank: 2}", "--set", "train.max_steps=6",
             "--set", "train.eval_every=3", "--set", "train.batch_size=4", "--set", "train.bptt=8",
             "--set", "sample.num_tokens=0", "--set", "evaluation.temperature_search=false",
+            "--set", "evaluation.splits=[valid, test]",
             "--run-dir", str(tmp_path / "p"), "--no-progress"]
     assert main(args) == 0
     out = capsys.readouterr().out

@@ -335,7 +335,8 @@ class Engine:
         p.finished = stop or p.step >= s.steps
         self._checkpoint(best=improved)
         if p.finished or time.monotonic() - self._plotted > 30:  # redraw at most twice a minute
-            plot_learning_curve(self.run.read_metrics(), self.run.plot_path, title=self.title, unit=self.unit)
+            plot_learning_curve(self.run.read_metrics(), self.run.plot_path, title=self.title, unit=self.unit,
+                                averaging_since=p.averaging_since)
             self._plotted = time.monotonic()
         if self.on_evaluation is not None:
             self.on_evaluation(Evaluation(p.step, scores, model, improved))

@@ -28,6 +28,7 @@ from ..model.language_model import LanguageModel, count_parameters
 from ..sampling import encode_prompt
 from .build import build_model, load_data, resolve_hidden_size
 from .config import RunConfig
+from .learning_curve import unit_for
 from .engine import Engine, Evaluation, Progress, Settings, StepLoss, TrainingDiverged, TrainingInterrupted
 from .language_model_run import LanguageModelRun
 
@@ -169,7 +170,7 @@ class Trainer:
         self.log(f"model: {cfg.model.architecture}, {layers}, hidden {hidden}, embedding {self.model.embedding_size}: "
                  f"{info['num_params']:,} parameters")
         self.task = LanguageModelTask(cfg, self.corpus, self.model, self.device)
-        unit = "perplexity" if self.corpus.format == "word" else "bits"
+        unit = unit_for(self.corpus.format)
         return Engine(self.task, engine_settings(cfg), self.run, device=self.device, title=cfg.name or self.run.path.name,
                       unit=unit, progress=self.progress_enabled, log=self.log, on_step=self.on_step,
                       on_evaluation=self.on_evaluation, hparams=cfg.model_dump(mode="json", exclude={"description"}))
