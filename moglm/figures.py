@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .atomic import atomic_write
+
 
 def new_figure(figsize: tuple[float, float] = (7, 4.2)) -> Any | None:
     """An empty figure of ``figsize`` inches on its own Agg canvas (draw with ``fig.subplots()``), or ``None``
@@ -26,9 +28,6 @@ def new_figure(figsize: tuple[float, float] = (7, 4.2)) -> Any | None:
 
 
 def save_figure(fig: Any, path: Path, dpi: int = 110) -> Path:
-    """Write ``fig`` to ``path`` (PNG) through a temporary file and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=dpi)
-    tmp.replace(path)
-    return path
+    """Write ``fig`` to ``path`` (PNG) atomically (:mod:`moglm.atomic`): a viewer refreshing it never
+    sees half an image."""
+    return atomic_write(Path(path), lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))
