@@ -5,6 +5,7 @@ Every user error is one line on stderr and a non-zero exit, never a traceback.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -349,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     if typer is None:
         print(f"error: {EXTRA_HINT}", file=sys.stderr)
         return 2
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("MOGLM_DEBUG") == "1"
+    argv = [a for a in argv if a != "--debug"]
     app = _build_app()
     click_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
     try:
@@ -366,7 +370,28 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # anything else: one line, the traceback only with --debug
+        if debug:
+            raise
+        print(f"error: {_unexpected(e)}", file=sys.stderr)
+        return 1
     return code if isinstance(code, int) else 0
+
+
+def _unexpected(e: Exception) -> str:
+    """One line for an exception no command turned into a :class:`MoglmError`: out of memory, a full or
+    read-only disk, or an internal error (with the pointer to ``--debug``)."""
+    import errno
+
+    text = " ".join(str(e).split())
+    if type(e).__name__ == "OutOfMemoryError" or "out of memory" in text.lower() or "not enough memory" in text:
+        return (f"out of memory ({text[:200]}); use a smaller model (model.hidden_size, model.num_params) or "
+                "batch (train.batch_size, evaluation.batch_size)")
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        return f"no space left on the device{f' writing {e.filename}' if e.filename else ''}; free some and rerun"
+    if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
+        return f"cannot write {e.filename or 'a file'} ({e.strerror}); choose a writable --run-dir or study dir"
+    return f"{type(e).__name__}: {text[:300]} (an internal error: rerun with --debug for the traceback)"
 
 
 def _usage_error(error) -> int:

@@ -249,3 +249,25 @@ def test_split_fractions_that_overlap_are_refused_before_training():
 
     with pytest.raises(MoglmError, match=r"split_fractions: .*together at most 1"):
         load_config("default", ["data.split_fractions=[0.5, 0.5, 0.5]"])
+
+
+@pytest.mark.parametrize("raised, message", [
+    (RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate 400000000000 bytes"),
+     "out of memory (DefaultCPUAllocator"),
+    (OSError(28, "No space left on device", "runs/x/checkpoints/step-00000004"),
+     "no space left on the device writing runs/x/checkpoints/step-00000004"),
+    (PermissionError(13, "Permission denied", "studies/s/study.db"), "cannot write studies/s/study.db (Permission"),
+    (ZeroDivisionError("division by zero"), "ZeroDivisionError: division by zero (an internal error: rerun with --debug"),
+])
+def test_any_other_exception_is_one_line_and_debug_shows_the_traceback(monkeypatch, capsys, raised, message):
+    import moglm.cli as cli
+
+    def explode(*args, **kwargs):
+        raise raised
+
+    monkeypatch.setattr(cli, "_info", explode)
+    code = main(["info"])
+    err = capsys.readouterr().err
+    assert code == 1 and message in err and err.count("\n") == 1 and "Traceback" not in err
+    with pytest.raises(type(raised)):
+        main(["info", "--debug"])
