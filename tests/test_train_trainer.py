@@ -65,16 +65,18 @@ def test_kill_and_rerun_continues_exactly_like_an_uninterrupted_run(tiny_corpus,
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_ctrl_c_saves_a_checkpoint_at_the_current_step_and_resume_is_exact(tiny_corpus, tmp_path):
+@pytest.mark.parametrize("signum, said", [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "terminated")])
+def test_ctrl_c_or_sigterm_saves_a_checkpoint_at_the_current_step_and_resume_is_exact(tiny_corpus, tmp_path,
+                                                                                       signum, said):
     cfg = tiny_config(tiny_corpus)
     _train(cfg, tmp_path / "straight")
 
-    def ctrl_c_at_6(step):
+    def signal_at_6(step):
         if step == 6:
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signum)
 
-    with pytest.raises(TrainingInterrupted, match="interrupted at step 6"):
-        _train(cfg, tmp_path / "interrupted", on_step=ctrl_c_at_6)
+    with pytest.raises(TrainingInterrupted, match=f"{said} at step 6"):
+        _train(cfg, tmp_path / "interrupted", on_step=signal_at_6)
     assert LanguageModelRun(tmp_path / "interrupted").checkpoints.pointer("last")["step"] == 6
     _train(cfg, tmp_path / "interrupted")
     assert _losses(tmp_path / "interrupted") == _losses(tmp_path / "straight")

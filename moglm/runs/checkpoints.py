@@ -84,12 +84,10 @@ class CheckpointStore:
         p = self.root / f"{name}.json"
         if not p.is_file():
             return None
-        try:
-            info = json.loads(p.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise CorruptCheckpoint(f"{p}: corrupt checkpoint pointer (not JSON)") from None
-        if not isinstance(info, dict) or not isinstance(info.get("dir"), str) or not isinstance(info.get("step"), int):
-            raise CorruptCheckpoint(f"{p}: corrupt checkpoint pointer (expected an object with dir and step)")
+        shape = "corrupt checkpoint pointer (expected an object with dir and step)"
+        info = _json_object(p, "corrupt checkpoint pointer (not JSON)", shape)
+        if not isinstance(info.get("dir"), str) or not isinstance(info.get("step"), int):
+            raise CorruptCheckpoint(f"{p}: {shape}")
         return info
 
     def pointer(self, name: str) -> dict[str, Any] | None:
@@ -105,13 +103,8 @@ class CheckpointStore:
 
     def verify(self, directory: Path) -> None:
         """Check every file of a checkpoint against its manifest (a :class:`CorruptCheckpoint` if not)."""
-        manifest_path = directory / "manifest.json"
-        try:
-            manifest = json.loads(manifest_path.read_text())
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-            raise CorruptCheckpoint(f"{manifest_path}: missing or unreadable checkpoint manifest") from None
-        if not isinstance(manifest, dict):
-            raise CorruptCheckpoint(f"{manifest_path}: not a checkpoint manifest")
+        manifest = _json_object(directory / "manifest.json", "missing or unreadable checkpoint manifest",
+                                "not a checkpoint manifest")
         for name, digest in manifest.items():
             path = directory / str(name)
             if not path.is_file():
@@ -175,11 +168,16 @@ def load_group(directory: Path, group: str, device: torch.device | str = "cpu") 
 
 def load_state(directory: Path) -> dict[str, Any]:
     """A checkpoint's ``state.json``."""
-    path = Path(directory) / "state.json"
+    return _json_object(Path(directory) / "state.json", "missing or unreadable", "not a checkpoint state")
+
+
+def _json_object(path: Path, unreadable: str, not_an_object: str) -> dict[str, Any]:
+    """The JSON object in one of a checkpoint's files; a :class:`CorruptCheckpoint` naming ``path`` if it is
+    missing, not JSON, or not an object."""
     try:
-        state = json.loads(path.read_text())
+        value = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        raise CorruptCheckpoint(f"{path}: missing or unreadable") from None
-    if not isinstance(state, dict):
-        raise CorruptCheckpoint(f"{path}: not a checkpoint state")
-    return state
+        raise CorruptCheckpoint(f"{path}: {unreadable}") from None
+    if not isinstance(value, dict):
+        raise CorruptCheckpoint(f"{path}: {not_an_object}")
+    return value

@@ -199,8 +199,3 @@ class RunDirectory:
         if not self.model_info_path.is_file():
             raise MoglmError(f"{self.path}: no model.json (the run never started training)")
         return json.loads(self.model_info_path.read_text())
-
-    def results(self) -> dict[str, Any]:
-        if not self.results_path.is_file():
-            raise MoglmError(f"{self.path}: no results.json (the run has not been evaluated)")
-        return json.loads(self.results_path.read_text())

@@ -175,10 +175,6 @@ class Trainer:
                       unit=unit, progress=self.progress_enabled, log=self.log, on_step=self.on_step,
                       on_evaluation=self.on_evaluation, hparams=cfg.model_dump(mode="json", exclude={"description"}))
 
-    @property
-    def average(self):
-        return self.engine.average
-
     def train(self) -> Progress:
         """Run (or resume) training to the end; returns the final progress."""
         with self.run.lock():  # before the config is written: a second trainer is refused at once
