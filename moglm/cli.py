@@ -6,7 +6,6 @@ Every user error is one line on stderr and a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Optional
@@ -50,9 +49,13 @@ def _build_app():
         restart: bool = typer.Option(False, help="Discard an existing run in the run directory."),
         progress: bool = typer.Option(True, help="Show progress bars."),
         help_config: bool = typer.Option(False, "--help-config", help="Describe every config field and exit."),
+        nproc_per_node: Optional[int] = typer.Option(
+            None, min=1, help="Data-parallel training: this many processes (torchrun), each training a block of the "
+            "batch's rows."),
     ) -> None:
         """Train a language model (rerun the same command to resume), evaluate it and print a sample."""
         from .atomic import atomic_write_text
+        from .train import data_parallel
         from .train.config import describe, load_config
         from .train.final_evaluation import headline
         from .train.language_model_run import LanguageModelRun
@@ -63,9 +66,16 @@ def _build_app():
             return
         cfg = load_config(config or "default", set_)
         path = run_dir or Path("runs") / (cfg.name or "default")
-        if restart and path.exists():
-            shutil.rmtree(path)
+        if nproc_per_node is not None and not data_parallel.launched():
+            args = [config or "default", *[a for s in set_ for a in ("--set", s)], "--run-dir", str(path),
+                    *(["--restart"] if restart else []), *([] if progress else ["--no-progress"])]
+            data_parallel.launch(nproc_per_node, ["train", *args])
+            return
+        if restart and path.exists() and data_parallel.is_main_process():
+            LanguageModelRun(path).discard()  # refused, and nothing removed, while a trainer runs there
         _, results = train_and_evaluate(cfg, path, progress=progress, log=typer.echo)
+        if not data_parallel.is_main_process():
+            return
         for split in results["splits"]:
             typer.echo(headline(results, split))
         run = LanguageModelRun(path)
@@ -162,7 +172,11 @@ def _build_app():
         max_tokens: Optional[int] = deprecated("--max-tokens", min=1),
         workers: int = typer.Option(1, help="Worker processes on this machine."),
         threads: Optional[int] = typer.Option(None, help="Torch threads per worker (default: cores / workers)."),
-        storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: SQLite in the study dir)."),
+        storage: Optional[str] = typer.Option(None, help="Optuna storage: a journal file, or a database URL such as "
+                                              "postgresql+psycopg://user@host/db (default: study.journal in the "
+                                              "study dir)."),
+        worker: bool = typer.Option(False, "--worker", help="Join the existing study in --storage and run its trials "
+                                    "until its budget is spent (its base, --set and token budget come from it)."),
         study_name: Optional[str] = typer.Option(None, help="Study name (default: the space's name)."),
         study_dir: Optional[Path] = typer.Option(None, help="Trials and reports (default: studies/<study name>)."),
         sampler: Optional[Sampler] = typer.Option(None, help="Optuna sampler (default: the space's)."),
@@ -190,7 +204,9 @@ def _build_app():
                            storage=storage, workers=workers, threads=threads, trials=trials,
                            timeout=_seconds(timeout), max_tokens=tokens, sampler=sampler,
                            seed="space" if seed is None else seed, keep_checkpoints=keep_checkpoints, log=typer.echo,
-                           progress=progress)
+                           progress=progress, worker=worker)
+        if int(os.environ.get("RANK", "0")):  # torchrun: rank 0 reports
+            return
         typer.echo(write_report(result, plots=plots), nl=False)
         if result.failed_workers:
             raise MoglmError("; ".join(result.failed_workers) + " (rerun the same command to continue the study)")
@@ -214,6 +230,8 @@ def _build_app():
         sparse_units: int = typer.Option(100, help="Sparse: hidden units H each matrix transforms."),
         sparse_layer: list[int] = typer.Option([], help="Sparse: adapted layer(s) (default: all)."),
         streams: int = typer.Option(1, help="Streams side by side (full: shared weights)."),
+        mc_samples: int = typer.Option(0, min=0, help="MC dropout with dynamic evaluation: score and adapt on the "
+                                       "mean of this many dropout samples (0: dropout off)."),
         episodic: Optional[bool] = typer.Option(None, "--episodic/--stream",
                                                 help="Reset weights and state at every boundary token, decay 0 "
                                                 "(default: as the run was trained)."),
@@ -253,8 +271,13 @@ def _build_app():
                     max_cost=max_cost, sparse=SparseSpec(sparse_units, tuple(sparse_layer) or None) if sparse else None,
                     streams=streams, episodic=episodic, boundary=boundary,
                     statistics=StatisticsSettings(stats_fraction, stats_batch_size), eval_tokens=eval_tokens,
-                    temperature=logit_factor, which=checkpoint, device=device, progress=progress, log=typer.echo,
-                    **extra)
+                    temperature=logit_factor, mc_samples=mc_samples, which=checkpoint, device=device,
+                    progress=progress, log=typer.echo, **extra)
+
+    from .experiments.cli import experiment_app, report_command
+
+    app.add_typer(experiment_app(), name="experiment", help="The papers' experiments: list, run, status.")
+    app.command("report")(report_command)
 
     from .tasks.cli import task_app
 
@@ -365,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
         print("error: aborted", file=sys.stderr)
         return 1
     except MoglmError as e:
-        print(f"error: {e}", file=sys.stderr)
+        if str(e):  # empty: a data-parallel rank stopping because rank 0 reported the error
+            print(f"error: {e}", file=sys.stderr)
         return 130 if type(e).__name__ == "TrainingInterrupted" else 1
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
@@ -384,7 +408,8 @@ def _unexpected(e: Exception) -> str:
     import errno
 
     text = " ".join(str(e).split())
-    if type(e).__name__ == "OutOfMemoryError" or "out of memory" in text.lower() or "not enough memory" in text:
+    memory = ("out of memory", "not enough memory", "can't allocate memory", "cannot allocate memory")
+    if type(e).__name__ == "OutOfMemoryError" or any(m in text.lower() for m in memory):
         return (f"out of memory ({text[:200]}); use a smaller model (model.hidden_size, model.num_params) or "
                 "batch (train.batch_size, evaluation.batch_size)")
     if isinstance(e, OSError) and e.errno == errno.ENOSPC:

@@ -294,3 +294,52 @@ def test_position_profile_bins_and_cumulative_means():
     assert p["dynamic"][0] > p["dynamic"][-1] and p["static_cumulative"][-1] == 1.0
     episodic = position_profile(torch.ones(6, 1), torch.zeros(6, 1), episodes=[4, 2], points=10)
     assert episodic["bin_width"] == 1 and episodic["static"] == [1.0] * 4 and episodic["dynamic"] == [0.0] * 4
+
+
+# -- MC dropout with dynamic evaluation (Mogrifier paper, tables 1-2) ------------------------------------
+def _dropout_model(rate):
+    torch.manual_seed(0)
+    return LanguageModel(V, 12, 2, "mogrifier", {"rounds": 3, "rank": 4}, init="paper", input_dropout=rate,
+                         output_dropout=rate).eval()
+
+
+def test_mc_dynamic_without_dropout_equals_dynamic_evaluation():
+    """With every dropout rate 0 the S samples are identical, so their mean probability is each one's:
+    the scores, the per-token losses and the updates are those of plain dynamic evaluation."""
+    model, ids = _dropout_model(0.0), _ids()
+    hp = Hyperparameters(rule="sgd", lr=0.05, segment_length=7)
+    plain = dynamic_evaluate(model, ids, hp, streams=2)
+    mc = dynamic_evaluate(model, ids, hp, streams=2, mc_samples=3)
+    torch.testing.assert_close(mc.losses, plain.losses, rtol=1e-5, atol=1e-5)
+    assert mc.scores.xent == pytest.approx(plain.scores.xent, rel=1e-6)
+
+
+def test_mc_dynamic_averages_the_probabilities_of_dropout_samples():
+    """One segment, lr 0: the loss is -log of the mean over samples of each sample's probability, drawn
+    with the same masks as a hand-run pass of S rows in train mode."""
+    model, ids = _dropout_model(0.5), _ids(40)
+    evaluator = DynamicEvaluator(model, Hyperparameters(rule="sgd", lr=0.0, segment_length=40), mc_samples=4,
+                                 mc_multiplier=0.5)
+    inputs = torch.as_tensor(ids[:-1]).view(-1, 1)
+    targets = torch.as_tensor(ids[1:]).view(-1, 1)
+    torch.manual_seed(5)
+    nll, state = evaluator.step(inputs, targets)  # [T, 1]
+    work = evaluator.model
+    work.train()
+    torch.manual_seed(5)
+    with torch.no_grad(), work.dropout_scaled(0.5):
+        samples, _ = work.nll(inputs.expand(-1, 4), targets.expand(-1, 4))  # [T, 4]
+    work.eval()
+    expected = -(torch.logsumexp(-samples, 1, keepdim=True) - math.log(4))  # [T, 1]
+    torch.testing.assert_close(nll, expected, rtol=1e-5, atol=1e-5)
+    assert not evaluator.model.training
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"mc_samples": -1}, "MC-dropout samples"),
+    ({"mc_samples": 2, "mc_multiplier": 0.0}, "multiplier"),
+    ({"mc_samples": 2, "sparse": SparseSpec(4)}, "sparse"),
+])
+def test_bad_mc_dynamic_settings_are_clear_errors(kwargs, message):
+    with pytest.raises(MoglmError, match=message):
+        dynamic_evaluate(_model(), _ids(), Hyperparameters(rule="sgd"), **kwargs)

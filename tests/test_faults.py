@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from conftest import tiny_config
+from conftest import tiny_config, write_tiny_corpus
+import fault_injection
+from fault_injection import CANNOT_DROP_OVERRIDE, STAGES, inject
 from moglm.cli import main
 from moglm.errors import MoglmError
 from moglm.runs import RunDirectory
@@ -100,20 +103,43 @@ def test_a_pointer_without_dir_is_a_one_line_error_naming_the_file(config_file, 
     assert code == 1 and "best.json: corrupt checkpoint pointer" in err
 
 
-def test_a_second_trainer_on_the_same_run_directory_is_refused_with_the_holders_pid(tiny_corpus, tmp_path):
-    run = RunDirectory(tmp_path / "run")
+def _hold(run):
+    """A process holding ``run``'s lock (until killed)."""
     holder = subprocess.Popen([sys.executable, "-c", (
         "import sys, time; from moglm.runs import RunDirectory\n"
-        f"with RunDirectory({str(run.path)!r}).lock():\n    print('held', flush=True); time.sleep(60)")],
+        f"with RunDirectory({str(run)!r}).lock():\n    print('held', flush=True); time.sleep(60)")],
         stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_second_trainer_on_the_same_run_directory_is_refused_with_the_holders_pid(tiny_corpus, tmp_path):
+    run = RunDirectory(tmp_path / "run")
+    holder = _hold(run.path)
     try:
-        assert holder.stdout.readline().strip() == "held"
         with pytest.raises(MoglmError, match=rf"in use by another moglm process \(pid {holder.pid}\)"):
             _train(tiny_config(tiny_corpus), run.path)
     finally:
         holder.kill()
         holder.wait()
     _train(tiny_config(tiny_corpus), run.path)  # a killed holder releases the lock
+
+
+def test_restart_while_another_trainer_runs_is_refused_and_removes_nothing(config_file, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert _cli(["train", config_file, "--run-dir", run], capsys)[0] == 0
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    holder = _hold(run)
+    try:
+        code, err = _cli(["train", config_file, "--run-dir", run, "--restart"], capsys)
+        assert code == 1 and f"in use by another moglm process (pid {holder.pid})" in err and err.count("\n") == 1
+        assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    (run / "results.json").write_text("{}")
+    assert _cli(["train", config_file, "--run-dir", run, "--restart"], capsys)[0] == 0
+    assert json.loads((run / "results.json").read_text())["splits"]  # trained again from the start
 
 
 def test_records_of_a_run_killed_before_its_first_checkpoint_are_not_duplicated(tiny_corpus, tmp_path):
@@ -158,6 +184,21 @@ def test_evaluate_arguments_that_would_give_wrong_scores_are_one_line_errors(con
     results = (run / "results.json").read_text()
     code, err = _cli(["evaluate", run, *args], capsys)
     assert code != 0 and message in err and (run / "results.json").read_text() == results
+
+
+@pytest.mark.parametrize("name, cut", [("vocab.json", 40), ("vocab.json", 0), ("model.json", 30)])
+def test_a_damaged_vocabulary_or_model_file_is_a_one_line_error_naming_it(config_file, tmp_path, capsys, name, cut):
+    run = tmp_path / "run"
+    assert _cli(["train", config_file, "--run-dir", run], capsys)[0] == 0
+    path = run / name
+    path.write_text(path.read_text()[:cut] if cut else '{"level": "word"}')
+    code, err = _cli(["evaluate", run], capsys)
+    assert code == 1 and f"{path}: damaged" in err and err.count("\n") == 1
+
+
+def test_a_run_directory_that_is_a_file_is_a_one_line_error(config_file, tmp_path, capsys):
+    code, err = _cli(["train", config_file, "--run-dir", config_file], capsys)
+    assert code == 1 and f"{config_file}: cannot create the run directory" in err and err.count("\n") == 1
 
 
 def test_sample_with_a_nan_temperature_is_a_one_line_error(config_file, tmp_path, capsys):
@@ -238,6 +279,9 @@ def test_split_fractions_that_overlap_are_refused_before_training():
 @pytest.mark.parametrize("raised, message", [
     (RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate 400000000000 bytes"),
      "out of memory (DefaultCPUAllocator"),
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you "
+                  "tried to allocate 160000000000000000 bytes. Error code 12 (Cannot allocate memory)"),
+     "out of memory ([enforce fail"),
     (OSError(28, "No space left on device", "runs/x/checkpoints/step-00000004"),
      "no space left on the device writing runs/x/checkpoints/step-00000004"),
     (PermissionError(13, "Permission denied", "studies/s/study.db"), "cannot write studies/s/study.db (Permission"),
@@ -255,3 +299,94 @@ def test_any_other_exception_is_one_line_and_debug_shows_the_traceback(monkeypat
     assert code == 1 and message in err and err.count("\n") == 1 and "Traceback" not in err
     with pytest.raises(type(raised)):
         main(["info", "--debug"])
+
+
+def _checkpoint_arrivals(run):
+    """How often a straight run reached each stage of a checkpoint write (see fault_injection.STAGES)."""
+    records = [r for r in RunDirectory(run).read_metrics() if r["kind"] == "valid"]
+    n = len(records)
+    return {**dict.fromkeys(STAGES, n), "previous pointer": n - 1, "best pointer": sum(r["best"] for r in records)}
+
+
+def _results(run):
+    return json.loads((run / "results.json").read_text())
+
+
+@pytest.mark.parametrize("stage", [s for s in STAGES if s != "pruning"])
+def test_a_full_disk_inside_the_last_checkpoint_write_is_one_line_and_the_rerun_finishes_exactly(
+        tiny_corpus, tmp_path, capsys, stage):
+    config = tmp_path / "tiny.toml"
+    config.write_text(tiny_config(tiny_corpus, train={"max_steps": 12}, sample={"num_tokens": 0}).to_toml())
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    assert _cli(["train", config, "--run-dir", straight], capsys)[0] == 0
+    with inject(stage, "enospc", nth=_checkpoint_arrivals(straight)[stage]):  # the last checkpoint, step 12
+        code, err = _cli(["train", config, "--run-dir", run], capsys)
+    assert code == 1 and err.count("\n") == 1 and "error: no space left on the device writing" in err
+    assert str(run / "checkpoints") in err
+    store = RunDirectory(run).checkpoints
+    assert store.open("last", log=pytest.fail)["step"] in (8, 12)  # valid as it is: no fallback needed
+    assert not list(store.root.glob(".*"))  # no temporaries left
+    assert _cli(["train", config, "--run-dir", run], capsys)[0] == 0
+    assert _losses(run) == _losses(straight)
+    assert _results(run) == _results(straight)
+
+
+def _cli_as_owner(args, directory):
+    """``moglm args`` in a fresh Python process that meets file modes as the files' owner does (as root, without
+    the capabilities that ignore them); returns ``(exit code, stderr)``. A subprocess, not a fork: forking a
+    process whose torch threads are running can deadlock the child."""
+    done = subprocess.run([sys.executable, str(Path(fault_injection.__file__)), *map(str, args), "--no-progress"],
+                          cwd=directory, capture_output=True, text=True, timeout=600)
+    if done.returncode == CANNOT_DROP_OVERRIDE:
+        pytest.skip(f"running as root where file modes cannot be enforced: {done.stderr.strip()}")
+    return done.returncode, done.stderr
+
+
+def _read_only(path):
+    for p in [path, *path.rglob("*")]:
+        p.chmod(p.stat().st_mode & ~0o222)
+
+
+def _one_line(code, err, *names):
+    assert code == 1 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert all(str(name) in err for name in names), err
+
+
+def test_training_in_a_read_only_run_directory_is_one_line(tmp_path):
+    write_tiny_corpus(tmp_path / "tiny")
+    config = tmp_path / "tiny.toml"
+    config.write_text(tiny_config(tmp_path / "tiny", train={"max_steps": 4}, sample={"num_tokens": 0}).to_toml())
+    run = tmp_path / "run"
+    assert _cli_as_owner(["train", config, "--run-dir", run], tmp_path)[0] == 0
+    _read_only(run)
+    _one_line(*_cli_as_owner(["train", config, "--run-dir", run], tmp_path), run, "cannot write")
+    _one_line(*_cli_as_owner(["train", config, "--run-dir", run / "inner"], tmp_path), run / "inner",
+              "Permission denied")
+
+
+def _space(directory):
+    write_tiny_corpus(directory / "tiny")
+    base = directory / "tiny.toml"
+    base.write_text(tiny_config(directory / "tiny", train={"max_steps": 4}, sample={"num_tokens": 0}).to_toml())
+    space = directory / "space.toml"
+    space.write_text(f'base = "{base}"\n[study]\nsampler = "random"\nseed = 0\n[budget]\ntrials = 1\n'
+                     '[params]\n"train.learning_rate" = { low = 0.002, high = 0.02, log = true }\n')
+    return space
+
+
+def test_tuning_in_a_read_only_study_directory_is_one_line(tmp_path):
+    space, study = _space(tmp_path), tmp_path / "study"
+    study.mkdir()
+    _read_only(study)
+    _one_line(*_cli_as_owner(["tune", space, "--study-dir", study, "--no-plots"], tmp_path), study, "Permission denied")
+
+
+@pytest.mark.parametrize("sqlite", [False, True], ids=["journal", "sqlite"])
+def test_adding_trials_to_a_read_only_study_is_one_line_naming_the_study(tmp_path, sqlite):
+    space, study = _space(tmp_path), tmp_path / "study"
+    storage = ["--storage", f"sqlite:///{study / 'study.db'}"] if sqlite else []
+    study.mkdir()
+    assert _cli_as_owner(["tune", space, "--study-dir", study, *storage, "--no-plots"], tmp_path)[0] == 0
+    _read_only(study)
+    code, err = _cli_as_owner(["tune", space, "--study-dir", study, *storage, "--no-plots", "--trials", "2"], tmp_path)
+    _one_line(code, err, study)

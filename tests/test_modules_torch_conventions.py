@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 import typing
 
 import pytest
@@ -14,6 +15,7 @@ from torch import nn
 
 import moglm
 from moglm.modules import ARCHITECTURES
+from moglm.recurrence import BACKENDS
 
 D = torch.float64
 M, H, L = 5, 7, 2
@@ -130,6 +132,46 @@ def test_every_architecture_builds_and_runs_at_tiny_sizes_with_default_options(n
     y, state = model(torch.randn(4, 2, 3, dtype=D))
     assert y.shape == (4, 2, 5)
     y.sum().backward()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_an_empty_batch_gives_empty_outputs_and_states_as_torch_does(name, backend):
+    """torch.nn.LSTM returns ``[T, 0, H]`` and ``[L, 0, H]`` states for a batch of 0 rows, on the graph; so
+    does every architecture on every backend that runs it (one that cannot run the cell refuses as it would
+    for any batch), in training mode with every dropout, with and without ``hx``, batch-first too."""
+    cls = ARCHITECTURES[name]
+    options = {"dropout": 0.25, "state_dropout": 0.25, "backend": backend}
+    model = cls(3, 5, 2, dtype=D, **options).train()
+    try:
+        model(torch.randn(4, 2, 3, dtype=D))
+    except ValueError as e:  # the backend cannot run this cell at all
+        with pytest.raises(ValueError, match=re.escape(str(e))):
+            model(torch.randn(4, 0, 3, dtype=D))
+        return
+    sizes = model.cells[-1].state_sizes()
+    x = torch.randn(4, 0, 3, dtype=D, requires_grad=True)
+    for hx in (None, model.zero_state(0)):
+        y, state = model(x, hx)
+        assert y.shape == (4, 0, 5) and y.requires_grad
+        assert [tuple(s.shape) for s in _tuple(state)] == [(2, 0, n) for n in sizes]
+        (y.sum() + sum(s.sum() for s in _tuple(state))).backward()
+        assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
+    batch_first = cls(3, 5, 2, *(("tanh",) if _is_rnn_like(cls) else ()), True, True, dtype=D, **options)
+    y, state = batch_first(torch.randn(0, 4, 3, dtype=D))
+    assert y.shape == (0, 4, 5) and [tuple(s.shape) for s in _tuple(state)] == [(2, 0, n) for n in sizes]
+    if name in TORCH_TWIN:
+        ref_y, ref_state = TORCH_TWIN[name][0](3, 5, 2, dtype=D)(torch.randn(4, 0, 3, dtype=D))
+        assert ref_y.shape == (4, 0, 5) and [s.shape for s in _tuple(ref_state)] == [s.shape for s in _tuple(
+            model(x)[1])]
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_no_time_steps_is_a_value_error_saying_so_as_torch_refuses_it(name):
+    with pytest.raises(RuntimeError, match="sequence length"):
+        nn.LSTM(3, 5)(torch.randn(0, 2, 3))
+    with pytest.raises(ValueError, match=r"no time steps \(sequence length 0"):
+        ARCHITECTURES[name](3, 5, 2, dtype=D)(torch.randn(0, 2, 3, dtype=D))
 
 
 def test_default_rank_is_the_papers_where_it_fits_else_full_rank():

@@ -377,3 +377,10 @@ def test_a_failed_build_falls_back_to_the_fused_path_saying_why_once(tmp_path):
     assert_fell_back_to_fused_saying_why_once(report)
     assert "MOGLM_COMPILED" not in report["reason"]
     assert not list(tmp_path.rglob("*.so"))
+
+
+def test_a_build_lock_left_by_a_killed_build_is_cleared_not_waited_for(tmp_path):
+    """torch's ``lock`` file outlives a process killed mid-build; under moglm's flock it is stale and removed."""
+    (tmp_path / "lock").touch()
+    with compiled._build_lock(tmp_path):
+        assert not (tmp_path / "lock").exists()

@@ -19,6 +19,7 @@ from moglm.train import trainer as trainer_module
 from moglm.tune.objective import fit_rank, prepare
 from moglm.tune.plots import near_best
 from moglm.tune.search_space import load_space, validate_space
+from moglm.tune.study import open_storage
 
 SPACE = """
 base = "{base}"
@@ -48,7 +49,7 @@ def space(tiny_corpus, tmp_path):
 
 
 def _trials(directory: Path, name: str = "space") -> list[optuna.trial.FrozenTrial]:
-    study = optuna.load_study(study_name=name, storage=f"sqlite:///{directory / 'study.db'}")
+    study = optuna.load_study(study_name=name, storage=open_storage(str(directory / "study.journal")))
     return study.get_trials()
 
 
@@ -168,8 +169,10 @@ def test_every_shipped_space_loads_and_validates():
         if space.target == "train":
             base = space.base or ("ptb-char-mogrifier-paper" if "mogrifier" in name else "ptb-char-lstm-paper")
             prepare(space, name, base, [], None, Path("studies"))
-        else:  # run in test_a_dynamic_evaluation_study_tunes_a_trained_run
+        elif space.target == "dyneval":  # run in test_a_dynamic_evaluation_study_tunes_a_trained_run
             assert {k.split(".", 1)[1] for k in space.params} == {"lr", "decay", "eps", "segment_length"}
+        else:  # reverse copy: run in test_a_reverse_copy_study_trains_the_task_and_yields_the_best_settings
+            assert set(space.params) == {"learning_rate", "l2_penalty"} and space.fixed["train_examples"] == 500_000
     mogrifier, _ = load_space("mogrifier")
     table4 = {k: (p.low, p.high, p.log) for k, p in mogrifier.params.items()}
     assert table4["train.learning_rate"] == (0.001, 0.004, True)
@@ -306,3 +309,49 @@ def test_tune_token_budgets_and_the_old_option(space, tmp_path, capsys):
     assert "warning: --max-tokens is deprecated" in capsys.readouterr().err
     trial = _trials(tmp_path / "s")[0]
     assert trial.user_attrs["tokens"] <= 40 + 4 * 10  # batch 4 x bptt 10: the budget rounds up to a step
+
+
+TINY_REVERSE_COPY = {"num_params": None, "hidden_size": 8, "vocab_size": 6, "min_length": 2, "max_length": 4,
+                     "train_examples": 40, "valid_examples": 12, "test_examples": 12, "batch_size": 8, "steps": 6,
+                     "eval_every": 3, "cell": {"rounds": 2}}
+
+
+def test_a_reverse_copy_study_trains_the_task_and_yields_the_best_settings(tmp_path, capsys):
+    import json
+
+    from moglm.tune.reverse_copy import tune_reverse_copy
+
+    study_dir = tmp_path / "study"
+    best = tune_reverse_copy("reverse-copy-mogrifier", study_dir, TINY_REVERSE_COPY, trials=2, threads=1,
+                             log=lambda s: None)
+    assert set(best) == {"learning_rate", "l2_penalty"} and 3e-4 <= best["learning_rate"] <= 1e-2
+    result = run_study("reverse-copy-mogrifier", study_dir=study_dir, trials=2, threads=1, log=lambda s: None,
+                       overrides=[f"{k}={json.dumps(v)}" for k, v in TINY_REVERSE_COPY.items()])
+    trials = result.study.get_trials()  # resumed: the study already has its 2 trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2 and result.study.best_params == best
+    for t in trials:
+        run = study_dir / "trials" / f"{t.number:04d}"
+        metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        valid = [m["xent"] for m in metrics if m["kind"] == "valid"]
+        assert t.intermediate_values == {3: valid[0], 6: valid[1]}  # every validation reported for pruning
+        assert t.value == pytest.approx(min(valid))  # the objective: the best validation cross-entropy
+        config = t.user_attrs["config"]
+        assert config["architecture"] == "mogrifier" and config["cell"] == {"rounds": 2}
+        assert config["learning_rate"] == t.params["learning_rate"]
+    summary = write_report(result, plots=False)
+    assert "reverse copy: validation cross-entropy" in summary
+    text = (study_dir / "best_reverse_copy.toml").read_text()
+    assert "# train: moglm task reverse-copy " in text and f"learning_rate = {best['learning_rate']}" in text
+    with pytest.raises(MoglmError, match="other settings"):  # a study directory keeps its fixed settings
+        tune_reverse_copy("reverse-copy-mogrifier", study_dir, {**TINY_REVERSE_COPY, "vocab_size": 7}, trials=2)
+    # from the command line: a length replaces the space's range; keys are checked before any trial
+    settings = [x for k, v in TINY_REVERSE_COPY.items() if k not in ("min_length", "max_length", "cell")
+                for x in ("--set", f"{k}={json.dumps(v)}")]
+    args = ["tune", "reverse-copy-lstm", "--trials", "1", "--threads", "1", "--no-plots", "--no-progress"]
+    assert main([*args, "--study-dir", str(tmp_path / "cli"), *settings, "--set", "length=3"]) == 0
+    (trial,) = optuna.load_study(study_name="reverse-copy-lstm",
+                                 storage=open_storage(str(tmp_path / "cli" / "study.journal"))).get_trials()
+    assert trial.user_attrs["config"]["length"] == 3 and "min_length" not in trial.user_attrs["config"]
+    capsys.readouterr()
+    assert main([*args, "--study-dir", str(tmp_path / "bad"), "--set", "lenght=3"]) == 1
+    assert "lenght: not a reverse-copy setting" in capsys.readouterr().err

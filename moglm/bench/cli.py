@@ -2,8 +2,8 @@
 
 ``moglm bench throughput`` is ``benchmarks/throughput.py`` (the recurrences' speed table); ``moglm bench
 end-to-end`` is ``benchmarks/end_to_end.py`` (training tokens/s and ``moglm train``'s time, Python fused
-against compiled); ``moglm bench budget`` is ``benchmarks/ptb_cpu_budget.py`` (LSTM vs Mogrifier at equal
-parameters and tokens). Each writes JSON (by default under the user's cache, so that running one in a
+against compiled); ``moglm bench budget`` is the ``budget`` experiment (``moglm experiment run budget``: LSTM vs
+Mogrifier at equal parameters and tokens). Each writes JSON (by default under the user's cache, so that running one in a
 checkout never overwrites committed results; ``benchmarks/*.py`` write to ``benchmarks/results/``) and
 prints the markdown table the README shows.
 """
@@ -99,21 +99,18 @@ def bench_app() -> typer.Typer:
 
     @app.command()
     def budget(
-        configs: list[str] = typer.Argument(None, help="Shipped config names or files (default: "
-                                                         "ptb-word-lstm-cpu ptb-word-mogrifier-cpu)."),
-        runs: Path = typer.Option(default_out("runs"), help="Where the run directories go (resumed if present; default: "
-                                  "under the user's cache).", show_default=False),
-        out: Path = typer.Option(default_out("ptb_cpu_budget.json"), help=OUT_HELP, show_default=False),
-        set_: list[str] = typer.Option([], "--set", "-s", help="Config override for every run: section.key=value."),
-        sequential: bool = typer.Option(False, help="One run after another with all threads (default: side by "
-                                                    "side, one thread each)."),
+        scale: str = typer.Option("cpu", help="smoke, cpu (the shipped CPU-budget configs: 1-2 hours) or paper."),
+        data: Optional[str] = typer.Option(None, help="Your corpus instead of PTB word (a file or directory)."),
+        data_format: str = typer.Option("word", help="Format of --data."),
+        workers: int = typer.Option(2, min=1, help="Runs side by side (one thread each when 2 on two cores)."),
+        root: Path = typer.Option(Path("experiments"), help="Where experiments keep their runs."),
     ) -> None:
-        """Train configs at equal parameter count and tokens, evaluate the paper's way, tabulate beside the paper."""
-        from .budget_comparison import compare, markdown_table
+        """LSTM vs Mogrifier at equal parameters and tokens: `moglm experiment run budget`, then its report."""
+        from ..experiments.runner import run_experiment
+        from ..report import write_report
 
-        names = list(configs or ["ptb-word-lstm-cpu", "ptb-word-mogrifier-cpu"])
-        report = compare(names, runs, out, list(set_), parallel=not sequential)
-        typer.echo(markdown_table(report))
-        typer.echo(f"written to {out}")
+        folder = run_experiment("budget", scale, root=root, data=data, data_format=data_format, workers=workers,
+                                progress=workers == 1, log=typer.echo)
+        typer.echo(write_report([folder]).read_text())
 
     return app

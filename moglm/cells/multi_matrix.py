@@ -50,8 +50,8 @@ def next_key(params: Params, key_prev: Tensor, h: Tensor, x: Tensor, num_matrice
     ``[B, G*K]`` (eq. 6, 9, 11, 13, 15)."""
     k = num_matrices
     batch = h.shape[0]
-    key_prev = key_prev.view(batch, -1, k)  # [B, G, K]
-    gates = key_prev.shape[1]
+    gates = key_prev.shape[1] // k
+    key_prev = key_prev.view(batch, gates, k)  # [B, G, K] (sizes spelled out: -1 is ambiguous for B = 0)
     unset = key_prev.abs().sum(-1, keepdim=True) == 0  # [B, G, 1]: a zero key stands for the uniform one
     key_prev = torch.where(unset, torch.full_like(key_prev, 1.0 / k), key_prev)  # [B, G, K]
     weight = params["weight_key"]  # [G*K, K + H + m]
@@ -65,8 +65,9 @@ def mixed_transition(weight_hh: Tensor, h: Tensor, key: Tensor) -> Tensor:
     """``sum_j key[:, g, j] * (W_j h)`` for every gate g, ``[B, G*H]``, from ``weight_hh`` ``[K*G*H, H]`` (key-major)
     and ``key`` ``[B, G, K]``: one GEMM against all K*G matrices, no per-example ``[B, H, H]`` matrix."""
     batch, gates, k = key.shape
-    products = F.linear(h, weight_hh).view(batch, k, gates, -1)  # [B, K, G, H]
-    return torch.einsum("bkgh,bgk->bgh", products, key).reshape(batch, -1)  # [B, G*H]
+    hidden = weight_hh.shape[0] // (k * gates)
+    products = F.linear(h, weight_hh).view(batch, k, gates, hidden)  # [B, K, G, H]
+    return torch.einsum("bkgh,bgk->bgh", products, key).reshape(batch, gates * hidden)  # [B, G*H]
 
 
 def multi_matrix_pre_activations(

@@ -32,6 +32,13 @@ perplexity) but 1.5 over 200 positions. A diverging run's losses grow by orders 
 the margin within a few segments. A finite bad score is kept (it is what the model predicted); a
 non-finite one is replaced by the rescore under the restored weights (counted as ``rescored``), so
 the result is never NaN.
+
+MC dropout with dynamic evaluation (``mc_samples=S``; the Mogrifier paper's "MC" rows with dynamic
+evaluation, tables 1-2): every segment is read by S dropout samples at once (S rows per stream, each
+with its own masks and carried state; every rate times ``mc_multiplier``), a token's probability is
+the mean of the S samples' probabilities, as in :mod:`moglm.evaluation.mc_dropout`, and the update
+step is taken on the loss of that mixture, the quantity that is scored. The divergence guard compares
+the mixture with the deterministic static losses.
 """
 
 from __future__ import annotations
@@ -86,7 +93,8 @@ class DynamicEvaluator:
 
     ``rms``: global RMS statistics by name (:mod:`.statistics`; needed by the ``rms*`` rules);
     ``sparse``: adapt only the sparse matrices (one per stream); ``factor``: the logit factor (softmax
-    temperature) applied when scoring.
+    temperature) applied when scoring; ``mc_samples``: score and adapt on the mean of that many dropout
+    samples' probabilities (0: dropout off), with every dropout rate times ``mc_multiplier``.
     """
 
     def __init__(
@@ -99,10 +107,14 @@ class DynamicEvaluator:
         factor: float = 1.0,
         margin: float = DEFAULT_MARGIN,
         snapshot_every: int = SNAPSHOT_EVERY,
+        mc_samples: int = 0,
+        mc_multiplier: float = 1.0,
     ) -> None:
         if streams < 1:
             raise MoglmError(f"streams must be >= 1, got {streams}")
+        _check_mc(mc_samples, mc_multiplier, sparse)
         self.hp, self.factor, self.margin, self.snapshot_every = hp, factor, margin, snapshot_every
+        self.mc_samples, self.mc_multiplier = mc_samples, mc_multiplier
         self.adapted = adapted_tensors(model, sparse, streams if sparse is not None else None)
         self.model = self.adapted.model
         self.params = self.adapted.params
@@ -125,12 +137,28 @@ class DynamicEvaluator:
         """The segment loss: mean per-token nll (shared weights), or per stream (sparse matrices)."""
         return nll.mean(0).sum() if self.per_stream else nll.mean()
 
+    def nll(self, inputs: Tensor, targets: Tensor, state=None) -> tuple[Tensor, object]:
+        """Per-token nll ``[T, B]`` under the current weights: deterministic, or of the mean probability of
+        ``mc_samples`` dropout samples (the state then has ``B * S`` rows, sample-major within a stream)."""
+        if not self.mc_samples:
+            return self.model.nll(inputs, targets, state, self.factor)
+        samples = self.mc_samples
+        self.model.train()
+        try:
+            with self.model.dropout_scaled(self.mc_multiplier):
+                nll, state = self.model.nll(inputs.repeat_interleave(samples, 1), targets.repeat_interleave(samples, 1),
+                                            state, self.factor)  # [T, B*S]
+        finally:
+            self.model.eval()
+        log_mean = torch.logsumexp(-nll.view(*targets.shape, samples), dim=2) - math.log(samples)  # [T, B]
+        return -log_mean, state
+
     def step(self, inputs: Tensor, targets: Tensor, state=None, static_nll: Tensor | None = None):
         """Score ``targets`` ``[T, B]`` given ``inputs`` ``[T, B]`` and ``state``, then update. Returns the
         per-token nll ``[T, B]`` (detached) and the final state. ``static_nll`` ``[T, B]``: the static
         model's losses on the same tokens, for the divergence guard (``None``: non-finite check only)."""
         with torch.enable_grad(), _plain_gemm():
-            nll, new_state = self.model.nll(inputs, targets, state, self.factor)  # [T, B]
+            nll, new_state = self.nll(inputs, targets, state)  # [T, B]
             scored = nll.detach()
             if not self._diverged(scored, static_nll):
                 grads = torch.autograd.grad(self.loss(nll), self.params)
@@ -139,12 +167,12 @@ class DynamicEvaluator:
                 return scored, _detach(new_state)
         self.rollback()
         with torch.no_grad():
-            rescored, new_state = self.model.nll(inputs, targets, state, self.factor)  # [T, B]
+            rescored, new_state = self.nll(inputs, targets, state)  # [T, B]
             if not torch.isfinite(scored).all():
                 self.rescored += 1
                 if not torch.isfinite(rescored).all():  # even the snapshot fails: back to the trained weights
                     self.reset(keep_lr_scale=True)
-                    rescored, new_state = self.model.nll(inputs, targets, state, self.factor)
+                    rescored, new_state = self.nll(inputs, targets, state)
                     if not torch.isfinite(rescored).all():
                         raise MoglmError("the trained weights themselves give a non-finite loss on this text")
                 scored = rescored
@@ -289,6 +317,8 @@ def dynamic_evaluate(
     static: StaticPass | None = None,
     static_bptt: int = 70,
     margin: float = DEFAULT_MARGIN,
+    mc_samples: int = 0,
+    mc_multiplier: float = 1.0,
     progress: bool = False,
     desc: str = "dyneval",
 ) -> DynamicResult:
@@ -297,11 +327,14 @@ def dynamic_evaluate(
     ``static``: a :func:`static_pass` result of the same ids and streams to reuse (e.g. across a
     search); otherwise it is computed here (bptt ``static_bptt``). ``boundary``: a token id that ends
     every sequence for episodic mode (one stream, weights and state reset after each).
+    ``mc_samples``: MC dropout with dynamic evaluation (module docstring).
     """
     ids = np.asarray(ids)
     if boundary is not None:
         if streams != 1:
             raise MoglmError("episodic dynamic evaluation reads one stream (streams must be 1)")
+        if mc_samples:
+            raise MoglmError("MC dropout with episodic dynamic evaluation is not supported: evaluate a stream")
         return _episodic(model, ids if max_tokens is None else ids[:max_tokens], hp, rms, sparse, boundary,
                          factor, margin, progress, desc)
     if max_tokens is not None:
@@ -316,7 +349,8 @@ def dynamic_evaluate(
     bar = progress_bar(len(batches), desc, hp.segment_length * streams, enabled=progress)
     try:
         with timing.measure():
-            evaluator = DynamicEvaluator(model, hp, rms, sparse, streams, factor, margin)
+            evaluator = DynamicEvaluator(model, hp, rms, sparse, streams, factor, margin,
+                                         mc_samples=mc_samples, mc_multiplier=mc_multiplier)
             device = evaluator.params[0].device
             for i, batch in enumerate(batches):
                 start = i * hp.segment_length
@@ -330,6 +364,16 @@ def dynamic_evaluate(
     scores = Scores(float(losses.double().sum()), losses.numel(), static.scores.words)
     return DynamicResult(scores, static.scores, losses, static.losses, hp, timing, static.timing, evaluator.rollbacks,
                          evaluator.rescored, evaluator.rule.lr_scale)
+
+
+def _check_mc(samples: int, multiplier: float, sparse: SparseSpec | None) -> None:
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
+        raise MoglmError(f"MC-dropout samples must be an integer >= 0, got {samples!r}")
+    if not (math.isfinite(multiplier) and 0 < multiplier <= 1):
+        raise MoglmError(f"the MC-dropout multiplier must be in (0, 1], got {multiplier}")
+    if samples and sparse is not None:
+        raise MoglmError("MC dropout with sparse dynamic evaluation is not supported (one matrix per stream, "
+                         "not per dropout sample): use full dynamic evaluation")
 
 
 def _episodic(model, ids, hp, rms, sparse, boundary, factor, margin, progress, desc) -> DynamicResult:

@@ -24,8 +24,10 @@ from ..train.build import load_data
 from ..atomic import atomic_write_text
 from ..train.language_model_run import LanguageModelRun
 from ..device import resolve_device
+from ..train import data_parallel
+from .across_processes import evaluate_streams
 from .analysis import plot_profile, position_profile
-from .evaluate import DEFAULT_MARGIN, DynamicEvaluator, dynamic_evaluate, static_pass
+from .evaluate import DEFAULT_MARGIN, DynamicEvaluator, DynamicResult, dynamic_evaluate, static_pass
 from .search import ORDER, ORDER_WITH_BUDGET, coordinate_search
 from .sparse import SparseSpec
 from .statistics import StatisticsSettings, cache_key, gradient_rms, load_or_collect
@@ -100,6 +102,8 @@ def dyneval_run(
     eval_tokens: int | None = None,
     temperature: float | None = None,
     margin: float = DEFAULT_MARGIN,
+    mc_samples: int = 0,
+    on_result: Callable[[str, DynamicResult], None] | None = None,
     which: str = "best",
     device: str | None = None,
     progress: bool = True,
@@ -111,7 +115,9 @@ def dyneval_run(
     time of static evaluation; ``eval_tokens``: only the first that many tokens of each split); returns
     (and writes) the report. ``temperature=None``: the
     logit factor of the run's ``results.json`` (what ``moglm evaluate`` reported), else 1.
-    ``episodic=None``: episodic when the run was trained on episodes (``data.episodic``)."""
+    ``episodic=None``: episodic when the run was trained on episodes (``data.episodic``). ``mc_samples``:
+    MC dropout with dynamic evaluation, the dropout rates times the run's ``mc_dropout_multiplier``.
+    ``on_result(split, result)``: receives each split's :class:`DynamicResult` (its per-token losses)."""
     for split in splits:
         if split not in ("train", "valid", "test"):
             raise MoglmError(f"split must be train, valid or test, got {split!r}")
@@ -121,7 +127,11 @@ def dyneval_run(
     episodic = cfg.data.episodic if episodic is None else episodic
     if episodic and streams != 1:
         raise MoglmError("episodic dynamic evaluation reads one stream (streams must be 1)")
-    model, _, vocab = run.load_model(which, resolve_device(device or cfg.train.device))
+    group = data_parallel.process_group(resolve_device(device or cfg.train.device))  # torchrun: streams over ranks
+    if not group.is_main:
+        log, write, progress = (lambda message: None), False, False
+    model, _, vocab = run.load_model(which, data_parallel.rank_device(resolve_device(device or cfg.train.device),
+                                                                      group))
     corpus = load_corpus_for(run, "dynamic evaluation")
     factor = temperature if temperature is not None else _run_temperature(run)
     boundary_id = None
@@ -136,27 +146,33 @@ def dyneval_run(
         log("episodic: weights and state reset at every boundary, decay 0")
     rms = None
     if uses_rms(hp.rule):
-        rms = run_statistics(run, which, model, corpus["train"], sparse, statistics, progress, log)
+        rms = group.on_main(lambda: run_statistics(run, which, model, corpus["train"], sparse, statistics, progress,
+                                                   log))
     report: dict[str, Any] = {
         "checkpoint": {"which": which, "step": run.checkpoints.pointer(which)["step"]},
         "mode": "sparse" if sparse else "full", "sparse": None if sparse is None else sparse.as_dict(model),
         "streams": streams, "episodic": episodic, "temperature": factor, "level": corpus.format,
         "statistics": None if rms is None else vars(statistics), "divergence_margin": margin, "search": None,
+        "mc_dropout": {"samples": mc_samples, "multiplier": cfg.evaluation.mc_dropout_multiplier} if mc_samples else None,
     }
-    options = dict(sparse=sparse, streams=streams, boundary=boundary_id, factor=factor, margin=margin)
+    options = dict(sparse=sparse, streams=streams, boundary=boundary_id, factor=factor, margin=margin,
+                   mc_samples=mc_samples, mc_multiplier=cfg.evaluation.mc_dropout_multiplier)
     if search:
-        hp, report["search"] = _search(model, corpus["valid"], hp, rms, search_tokens, max_cost, cfg.train.bptt,
-                                       corpus.format, options, log)
+        hp, report["search"] = group.on_main(lambda: _search(model, corpus["valid"], hp, rms, search_tokens, max_cost,
+                                                             cfg.train.bptt, corpus.format, options, log))
     report["hyperparameters"] = hp.as_dict()
     report["splits"] = {}
-    tag = ("sparse" if sparse else "full") + ("-episodic" if episodic else "")
+    tag = ("sparse" if sparse else "full") + ("-episodic" if episodic else "") + ("-mc" if mc_samples else "")
     for split in splits:
         ids = corpus[split] if eval_tokens is None else corpus[split][: eval_tokens + streams]
-        static = None
-        if not episodic:
-            static = static_pass(model, ids, streams, cfg.train.bptt, factor, corpus.words.get(split)
-                                 if eval_tokens is None else None, progress)
-        result = dynamic_evaluate(model, ids, hp, rms, static=static, progress=progress, desc=split, **options)
+        if episodic:
+            result = dynamic_evaluate(model, ids, hp, rms, progress=progress, desc=split, **options)
+        else:
+            result = evaluate_streams(model, ids, hp, rms, bptt=cfg.train.bptt, words=corpus.words.get(split)
+                                      if eval_tokens is None else None, progress=progress, desc=split, group=group,
+                                      **options)
+        if on_result is not None:
+            on_result(split, result)
         profile = position_profile(result.static_losses, result.losses, result.episodes)
         report["splits"][split] = result.as_dict() | {"profile": profile}
         log(f"{split}: static {result.static.headline(corpus.format)} -> "

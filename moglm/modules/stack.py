@@ -195,7 +195,8 @@ class RecurrentStack(nn.Module):
         elif self.batch_first:
             input = input.transpose(0, 1)  # [T, B, m]
         if input.shape[0] == 0:
-            raise ValueError("input has no time steps")
+            raise ValueError(f"input has no time steps (sequence length 0, shape {tuple(input.shape)}); "
+                             "torch.nn.LSTM refuses it too. An empty batch (0 rows) is fine")
         return input, hx, unbatched
 
     def _unpack(self, input: PackedSequence) -> tuple[Tensor, Packing]:

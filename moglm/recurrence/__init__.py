@@ -85,7 +85,11 @@ def run_layer(
 
     A cell with an ``output_adaptation`` (sparse dynamic evaluation's wrapper: ``(inner cell, M)``, the
     first U units of h becoming ``h + M h`` after every step) runs the compiled window with that
-    adaptation where the inner cell can, and otherwise the reference loop (no Python fused version)."""
+    adaptation where the inner cell can, and otherwise the reference loop (no Python fused version).
+
+    An empty batch (``B == 0``) that the fused window would run runs the reference loop instead: there is
+    nothing to fuse, and its outputs ``[T, 0, H]`` and final state stay on the autograd graph, as
+    torch.nn.LSTM's do. A backend that cannot run the cell refuses an empty batch as it refuses any."""
     if backend == "reference" or (backend == "auto" and not has_fast_path(cell)):
         return reference_layer(cell, params, xs, state, h_mask)  # for a GRU, an RNN ... the loop is the path
     adaptation = getattr(cell, "output_adaptation", None)
@@ -106,7 +110,7 @@ def run_layer(
         if backend == "compiled":
             raise ValueError(f"backend='compiled' cannot run this layer: {why_not} (use backend='auto' or 'fused')")
     if reason is None:
-        return FUSED[type(cell)](cell, params, xs, state, h_mask)
+        return (reference_layer if xs.shape[1] == 0 else FUSED[type(cell)])(cell, params, xs, state, h_mask)
     if backend != "auto":
         raise ValueError(f"backend={backend!r} cannot run this layer: {reason} (use backend='auto' or 'reference')")
     warn_once(reason)

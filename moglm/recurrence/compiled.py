@@ -34,6 +34,7 @@ products); ``MOGLM_GEMM_ROUTE=aten|blas|mkl_packed|panels`` forces one.
 from __future__ import annotations
 
 import hashlib
+from contextlib import contextmanager
 import json
 import os
 import platform
@@ -101,6 +102,25 @@ def extensions_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "moglm" / "extensions"
 
 
+@contextmanager
+def _build_lock(build_dir: Path):
+    """torch's build lock (a ``lock`` file it creates and deletes) outlives a process killed mid-build, and
+    every later build then waits for it forever. Builds of this directory are serialised by an ``flock``
+    here, which the kernel releases with its holder, so a ``lock`` file found while holding it is stale."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    fd = os.open(build_dir / ".moglm-build", os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        (build_dir / "lock").unlink(missing_ok=True)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
 def _load() -> bool:
     if os.environ.get("MOGLM_COMPILED", "1").strip().lower() in ("0", "false", "no", "off"):
         _state["reason"] = "turned off by MOGLM_COMPILED=0"
@@ -116,15 +136,16 @@ def _load() -> bool:
         if not any(build_dir.glob(f"{name}*.so")):
             print("moglm: building the compiled recurrence for this machine (once; about a minute)...",
                   file=sys.stderr, flush=True)
-        cpp_extension.load(
-            name=name,
-            sources=[str(source_dir() / s) for s in SOURCES if s.endswith(".cpp")],
-            extra_cflags=list(CFLAGS),
-            extra_ldflags=list(LDFLAGS),
-            build_directory=str(build_dir),
-            is_python_module=False,
-            verbose=False,
-        )
+        with _build_lock(build_dir):
+            cpp_extension.load(
+                name=name,
+                sources=[str(source_dir() / s) for s in SOURCES if s.endswith(".cpp")],
+                extra_cflags=list(CFLAGS),
+                extra_ldflags=list(LDFLAGS),
+                build_directory=str(build_dir),
+                is_python_module=False,
+                verbose=False,
+            )
         torch.ops.moglm.mogrifier_lstm_forward  # noqa: B018 - the ops are registered
         return True
     except Exception as error:  # noqa: BLE001 - any build or load failure means: fall back

@@ -85,7 +85,7 @@ class CheckpointStore:
         if not p.is_file():
             return None
         shape = "corrupt checkpoint pointer (expected an object with dir and step)"
-        info = _json_object(p, "corrupt checkpoint pointer (not JSON)", shape)
+        info = json_object(p, "corrupt checkpoint pointer (not JSON)", shape)
         if not isinstance(info.get("dir"), str) or not isinstance(info.get("step"), int):
             raise CorruptCheckpoint(f"{p}: {shape}")
         return info
@@ -103,7 +103,7 @@ class CheckpointStore:
 
     def verify(self, directory: Path) -> None:
         """Check every file of a checkpoint against its manifest (a :class:`CorruptCheckpoint` if not)."""
-        manifest = _json_object(directory / "manifest.json", "missing or unreadable checkpoint manifest",
+        manifest = json_object(directory / "manifest.json", "missing or unreadable checkpoint manifest",
                                 "not a checkpoint manifest")
         for name, digest in manifest.items():
             path = directory / str(name)
@@ -168,16 +168,17 @@ def load_group(directory: Path, group: str, device: torch.device | str = "cpu") 
 
 def load_state(directory: Path) -> dict[str, Any]:
     """A checkpoint's ``state.json``."""
-    return _json_object(Path(directory) / "state.json", "missing or unreadable", "not a checkpoint state")
+    return json_object(Path(directory) / "state.json", "missing or unreadable", "not a checkpoint state")
 
 
-def _json_object(path: Path, unreadable: str, not_an_object: str) -> dict[str, Any]:
-    """The JSON object in one of a checkpoint's files; a :class:`CorruptCheckpoint` naming ``path`` if it is
-    missing, not JSON, or not an object."""
+def json_object(path: Path, unreadable: str, not_an_object: str,
+                error: type[MoglmError] = CorruptCheckpoint) -> dict[str, Any]:
+    """The JSON object in one of a run's files (a checkpoint's, by default); an ``error`` naming ``path`` if it
+    is missing, not JSON, or not an object."""
     try:
         value = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        raise CorruptCheckpoint(f"{path}: {unreadable}") from None
+        raise error(f"{path}: {unreadable}") from None
     if not isinstance(value, dict):
-        raise CorruptCheckpoint(f"{path}: {not_an_object}")
+        raise error(f"{path}: {not_an_object}")
     return value

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import threading
 from collections.abc import Iterator
@@ -37,7 +38,7 @@ except ImportError:  # pragma: no cover - Windows: runs are not locked
 from ..atomic import atomic_write_text
 from ..data.vocabulary import Vocabulary
 from ..errors import MoglmError
-from .checkpoints import CheckpointStore
+from .checkpoints import CheckpointStore, json_object
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -121,7 +122,10 @@ class RunDirectory:
     def _acquire(self) -> int | None:
         if fcntl is None:
             return None
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # a file of that name, a read-only parent ...
+            raise MoglmError(f"{self.path}: cannot create the run directory ({e.strerror})") from None
         path = self.path / ".lock"
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
@@ -137,6 +141,18 @@ class RunDirectory:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         return fd
+
+    def discard(self) -> None:
+        """Remove everything the run holds (``--restart``) under its lock: while another process runs in it,
+        this one is refused and nothing is removed. The lock file stays (another process may be waiting on it)."""
+        with self.lock():
+            for entry in self.path.iterdir():
+                if entry.name == ".lock":
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
 
     # -- starting or resuming -------------------------------------------------------------------
     def prepare(self, config: dict[str, Any], what: str = "") -> bool:
@@ -193,9 +209,12 @@ class RunDirectory:
     def load_vocab(self) -> Vocabulary:
         if not self.vocab_path.is_file():
             raise MoglmError(f"{self.path}: no vocab.json (the run never started training)")
-        return Vocabulary.from_json(self.vocab_path.read_text())
+        try:
+            return Vocabulary.from_json(self.vocab_path.read_text())
+        except (ValueError, KeyError, TypeError) as e:  # not JSON, not UTF-8, fields missing or of the wrong type
+            raise MoglmError(f"{self.vocab_path}: damaged, not a vocabulary ({type(e).__name__}: {e})") from None
 
     def model_info(self) -> dict[str, Any]:
         if not self.model_info_path.is_file():
             raise MoglmError(f"{self.path}: no model.json (the run never started training)")
-        return json.loads(self.model_info_path.read_text())
+        return json_object(self.model_info_path, "damaged (not JSON)", "damaged (not a JSON object)", MoglmError)

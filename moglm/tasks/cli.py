@@ -73,7 +73,12 @@ def task_app() -> typer.Typer:
     @app.command("reverse-copy")
     def reverse_copy(
         length: int = typer.Option(20, help="Tokens to copy (the decoder writes them reversed)."),
-        vocab_size: int = typer.Option(100, help="Vocabulary the tokens are drawn from (uniformly)."),
+        min_length: Optional[int] = typer.Option(None, help="With --max-length: lengths drawn from this range "
+                                                 "(one per batch; replaces --length; the paper: 50-200)."),
+        max_length: Optional[int] = typer.Option(None, help="The longest sequence, with --min-length."),
+        train_examples: Optional[int] = typer.Option(None, help="A fixed training set of this many examples (the "
+                                                     "paper: 500000; default: a fresh batch every step)."),
+        vocab_size: int = typer.Option(100, help="Vocabulary the tokens are drawn from (uniformly; the paper: 1000)."),
         architecture: Architecture = typer.Option("mogrifier", help="Encoder and decoder architecture "
                                                   "(model.architecture)."),
         num_params: Optional[int] = typer.Option(200_000, help="Parameter budget (both halves together)."),
@@ -82,18 +87,24 @@ def task_app() -> typer.Typer:
         cell: list[str] = typer.Option([], help="Architecture option key=value, e.g. --cell rounds=5 --cell rank=16."),
         num_layers: int = typer.Option(1, help="Layers of the encoder and of the decoder."),
         steps: int = typer.Option(2000, help="Training steps."),
-        batch_size: int = typer.Option(64, help="Sequences per step (fresh ones every step)."),
+        batch_size: int = typer.Option(64, help="Sequences per step."),
         learning_rate: float = typer.Option(0.003, help="Adam learning rate (beta1 = 0)."),
         lr: Optional[float] = deprecated("--lr"),
         l2_penalty: float = typer.Option(0.0, help="l2_penalty * 0.5 * sum(w^2) added to the loss."),
+        clip_norm: float = typer.Option(10.0, help="Clip the gradient's global norm to this."),
         eval_every: int = typer.Option(200, help="Validate and checkpoint every this many steps."),
-        test_examples: int = typer.Option(1000, help="Validation and test sequences (each)."),
+        test_examples: int = typer.Option(1000, help="Test sequences (and validation ones unless --valid-examples; "
+                                          "the paper: 10000)."),
+        valid_examples: Optional[int] = typer.Option(None, help="Validation sequences (default: --test-examples)."),
         seed: int = typer.Option(1, help="Seed of weights and data."),
-        run_dir: Optional[Path] = typer.Option(None, help="Run directory (default: runs/reverse-copy-<arch>-L<length>)."),
+        device: str = typer.Option("cpu", help="auto, cpu, cuda, cuda:1, ..."),
+        run_dir: Optional[Path] = typer.Option(None, help="Run directory (default: runs/reverse-copy-<arch>-L<length>, "
+                                               "L<min>-<max> for a range)."),
         restart: bool = typer.Option(False, help="Discard an existing run in the run directory."),
         progress: bool = typer.Option(True, help="Show progress bars."),
     ) -> None:
-        """Reverse copy (Mogrifier paper 4.3) with an encoder-decoder: test cross-entropy and exact sequences."""
+        """Reverse copy (Mogrifier paper 4.3) with an encoder-decoder: test cross-entropy and exact sequences,
+        overall and per length."""
         import yaml
 
         from .reverse_copy import ReverseCopyConfig, run_reverse_copy
@@ -108,10 +119,11 @@ def task_app() -> typer.Typer:
                                 hidden_size=hidden_size, num_params=None if hidden_size else num_params,
                                 input_embedding_ratio=embedding_ratio, cell=options, batch_size=batch_size, steps=steps,
                                 learning_rate=renamed(learning_rate, lr, "--lr", "--learning-rate"),
-                                l2_penalty=l2_penalty, eval_every=eval_every,
-                                valid_examples=test_examples, test_examples=test_examples, seed=seed)
-        path = _fresh(run_dir or Path("runs") / f"reverse-copy-{architecture}-L{length}", restart)
-        run_reverse_copy(cfg, path, progress, typer.echo)
+                                l2_penalty=l2_penalty, clip_norm=clip_norm, eval_every=eval_every,
+                                valid_examples=valid_examples or test_examples, test_examples=test_examples, seed=seed,
+                                min_length=min_length, max_length=max_length, train_examples=train_examples)
+        path = _fresh(run_dir or Path("runs") / f"reverse-copy-{architecture}-L{cfg.length_label}", restart)
+        run_reverse_copy(cfg, path, progress, typer.echo, device=device)
         typer.echo(f"run directory: {path}")
 
     @app.command("partial-sentences")

@@ -15,6 +15,10 @@ Reliability: every evaluation writes an atomic checkpoint holding everything the
 so rerunning the same command after a kill continues exactly as the uninterrupted run would. Ctrl-C
 saves a checkpoint at the current step first. A non-finite loss or gradient stops the run before the
 weights are touched, keeping the last good checkpoint.
+
+Data parallel (:mod:`moglm.train.data_parallel`): given a :class:`~moglm.train.data_parallel.Group` of
+several processes, the engine runs on every rank; the task's loss goes through DDP, the losses and the
+stop requests are summed over the ranks, validation runs on rank 0 and only rank 0 writes.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from ..errors import MoglmError
 from ..progress import progress_bar
 from ..runs import RunDirectory, load_group
 from ..runs.checkpoints import load_state
+from .data_parallel import SINGLE, Group
 from .learning_curve import plot_learning_curve
 from .weight_averaging import WeightAverage
 
@@ -75,7 +80,8 @@ class Settings:
 @dataclass
 class StepLoss:
     """A step's loss: the cross-entropy summed over its ``tokens`` scored tokens, and the ``sequences``
-    it is averaged over (the batch size)."""
+    it is averaged over (the batch size). Data parallel: ``summed`` and ``tokens`` are this rank's,
+    ``sequences`` the global batch's."""
 
     summed: Tensor
     tokens: int
@@ -107,7 +113,8 @@ class Task(Protocol):
         """Validation scores as the log line shows them."""
 
     def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
-        """Tensors and JSON the next step depends on beyond the weights (e.g. a carried state)."""
+        """Tensors and JSON the next step depends on beyond the weights (e.g. a carried state); data
+        parallel: every rank calls it, and rank 0's result (the global state) is saved."""
 
     def load_state(self, tensors: dict[str, Tensor], info: dict[str, Any]) -> None:
         """Restore :meth:`state` from a checkpoint."""
@@ -178,7 +185,8 @@ class Engine:
     ``log`` prints a line (above the progress bar); ``on_step(step)`` is called after every completed
     step (tests simulate kills with it); ``on_evaluation(Evaluation)`` after every checkpoint (tuning
     prunes with it). ``hparams`` (the run's config, nested) goes to TensorBoard beside the best validation
-    score; ``unit`` is what the learning curve plots (``bits``, ``perplexity`` or ``nats``).
+    score; ``unit`` is what the learning curve plots (``bits``, ``perplexity`` or ``nats``). ``group``: the
+    processes training together (data parallel; default one process).
     """
 
     def __init__(
@@ -196,8 +204,11 @@ class Engine:
         on_step: Callable[[int], None] | None = None,
         on_evaluation: Callable[[Evaluation], None] | None = None,
         hparams: dict[str, Any] | None = None,
+        group: Group = SINGLE,
     ) -> None:
-        self.task, self.settings, self.run = task, settings, run
+        self.task, self.settings, self.run, self.group = task, settings, run, group
+        if not group.is_main:
+            log, progress = (lambda message: None), False
         self.model = task.model
         self.device = torch.device(device)
         self.title = title or run.path.name
@@ -214,10 +225,11 @@ class Engine:
         self.writer = None
         self.bar: Any = None
         self._plotted = -math.inf
-        last = run.checkpoints.open("last", log=self._log)
+        self._checkpointed = -1  # the step of the last checkpoint written or restored
+        last = group.on_main(lambda: run.checkpoints.open("last", log=self._log))
         if last is not None:
             self._restore(last["path"])
-        elif run.metrics_path.is_file():
+        elif group.is_main and run.metrics_path.is_file():
             run.truncate_metrics(0)  # records of a run killed before its first checkpoint
 
     def log(self, message: str) -> None:
@@ -228,25 +240,34 @@ class Engine:
 
     # -- checkpoints ------------------------------------------------------------------------------
     def _checkpoint(self, best: bool) -> None:
-        tensors: dict[str, Tensor] = {"rng.cpu": torch.get_rng_state()}
+        """Write a checkpoint of the current step (every rank calls it; rank 0 writes)."""
+        self._checkpointed = self.progress.step
+        rng = {"cpu": torch.get_rng_state()}
         if self.device.type == "cuda":
-            tensors["rng.cuda"] = torch.cuda.get_rng_state(self.device)
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        rngs = self.group.gather(rng)
+        task_tensors, task_info = self.task.state()
+        if not self.group.is_main:
+            return
+        tensors: dict[str, Tensor] = {}
+        for rank, generators in enumerate(rngs):  # rank 0's as a one-process run names them
+            tensors.update({f"rng.{kind}{f'.rank{rank}' if rank else ''}": v for kind, v in generators.items()})
         for name, p in zip(self.names, self.parameters):
             for key, value in self.optimizer.state.get(p, {}).items():
                 tensors[f"adam.{name}.{key}"] = torch.as_tensor(value)
-        task_tensors, task_info = self.task.state()
         tensors.update({f"task.{k}": v for k, v in task_tensors.items()})
         groups = {"model": self.model.state_dict(), "training": tensors}
         if self.average.active:
             groups["averaged"] = self.average.weights()
-        state = {"progress": asdict(self.progress), "averaged_count": self.average.count, "task": task_info}
+        state = {"progress": asdict(self.progress), "averaged_count": self.average.count, "task": task_info,
+                 "world_size": self.group.world_size}
         directory = self.run.checkpoints.write(self.progress.step, groups, state)
-        self.run.checkpoints.point("last", directory, step=self.progress.step, tokens=self.progress.tokens)
-        if best:
+        if best:  # before last: a kill between the two resumes from the older last and moves best again
             weights = "averaged" if self.average.active else "model"
             self.run.checkpoints.point("best", directory, step=self.progress.step, tokens=self.progress.tokens,
                                        weights=weights,
                                        valid_xent=self.progress.best_xent)
+        self.run.checkpoints.point("last", directory, step=self.progress.step, tokens=self.progress.tokens)
         self.run.checkpoints.prune()
 
     def _restore(self, directory: Path) -> None:
@@ -266,11 +287,19 @@ class Engine:
         if self.progress.averaging_since is not None:
             self.average.load(load_group(directory, "averaged", self.device), state["averaged_count"],
                               self.progress.averaging_since)
-        torch.set_rng_state(training["rng.cpu"])
-        if "rng.cuda" in training and self.device.type == "cuda":
-            torch.cuda.set_rng_state(training["rng.cuda"], self.device)
-        self.run.truncate_metrics(self.progress.step)
-        self._log(f"resuming {self.run.path} from step {self.progress.step}")
+        suffix = f".rank{self.group.rank}" if self.group.rank else ""
+        if f"rng.cpu{suffix}" in training:  # a rank the checkpoint did not have keeps its own fresh stream
+            torch.set_rng_state(training[f"rng.cpu{suffix}"])
+        if f"rng.cuda{suffix}" in training and self.device.type == "cuda":
+            torch.cuda.set_rng_state(training[f"rng.cuda{suffix}"], self.device)
+        self._checkpointed = self.progress.step
+        if self.group.is_main:
+            self.run.truncate_metrics(self.progress.step)
+        saved = state.get("world_size", 1)
+        processes = "" if saved == self.group.world_size else (
+            f" (checkpointed by {saved} process{'es' * (saved > 1)}, resumed by {self.group.world_size}: the same "
+            "global stripes and carried state; dropout masks are drawn afresh)")
+        self._log(f"resuming {self.run.path} from step {self.progress.step}{processes}")
 
     def best_weights(self) -> dict[str, Tensor]:
         """The weights that scored best on validation (averaged ones once averaging started)."""
@@ -290,9 +319,13 @@ class Engine:
         s = self.settings
         self.model.train()
         out = self.task.loss(step)
-        if not torch.isfinite(out.summed):
+        summed, tokens, finite = float(out.summed.detach()), out.tokens, bool(torch.isfinite(out.summed))
+        if self.group.distributed:  # the global loss, and one decision for every rank
+            summed, tokens, bad = self.group.sum([summed if finite else 0.0, tokens, not finite])
+            tokens, finite = int(tokens), not bad
+        if not finite:
             raise self._diverged(step, "loss")
-        loss = out.summed / out.sequences
+        loss = out.summed / out.sequences * self.group.world_size  # DDP averages the ranks' gradients
         if s.l2_penalty:
             loss = loss + s.l2_penalty * 0.5 * sum(p.pow(2).sum() for p in self.parameters)
         self.optimizer.zero_grad(set_to_none=True)
@@ -302,7 +335,7 @@ class Engine:
             raise self._diverged(step, "gradient")
         self.optimizer.step()
         self.average.update()
-        return float(out.summed.detach()), out.tokens, float(norm)
+        return summed, tokens, float(norm)
 
     # -- evaluation during training -----------------------------------------------------------------
     def evaluation_model(self) -> nn.Module:
@@ -313,14 +346,15 @@ class Engine:
         """Validation, best/averaging/early-stopping bookkeeping, checkpoint. Returns whether to stop."""
         s, p = self.settings, self.progress
         model = self.evaluation_model()
-        scores = self.task.validate(model)
+        scores = self.group.on_main(lambda: self.task.validate(model))  # on rank 0, its scores on every rank
         improved = p.best_xent is None or scores["xent"] < p.best_xent
         if improved:
             p.best_xent, p.best_step, p.evals_without_improvement = scores["xent"], p.step, 0
         else:
             p.evals_without_improvement += 1
-        self.run.append_metrics({"kind": "valid", "step": p.step, "tokens": p.tokens, **scores,
-                                 "averaged": self.average.active, "best": improved})
+        if self.group.is_main:
+            self.run.append_metrics({"kind": "valid", "step": p.step, "tokens": p.tokens, **scores,
+                                     "averaged": self.average.active, "best": improved})
         for key, value in scores.items():
             self._scalar(f"valid/{key}", value, p.step)
         averaged = " (averaged weights)" if self.average.active else ""
@@ -334,7 +368,7 @@ class Engine:
         p.stopped_early = stop
         p.finished = stop or p.step >= s.steps
         self._checkpoint(best=improved)
-        if p.finished or time.monotonic() - self._plotted > 30:  # redraw at most twice a minute
+        if self.group.is_main and (p.finished or time.monotonic() - self._plotted > 30):  # at most twice a minute
             plot_learning_curve(self.run.read_metrics(), self.run.plot_path, title=self.title, unit=self.unit,
                                 averaging_since=p.averaging_since)
             self._plotted = time.monotonic()
@@ -355,7 +389,7 @@ class Engine:
     # -- the loop ---------------------------------------------------------------------------------
     def fit(self) -> Progress:
         """Run (or resume) training to the end, holding the run directory's lock; returns the final progress."""
-        with self.run.lock():
+        with self.group.hold(self.run), self.group.peers():
             return self._fit()
 
     def _fit(self) -> Progress:
@@ -363,7 +397,7 @@ class Engine:
         if p.finished:
             self._log(f"{self.run.path}: training already finished at step {p.step}")
             return p
-        self.writer = _tensorboard_writer(self.run)
+        self.writer = _tensorboard_writer(self.run) if self.group.is_main else None
         self.bar = progress_bar(s.steps, self.desc, s.tokens_per_step, self.progress_enabled, initial=p.step)
         log_every = max(1, min(s.log_every, s.eval_every))
         window_start = time.perf_counter()
@@ -390,12 +424,16 @@ class Engine:
                             break
                     if self.on_step is not None:
                         self.on_step(step)
-                    if interrupt.set:
-                        last = self.run.checkpoints.pointer("last")
-                        if last is None or last["step"] != step:
+                    stop = interrupt.set
+                    if self.group.distributed:  # a signal to any rank stops every rank at this step
+                        anywhere = self.group.sum([stop is not None])[0]  # every rank takes part, signalled or not
+                        stop = stop or ("interrupted" if anywhere else None)
+                    if stop:
+                        if self._checkpointed != step:
                             self._checkpoint(best=False)
                         raise TrainingInterrupted(
-                            f"{interrupt.set} at step {step}; checkpoint saved, rerun the same command to resume")
+                            f"{stop} at step {step}; checkpoint saved, rerun the same command to resume"
+                            if self.group.is_main else "")
             if self.writer is not None and self.hparams:
                 self.writer.add_hparams(self.hparams, {"hparam/best_valid_xent": p.best_xent or math.nan},
                                         run_name=".")
@@ -411,6 +449,9 @@ class Engine:
         xent = p.window_nll / max(p.window_tokens, 1)
         rate = p.window_tokens / max(elapsed, 1e-9)
         lr = self.optimizer.param_groups[0]["lr"]
+        if not self.group.is_main:
+            p.window_nll, p.window_tokens = 0.0, 0
+            return
         self.run.append_metrics({"kind": "train", "step": step, "tokens": p.tokens, "xent": xent, "grad_norm": norm,
                                  "tokens_per_s": rate, "learning_rate": lr, "averaging": self.average.active})
         for tag, value in (("train/xent", xent), ("train/grad_norm", norm), ("train/tokens_per_s", rate),

@@ -5,7 +5,12 @@ command uses.
 The language-model task follows the Mogrifier paper's recipe (section 3.3; docs/method.md, "Training
 recipe"): non-episodic batches with the final state carried to the next window and each row's state reset
 with probability ``state_reset_probability``, or episodic (padded, masked) batches; validation on the
-stream (or the episodes) with ``train.eval_tokens`` tokens.
+stream (or the episodes) with ``train.eval_tokens`` tokens. The resets of step s, and the order of
+episodes in epoch e, are drawn from generators seeded by s and e (and ``train.seed``), so they do not
+depend on the dropout masks drawn before them, nor on how many processes share the batch.
+
+Under torchrun, every process runs the same command and trains its block of the batch's rows
+(:mod:`moglm.train.data_parallel`).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..data.batching import EpisodicBatches, StreamBatches
+from ..data.batching import Batch, EpisodicBatches, StreamBatches
 from ..data.corpus import Corpus
 from ..atomic import atomic_write_text
 from ..device import resolve_device
@@ -29,6 +34,8 @@ from ..sampling import encode_prompt
 from .build import build_model, load_data, resolve_hidden_size
 from .config import RunConfig
 from .learning_curve import unit_for
+from . import data_parallel
+from .data_parallel import SINGLE, Group
 from .engine import Engine, Evaluation, Progress, Settings, StepLoss, TrainingDiverged, TrainingInterrupted
 from .language_model_run import LanguageModelRun
 
@@ -51,47 +58,72 @@ def engine_settings(cfg: RunConfig) -> Settings:
 
 
 class LanguageModelTask:
-    """Next-token prediction on a corpus with the paper's batching (carried state, per-row resets)."""
+    """Next-token prediction on a corpus with the paper's batching (carried state, per-row resets).
 
-    def __init__(self, cfg: RunConfig, corpus: Corpus, model: LanguageModel, device: torch.device) -> None:
-        self.cfg, self.corpus, self.model, self.device = cfg, corpus, model, device
+    With a data-parallel ``group``, this process reads its block of rows of every global batch (its
+    stream stripes, or its share of a batch's episodes) and carries the state of its stripes."""
+
+    def __init__(self, cfg: RunConfig, corpus: Corpus, model: LanguageModel, device: torch.device,
+                 group: Group = SINGLE) -> None:
+        self.cfg, self.corpus, self.model, self.device, self.group = cfg, corpus, model, device, group
         t = cfg.train
         if cfg.data.episodic:
             self.batches: Any = EpisodicBatches(corpus["train"], corpus.separator_id(), t.batch_size,
                                                 cfg.data.max_length)
         else:
             self.batches = StreamBatches(corpus["train"], t.batch_size, t.bptt)
-        self.carried: Any = None  # the recurrent state carried to the next window (non-episodic)
+            self.rows = group.rows(t.batch_size)  # this process's stripes
+        self.nll = group.wrap(data_parallel.Nll(model)) if group.distributed else model.nll
+        self.carried: Any = None  # the recurrent state of this process's stripes, carried to the next window
 
     # -- the loss -----------------------------------------------------------------------------------
-    def _next_batch(self, step: int):
+    def _next_batch(self, step: int) -> tuple[Batch, int]:
+        """This process's rows of step ``step``'s batch, and the global batch's number of rows."""
         index = (step - 1) % len(self.batches)
+        if isinstance(self.batches, EpisodicBatches):
+            if index == 0:
+                epoch = (step - 1) // len(self.batches)
+                generator = torch.Generator().manual_seed(data_parallel.step_seed(self.cfg.train.seed, -1 - epoch))
+                self.batches.shuffle(generator)
+            batch = self.batches[index]
+            return self._episodes(batch).to(self.device), batch.inputs.shape[1]
         if index == 0:
             self.carried = None  # a new pass over the data starts from a zero state
-            if isinstance(self.batches, EpisodicBatches):
-                self.batches.shuffle()
-        return self.batches[index].to(self.device)
+        batch = self.batches[index]
+        return Batch(batch.inputs[:, self.rows], batch.targets[:, self.rows]).to(self.device), batch.inputs.shape[1]
 
-    def _reset_rows(self) -> None:
+    def _episodes(self, batch: Batch) -> Batch:
+        """This process's share of an episodic batch; a process left without a row scores one masked row."""
+        if not self.group.distributed:
+            return batch
+        share = torch.arange(batch.inputs.shape[1]).tensor_split(self.group.world_size)[self.group.rank]
+        if not len(share):
+            return Batch(batch.inputs[:, :1], batch.targets[:, :1], torch.zeros_like(batch.mask[:, :1]))
+        return Batch(batch.inputs[:, share], batch.targets[:, share], batch.mask[:, share])
+
+    def _reset_rows(self, step: int) -> None:
         """Zero each row's carried state with probability ``state_reset_probability``
-        (docs/method.md, "Training recipe")."""
+        (docs/method.md, "Training recipe"); the draws of all B rows come from a generator seeded by the
+        step, and this process keeps its rows'."""
         if self.carried is None or isinstance(self.batches, EpisodicBatches):
             self.carried = None
             return
-        keep = (torch.rand(self.cfg.train.batch_size) >= self.cfg.train.state_reset_probability).to(self.device)  # [B]
+        generator = torch.Generator().manual_seed(data_parallel.step_seed(self.cfg.train.seed, step))
+        draws = torch.rand(self.cfg.train.batch_size, generator=generator)[self.rows]  # [B / processes]
+        keep = (draws >= self.cfg.train.state_reset_probability).to(self.device)
         states = (self.carried,) if isinstance(self.carried, Tensor) else self.carried
         reset = tuple(s * keep.view(1, -1, 1).to(s.dtype) for s in states)  # each [L, B, *]
         self.carried = reset[0] if isinstance(self.carried, Tensor) else reset
 
     def loss(self, step: int) -> StepLoss:
-        batch = self._next_batch(step)
-        self._reset_rows()
-        nll, state = self.model.nll(batch.inputs, batch.targets, self.carried)  # [T, B]
+        batch, sequences = self._next_batch(step)
+        self._reset_rows(step)
+        nll, state = self.nll(batch.inputs, batch.targets, self.carried)  # [T, B]
         if batch.mask is not None:
             nll = nll * batch.mask
         if state is not None and not isinstance(self.batches, EpisodicBatches):
             self.carried = state.detach() if isinstance(state, Tensor) else tuple(s.detach() for s in state)
-        return StepLoss(nll.sum(), batch.num_tokens, batch.inputs.shape[1])
+        return StepLoss(nll.sum(), batch.num_tokens, sequences)
 
     # -- validation -----------------------------------------------------------------------------------
     def validate(self, model: LanguageModel) -> dict[str, float]:
@@ -110,16 +142,17 @@ class LanguageModelTask:
 
     # -- resumable state ------------------------------------------------------------------------------
     def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        """The carried state of all B stripes (``[L, B, *]`` each, gathered from every process)."""
         tensors: dict[str, Tensor] = {}
         if self.carried is not None:
             carried = (self.carried,) if isinstance(self.carried, Tensor) else self.carried
-            tensors.update({f"carried.{j}": s for j, s in enumerate(carried)})
+            tensors.update({f"carried.{j}": self.group.concat(s, 1) for j, s in enumerate(carried)})
         if isinstance(self.batches, EpisodicBatches):
             tensors["episode_order"] = self.batches.order
         return tensors, {"carried_is_tensor": isinstance(self.carried, Tensor)}
 
     def load_state(self, tensors: dict[str, Tensor], info: dict[str, Any]) -> None:
-        carried = [tensors[f"carried.{j}"] for j in range(len(tensors)) if f"carried.{j}" in tensors]
+        carried = [tensors[f"carried.{j}"][:, self.rows] for j in range(len(tensors)) if f"carried.{j}" in tensors]
         if carried:
             self.carried = carried[0] if info.get("carried_is_tensor") else tuple(carried)
         if "episode_order" in tensors:
@@ -129,7 +162,9 @@ class LanguageModelTask:
 class Trainer:
     """Trains ``config`` in ``run_dir`` (resuming it when it holds a checkpoint of the same config).
 
-    ``on_step(step)`` runs after every step; ``on_evaluation(Evaluation)`` after every checkpoint."""
+    ``on_step(step)`` runs after every step; ``on_evaluation(Evaluation)`` after every checkpoint.
+    ``group``: the processes training together (default: the torchrun job this process is part of, else
+    this process alone); only rank 0 logs and writes."""
 
     def __init__(
         self,
@@ -139,45 +174,57 @@ class Trainer:
         log: Callable[[str], None] = print,
         on_step: Callable[[int], None] | None = None,
         on_evaluation: Callable[[Evaluation], None] | None = None,
+        group: Group | None = None,
     ) -> None:
         self.cfg = config
         self.run = LanguageModelRun(run_dir)
-        self.progress_enabled, self.log = progress, log
         self.on_step, self.on_evaluation = on_step, on_evaluation
-        self.device = resolve_device(config.train.device)
+        device = resolve_device(config.train.device)
+        self.group = group or data_parallel.process_group(device)
+        self.device = data_parallel.rank_device(device, self.group)
+        self.progress_enabled, self.log = progress, (log if self.group.is_main else (lambda message: None))
         self.engine: Engine | None = None
 
     def _setup(self) -> Engine:
-        cfg = self.cfg
+        cfg, group = self.cfg, self.group
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
-        self.run.prepare(json.loads(cfg.model_dump_json(exclude_none=True)), "language-model")
+        group.on_main(lambda: self.run.prepare(json.loads(cfg.model_dump_json(exclude_none=True)), "language-model"))
         torch.manual_seed(cfg.train.seed)
-        self.corpus = load_data(cfg.data)
+
+        def load() -> None:  # rank 0 checks the corpus and fills its cache; the others then read the cache
+            self.corpus = load_data(cfg.data)
+
+        group.on_main(load)
+        if not group.is_main:
+            load()
         self.log(self.corpus.summary())
-        if not self.run.vocab_path.is_file():
+        if group.is_main and not self.run.vocab_path.is_file():
             atomic_write_text(self.run.vocab_path, self.corpus.vocab.to_json())
         vocab_size = len(self.corpus.vocab)
         hidden = resolve_hidden_size(cfg.model, vocab_size)
         self.model: LanguageModel = build_model(cfg.model, vocab_size, hidden).to(self.device)
         if cfg.sample.num_tokens:  # a sample the run cannot start fails now, not after training
-            encode_prompt(self.corpus.vocab, cfg.sample.prompt)
+            group.on_main(lambda: encode_prompt(self.corpus.vocab, cfg.sample.prompt) and None)
         info = {"hidden_size": hidden, "embedding_size": self.model.embedding_size,
                 "num_params": count_parameters(self.model), "vocab_size": vocab_size,
                 "corpus_digest": self.corpus.digest()}
-        self.run.write_json(self.run.model_info_path, info)
+        if group.is_main:
+            self.run.write_json(self.run.model_info_path, info)
         layers = f"{cfg.model.num_layers} layer{'s' * (cfg.model.num_layers > 1)}"
         self.log(f"model: {cfg.model.architecture}, {layers}, hidden {hidden}, embedding {self.model.embedding_size}: "
                  f"{info['num_params']:,} parameters")
-        self.task = LanguageModelTask(cfg, self.corpus, self.model, self.device)
+        data_parallel.seed_rank(cfg.train.seed, group)
+        self.task = LanguageModelTask(cfg, self.corpus, self.model, self.device, group)
         unit = unit_for(self.corpus.format)
         return Engine(self.task, engine_settings(cfg), self.run, device=self.device, title=cfg.name or self.run.path.name,
                       unit=unit, progress=self.progress_enabled, log=self.log, on_step=self.on_step,
-                      on_evaluation=self.on_evaluation, hparams=cfg.model_dump(mode="json", exclude={"description"}))
+                      on_evaluation=self.on_evaluation, hparams=cfg.model_dump(mode="json", exclude={"description"}),
+                      group=group)
 
     def train(self) -> Progress:
         """Run (or resume) training to the end; returns the final progress."""
-        with self.run.lock():  # before the config is written: a second trainer is refused at once
+        with self.group.hold(self.run):  # before the config is written: a second trainer is refused at once
             self.engine = self._setup()
             return self.engine.fit()
 
@@ -194,11 +241,13 @@ def train_and_evaluate(
 ) -> tuple[Progress, dict[str, Any]]:
     """Train ``config`` in ``run_dir`` (resuming it), then run the final evaluation of its best checkpoint
     (:func:`moglm.train.final_evaluation.evaluate_run`; ``splits`` default to ``evaluation.splits``).
-    Returns the training progress and the results (written to ``results.json`` unless ``write`` is false)."""
+    Returns the training progress and the results (written to ``results.json`` unless ``write`` is false).
+    Under torchrun every process trains its share and rank 0 evaluates; every process gets the results."""
     from .final_evaluation import evaluate_run
 
     run = LanguageModelRun(run_dir)
-    with run.lock():
-        trained = Trainer(config, run_dir, progress=progress, log=log, on_evaluation=on_evaluation).train()
-        results = evaluate_run(run, splits, progress=progress, log=log, write=write)
+    trainer = Trainer(config, run_dir, progress=progress, log=log, on_evaluation=on_evaluation)
+    with trainer.group.hold(run):
+        trained = trainer.train()
+        results = trainer.group.on_main(lambda: evaluate_run(run, splits, progress=progress, log=log, write=write))
     return trained, results

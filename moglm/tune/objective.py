@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 import socket
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,7 @@ from ..model.language_model import embedding_size
 from ..progress import above_bars
 from ..train.build import load_data, resolve_hidden_size
 from ..train.config import RunConfig, apply_overrides, locate, read_mapping, validate
+from ..train import data_parallel
 from ..train.engine import Evaluation, TrainingInterrupted
 from ..train.trainer import total_steps, train_and_evaluate
 from .search_space import SearchSpace, set_dotted
@@ -55,7 +59,11 @@ class TrialSetup:
         trial = copy.deepcopy(ready)
         for key, value in self.trial_overrides.items():
             set_dotted(trial, key, value)
-        return ready, validate(trial, f"{self.space_name} on {self.base_name}")
+        return ready, self.build_config(trial)
+
+    def build_config(self, mapping: dict[str, Any]) -> Any:
+        """The trial's config from its mapping (a run config here; a task's config in subclasses)."""
+        return validate(mapping, f"{self.space_name} on {self.base_name}")
 
     def objective(self) -> "Objective":
         return Objective(self)
@@ -138,14 +146,48 @@ class Objective:
                 torch.cuda.empty_cache()  # after an out-of-memory error, for the next trial
             raise
 
-    def _run(self, trial: optuna.Trial) -> float:
-        setup = self.setup
+    def trial_run_dir(self, trial: optuna.Trial) -> Path:
+        """The trial's run directory (a re-queued trial's is the one of the trial it replaces), recorded with
+        the attempt and the host in the trial's attributes."""
         run_number = trial.user_attrs.get("run", trial.number)
-        run_dir = setup.study_dir / "trials" / f"{run_number:04d}"
+        run_dir = self.setup.study_dir / "trials" / f"{run_number:04d}"
         trial.set_user_attr("run", run_number)
         trial.set_user_attr("attempt", trial.user_attrs.get("attempt", 1))
         trial.set_user_attr("run_dir", str(run_dir.resolve()))
         trial.set_user_attr("host", socket.gethostname())
+        return run_dir
+
+    @contextmanager
+    def trial_training(self, trial: optuna.Trial, run_dir: Path, first_line: str
+                       ) -> Iterator[tuple[Callable[[str], None], Callable[[Evaluation], None]]]:
+        """Prepare ``run_dir`` (a new trial's starts empty; a re-queued one resumes) and give the trial's
+        ``log`` (to ``tune.log``, and stdout with ``log_to_stdout``) and its ``report`` of each validation
+        (to the trial, which the pruner may stop)."""
+        fresh, main = trial.user_attrs["run"] == trial.number, data_parallel.is_main_process()
+        if main and fresh and run_dir.exists():  # under torchrun, rank 0 owns the trial's files
+            shutil.rmtree(run_dir)  # left over from an earlier study in the same directory
+        if main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        with open(run_dir / "tune.log" if main else os.devnull, "a") as log_file:
+            def log(message: str) -> None:
+                log_file.write(message + "\n")
+                log_file.flush()
+                if self.log_to_stdout:
+                    above_bars(lambda line: print(line, flush=True))(f"[trial {trial.number}] {message}")
+
+            def report(evaluation: Evaluation) -> None:
+                xent = evaluation.scores["xent"]
+                trial.report(xent, evaluation.step)
+                if trial.should_prune():
+                    raise optuna.TrialPruned(f"pruned at step {evaluation.step} (valid xent {xent:.4f})")
+
+            log(first_line)
+            yield log, report
+
+    def _run(self, trial: optuna.Trial) -> float:
+        setup = self.setup
+        run_dir = self.trial_run_dir(trial)
+        run_number = trial.user_attrs["run"]
         values = {name: spec.suggest(trial, name) for name, spec in setup.space.params.items()}
         ready, cfg = setup.configs(values)
         cfg, changed = fit_rank(cfg, len(load_data(cfg.data).vocab))
@@ -154,25 +196,9 @@ class Objective:
         trial.set_user_attr("changed", changed)
         trial.set_user_attr("config", ready)
         cfg = cfg.model_copy(update={"name": trial_title(trial.study.study_name, run_number, values)})
-        if run_number == trial.number and run_dir.exists():
-            shutil.rmtree(run_dir)  # left over from an earlier study in the same directory
-        run_dir.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
-        with open(run_dir / "tune.log", "a") as log_file:
-            def log(message: str) -> None:
-                log_file.write(message + "\n")
-                log_file.flush()
-                if self.log_to_stdout:
-                    above_bars(lambda line: print(line, flush=True))(f"[trial {trial.number}] {message}")
-
-            log(f"trial {trial.number}: {json.dumps(values)}" + (f"; changed {changed}" if changed else ""))
-
-            def report(evaluation: Evaluation) -> None:
-                xent = evaluation.scores["xent"]
-                trial.report(xent, evaluation.step)
-                if trial.should_prune():
-                    raise optuna.TrialPruned(f"pruned at step {evaluation.step} (valid xent {xent:.4f})")
-
+        first_line = f"trial {trial.number}: {json.dumps(values)}" + (f"; changed {changed}" if changed else "")
+        with self.trial_training(trial, run_dir, first_line) as (log, report):
             progress, results = train_and_evaluate(cfg, run_dir, splits=["valid"], progress=self.progress, log=log,
                                                    on_evaluation=report)
         valid = results["splits"]["valid"]

@@ -41,6 +41,8 @@ def drop_checkpoints(study: optuna.Study, study_dir: Path) -> None:
 
 
 def _score(value: float, level: str | None) -> str:
+    if level == "reverse-copy":
+        return f"valid xent {value:.4f} nats per decoded token"
     if level == "word":
         return f"valid xent {value:.4f} (perplexity {math.exp(value):.2f})"
     unit = "bits per byte" if level == "byte" else "bits per character"
@@ -80,9 +82,9 @@ def summary_text(result: StudyResult, outputs: dict[str, Path]) -> str:
     study = result.study
     trials = counted_trials(study)
     states = {s: sum(t.state == s for t in trials) for s in TrialState}
-    objective = ("dynamic-evaluation cross-entropy (nats/token) on a validation prefix"
-                 if result.setup.space.target == "dyneval"
-                 else "validation cross-entropy (nats/token), averaged weights, tuned temperature")
+    objective = {"dyneval": "dynamic-evaluation cross-entropy (nats/token) on a validation prefix",
+                 "reverse-copy": "reverse copy: validation cross-entropy (nats per decoded token)"}.get(
+        result.setup.space.target, "validation cross-entropy (nats/token), averaged weights, tuned temperature")
     lines = [f"study {study.study_name!r} ({_public(result.storage)})",
              f"base {result.setup.base_name}, search space {result.setup.space_name}; objective: {objective}",
              f"trials: {len(trials)}"]
@@ -125,6 +127,11 @@ def write_report(result: StudyResult, plots: bool = True) -> str:
         outputs["best settings"] = directory / "best_dyneval.toml"
         atomic_write_text(outputs["best settings"],
                           best_settings_text(result.study, best, result.setup, _public(result.storage)))
+    elif best is not None and "config" in best.user_attrs and result.setup.space.target == "reverse-copy":
+        from .reverse_copy import best_settings_text as best_task_text
+
+        outputs["best settings"] = directory / "best_reverse_copy.toml"
+        atomic_write_text(outputs["best settings"], best_task_text(result.study, best, _public(result.storage)))
     elif best is not None and "config" in best.user_attrs:
         outputs["best config"] = directory / "best.toml"
         atomic_write_text(outputs["best config"], best_config_text(result, best))

@@ -5,7 +5,8 @@ one-line errors naming the field)::
 
     description = "Mogrifier LSTM, the paper's table 4"
     base = "ptb-word-mogrifier-cpu"       # run config every trial starts from (shipped name or path)
-    target = "train"                      # or "dyneval": tune dynamic evaluation of a trained run
+    target = "train"                      # or "dyneval": tune dynamic evaluation of a trained run;
+                                          # or "reverse-copy": train the task (moglm.tune.reverse_copy)
 
     [study]                               # sampler = "gp" (Gaussian process), "tpe" or "random"
     sampler = "gp"
@@ -122,7 +123,7 @@ class Budget(_Section):
 
 class SearchSpace(_Section):
     description: str | None = None
-    target: Literal["train", "dyneval"] = "train"
+    target: Literal["train", "dyneval", "reverse-copy"] = "train"
     base: str | None = Field(None, description="Run config of every trial (shipped name or path); train target.")
     study: StudySettings = Field(default_factory=StudySettings)
     pruner: PrunerSettings = Field(default_factory=PrunerSettings)
@@ -165,6 +166,10 @@ def _key_problem(key: str, target: str) -> str | None:
     if target == "dyneval":
         ok = parts[0] == "dyneval" and len(parts) > 1 and all(parts)
         return None if ok else "dynamic-evaluation keys start with 'dyneval.'"
+    if target == "reverse-copy":
+        from .reverse_copy import key_problem
+
+        return key_problem(key)
     model: Any = RunConfig
     for i, part in enumerate(parts):
         fields = model.model_fields

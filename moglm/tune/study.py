@@ -1,11 +1,18 @@
 """Running a study: storage, sampler, pruner, worker processes, budgets, resuming.
 
-* Storage: a SQLite file in the study directory unless a storage URL is given (any SQLAlchemy URL
-  Optuna accepts, e.g. PostgreSQL for workers on many machines). SQLite waits up to 10 minutes for a
-  lock, and a heartbeat marks the trials of dead workers as failed and re-queues them once.
+* Storage: Optuna's JournalStorage on a file in the study directory (``study.journal``; it takes
+  concurrent writers, on one machine or a shared filesystem) unless ``storage`` names another: a file
+  path (a journal) or any SQLAlchemy URL Optuna accepts (PostgreSQL for workers on many machines; a
+  study directory that holds an earlier ``study.db`` goes on with that SQLite file).
+* Dead workers: every running trial records its worker (machine and process) and a heartbeat. Before
+  it counts the trials, each invocation and each worker fails the running trials whose worker is gone
+  (a process of this machine that no longer exists, or no heartbeat for ``GRACE_S``) and queues them
+  again once, resuming their run directories; RDB storages also run Optuna's own heartbeat.
 * Workers: ``workers`` processes on this machine (spawned; ``threads`` torch threads each, by default
-  the cores divided among them). Workers elsewhere join by running the same command with the same
-  storage and study name.
+  the cores divided among them). Workers elsewhere join with ``worker=True`` (``moglm tune SPACE
+  --storage URL --worker``): the study's settings come from the storage, and they run trials until its
+  budget is spent. Under torchrun, each trial is a data-parallel job of every process
+  (:class:`optuna_integration.TorchDistributedTrial`).
 * Budgets: ``trials`` is the total number of trials in the study (every invocation counts against
   it: rerunning the command resumes the study, and rerunning it with the same total adds nothing); a
   wall time after which no new trial starts (running trials finish, as with Optuna's ``timeout``); a
@@ -19,9 +26,12 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import socket
 import sys
+import threading
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Union
@@ -31,6 +41,7 @@ from optuna.trial import TrialState
 
 from ..errors import MoglmError
 from ..train.trainer import TrainingInterrupted
+from ..train import data_parallel
 from .objective import Objective, TrialSetup, prepare, requeue_stale_trial
 from .search_space import StudySettings, load_space
 
@@ -44,8 +55,17 @@ GRACE_S = 180
 SQLITE_LOCK_TIMEOUT_S = 600
 
 
-def open_storage(url: str) -> optuna.storages.RDBStorage:
-    """Optuna RDB storage with a heartbeat (stale trials are failed and re-queued); SQLite waits for locks."""
+def open_storage(url: str) -> optuna.storages.BaseStorage:
+    """A journal file (a path), or an Optuna RDB storage (a URL) with a heartbeat (stale trials are failed
+    and re-queued); SQLite waits for locks."""
+    _check_writable(url)
+    if "://" not in url:
+        from optuna.storages.journal import JournalFileBackend
+
+        try:
+            return optuna.storages.JournalStorage(JournalFileBackend(url))
+        except OSError as e:
+            raise MoglmError(f"storage {url}: cannot open the journal file ({e.strerror})") from None
     engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if url.startswith("sqlite"):
         engine_kwargs = {"connect_args": {"timeout": SQLITE_LOCK_TIMEOUT_S}}
@@ -58,6 +78,21 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
             raise MoglmError(f"storage {url!r}: {e}") from None
         except Exception as e:  # sqlalchemy: unreachable server, bad credentials, ...
             raise MoglmError(f"storage {_public(url)}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+
+
+def _check_writable(url: str) -> None:
+    """A study's file (a journal, or SQLite's database, which also writes beside it) must be writable: say so
+    before a trial runs, not when Optuna first records one."""
+    path = Path(url[len("sqlite:///"):] if url.startswith("sqlite:///") else url) if "://" not in url or \
+        url.startswith("sqlite:///") else None
+    if path is None or url.endswith(":memory:"):
+        return
+    needs = [path] if path.exists() else []
+    needs += [path.parent] if url.startswith("sqlite") or not path.exists() else []
+    for needed in needs:
+        if needed.exists() and not os.access(needed, os.W_OK):
+            raise MoglmError(f"cannot write the study's storage {needed} (Permission denied); use a writable "
+                             "--study-dir or --storage")
 
 
 def _public(url: str) -> str:
@@ -120,6 +155,97 @@ def trial_seed(seed: int | None, trials_before: int, worker: int) -> int | None:
     return None if seed is None else (seed * 1_000_003 + trials_before * 7_919 + worker * 104_729) % 2**32
 
 
+WORKER, HEARTBEAT = "moglm:worker", "moglm:heartbeat"  # a running trial's system attributes
+
+
+def _process_start(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot), ``"?"`` where /proc is missing, ``None`` if
+    there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except FileNotFoundError:
+        return None
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return "?"
+
+
+def _machine() -> str:
+    """This machine and process namespace: a pid means the same process only where this is the same."""
+    parts = [socket.gethostname()]
+    for path in ("/proc/sys/kernel/random/boot_id", "/proc/self/ns/pid"):
+        try:
+            parts.append(open(path).read().strip() if "boot" in path else str(os.stat(path).st_ino))
+        except OSError:
+            parts.append("?")
+    return "/".join(parts)
+
+
+def this_worker() -> dict[str, Any]:
+    return {"machine": _machine(), "pid": os.getpid(), "start": _process_start(os.getpid())}
+
+
+def worker_gone(trial: optuna.trial.FrozenTrial, now: float | None = None) -> bool:
+    """Whether the worker of a running trial is gone: a process of this machine that no longer exists (or
+    is another process by now), or no heartbeat for ``GRACE_S`` seconds."""
+    worker, beat = trial.system_attrs.get(WORKER), trial.system_attrs.get(HEARTBEAT)
+    if worker is None:  # started by an earlier moglm: Optuna's heartbeat (RDB storages) looks after it
+        return False
+    if worker["machine"] == _machine():
+        start = _process_start(worker["pid"])
+        return start is None or (start != "?" and start != worker["start"])
+    return beat is not None and (now or time.time()) - beat > GRACE_S
+
+
+def reclaim_dead_trials(study: optuna.Study) -> list[int]:
+    """Fail the running trials whose worker is gone and queue each again once (it resumes its run
+    directory); returns their numbers. Safe to race: a trial another worker failed first is skipped."""
+    storage, reclaimed = study._storage, []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if not worker_gone(trial):
+            continue
+        try:
+            storage.set_trial_user_attr(trial._trial_id, "error", "its worker died (killed, or the machine went away)")
+            if not storage.set_trial_state_values(trial._trial_id, TrialState.FAIL):
+                continue
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue
+        requeue_stale_trial(study, storage.get_trial(trial._trial_id))
+        reclaimed.append(trial.number)
+    return reclaimed
+
+
+@contextmanager
+def tracked(trial: optuna.Trial):
+    """Record this process as ``trial``'s worker and beat its heartbeat while the body runs."""
+    storage, trial_id = trial.study._storage, trial._trial_id
+    storage.set_trial_system_attr(trial_id, WORKER, this_worker())
+    storage.set_trial_system_attr(trial_id, HEARTBEAT, time.time())
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(HEARTBEAT_S):
+            try:
+                storage.set_trial_system_attr(trial_id, HEARTBEAT, time.time())
+            except Exception:  # the trial finished meanwhile, or the storage is briefly unreachable
+                pass
+
+    thread = threading.Thread(target=beat, name="moglm-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def counted_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """Trials that count against the budget: those started (any state but waiting), less those re-queued
     as a later trial (a waiting trial takes a place of the budget when it starts)."""
@@ -173,17 +299,79 @@ def work(args: WorkerArgs, quota: Quota, index: int = 0) -> bool:
         objective = args.setup.objective()
         if isinstance(objective, Objective):  # a training trial: what it does while it trains
             objective.progress, objective.log_to_stdout = args.progress, args.echo
+        group = _trial_group(args.setup, objective)
+        if not group.is_main:
+            return _follow(group, objective, args.study_name)
+
+        def run_trial(trial: optuna.Trial) -> float:
+            with tracked(trial):
+                return objective(distributed_trial(trial, group, args.study_name))
+
         while not objective.interrupted and (args.deadline is None or time.time() < args.deadline):
-            if not quota.take(study):
+            reclaim_dead_trials(study)
+            if not group.broadcast(quota.take(study)):
                 break
             before = len(study.get_trials(deepcopy=False))
             study.sampler = make_sampler(args.settings, trial_seed(args.settings.seed, before, index))
-            study.optimize(objective, n_trials=1, catch=(Exception,), gc_after_trial=True)
+            study.optimize(run_trial, n_trials=1, catch=(Exception,), gc_after_trial=True)
             if not args.keep_checkpoints:
                 drop_checkpoints(study, args.setup.study_dir)
+        else:
+            group.broadcast(False)
         return objective.interrupted
     finally:
         torch.set_num_threads(previous_threads)
+
+
+def _trial_group(setup: Setup, objective: Any) -> data_parallel.Group:
+    """One process, or under torchrun the processes that train each trial together (data parallel)."""
+    if not data_parallel.launched():
+        return data_parallel.SINGLE
+    if type(objective) is not Objective:  # the synthetic tasks' trials train in one process
+        if not data_parallel.is_main_process():
+            raise data_parallel.ReportedByRankZero()
+        raise MoglmError("under torchrun, moglm tune trains each trial data-parallel: a space that trains a "
+                         "language model is needed")
+    from ..device import resolve_device
+
+    return data_parallel.process_group(resolve_device(str(setup.base.get("train", {}).get("device", "auto"))))
+
+
+class _Follower:
+    """What rank r > 0 sees of the study: its name; rank 0 enqueues and stops."""
+
+    def __init__(self, study_name: str) -> None:
+        self.study_name = study_name
+
+    def enqueue_trial(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+def distributed_trial(trial: optuna.Trial | None, group: data_parallel.Group, study_name: str) -> Any:
+    """``trial`` itself for one process; under torchrun an optuna_integration.TorchDistributedTrial (rank 0
+    holds the trial, every rank gets its parameters, reports and pruning decisions) with ``study``."""
+    if not group.distributed:
+        return trial
+    try:
+        from optuna_integration import TorchDistributedTrial
+    except ImportError:
+        raise MoglmError("data-parallel trials need optuna-integration: pip install 'moglm[tune]'") from None
+    shared = TorchDistributedTrial(trial)
+    shared.study = trial.study if trial is not None else _Follower(study_name)
+    return shared
+
+
+def _follow(group: data_parallel.Group, objective: Objective, study_name: str) -> bool:
+    """Rank r > 0 under torchrun: train every trial rank 0 starts, until it says there are no more."""
+    while group.broadcast(None):
+        try:
+            objective(distributed_trial(None, group, study_name))
+        except Exception:  # rank 0 records the trial's fate
+            pass
+    return objective.interrupted
 
 
 def _worker_process(args: WorkerArgs, quota: Quota, index: int) -> None:
@@ -228,13 +416,27 @@ def run_study(
     keep_checkpoints: bool = False,
     log: Callable[[str], None] = print,
     progress: bool = False,
+    worker: bool = False,
 ) -> StudyResult:
     """Create or resume a study and run trials until its budget is spent; arguments left ``None`` come from
     the search-space file (``seed="space"``: the space's seed). ``progress``: print each training trial's log
-    lines as it runs (``[trial N] step 400: valid ...``), with a progress bar when there is one worker."""
+    lines as it runs (``[trial N] step 400: valid ...``), with a progress bar when there is one worker.
+    ``worker``: join an existing study in ``storage`` (from another machine): its base config, overrides,
+    token budget and trial budget come from the storage, as the command that created it gave them."""
     spec, path = load_space(space)
     if workers < 1:
         raise MoglmError(f"--workers must be >= 1, got {workers}")
+    if data_parallel.launched():  # torchrun: the processes train each trial together; rank 0 speaks
+        if workers > 1:
+            raise MoglmError("under torchrun every trial is trained by all the processes: leave out --workers")
+        log = log if data_parallel.is_main_process() else (lambda message: None)
+    if worker:
+        study_name, stored = _joined(path, storage, study_name, study_dir)
+        if base is not None or overrides or max_tokens is not None:
+            raise MoglmError("--worker takes the base config, --set and the token budget from the study; "
+                             "leave them out")
+        base, overrides, max_tokens = stored.get("base_arg"), stored.get("overrides", []), stored.get("max_tokens")
+        trials = stored.get("trials") if trials is None else trials
     updates: dict[str, Any] = {}
     if sampler is not None:
         updates["sampler"] = sampler
@@ -250,10 +452,14 @@ def run_study(
         if overrides:
             raise MoglmError("--set changes run configs; a dynamic-evaluation space takes its settings in [fixed]")
         setup: Any = prepare_dyneval(spec, path.stem, base, max_tokens, directory.resolve())
+    elif spec.target == "reverse-copy":
+        from .reverse_copy import prepare_reverse_copy
+
+        setup = prepare_reverse_copy(spec, path.stem, base, list(overrides or []), max_tokens, directory.resolve())
     else:
         setup = prepare(spec, path.stem, base, list(overrides or []), max_tokens, directory.resolve())
     directory.mkdir(parents=True, exist_ok=True)
-    url = storage or f"sqlite:///{(directory / 'study.db').resolve()}"
+    url = storage or default_storage(directory)
     study = optuna.create_study(storage=open_storage(url), study_name=name, direction="minimize",
                                 load_if_exists=True)
     check_compatible(study, setup)
@@ -261,6 +467,13 @@ def run_study(
         study.set_user_attr("space", str(path))
         study.set_user_attr("base", setup.base_name)
     total = spec.budget.trials if trials is None else trials
+    if not worker:  # what a worker joining from elsewhere needs to run the same trials
+        study.set_user_attr("setup", {"base_arg": base, "overrides": list(overrides or []), "max_tokens": max_tokens,
+                                      "trials": total})
+    reclaimed = reclaim_dead_trials(study)
+    if reclaimed:
+        log(f"trial{'s' * (len(reclaimed) > 1)} {', '.join(map(str, reclaimed))} lost {'their' if len(reclaimed) > 1 else 'its'} "
+            "worker: queued again, resuming from the last checkpoint")
     remaining = total - len(counted_trials(study))
     timeout = timeout if timeout is not None else spec.budget.timeout
     deadline = None if timeout is None else time.time() + timeout
@@ -279,6 +492,32 @@ def run_study(
         else:
             failed = _run_processes(args, remaining, total, workers)
     return StudyResult(study, setup, url, directory, max(remaining, 0), failed)
+
+
+def default_storage(directory: Path) -> str:
+    """The study directory's storage: its ``study.journal`` (an earlier moglm's ``study.db`` if it has one)."""
+    if (directory / "study.db").is_file():
+        return f"sqlite:///{(directory / 'study.db').resolve()}"
+    return str((directory / "study.journal").resolve())
+
+
+def _joined(path: Path, storage: str | None, study_name: str | None,
+            study_dir: str | Path | None) -> tuple[str, dict[str, Any]]:
+    """The study a ``--worker`` joins (named, or the one study of this space in the storage) and the
+    settings its creator stored."""
+    url = storage or default_storage(Path(study_dir or Path("studies") / (study_name or path.stem)))
+    if "://" not in url and not Path(url).is_file():
+        raise MoglmError(f"--worker: no study at {url}; start it with `moglm tune {path} --storage ...` first")
+    names = [s.study_name for s in optuna.get_all_study_summaries(open_storage(url), include_best_trial=False)]
+    matches = [study_name] if study_name in names else [] if study_name else \
+        [n for n in names if n == path.stem or n.startswith(f"{path.stem}-")]
+    if len(matches) != 1:
+        which = f"no study {study_name!r}" if study_name else (
+            f"{len(matches)} studies of space {path.stem}" if matches else f"no study of space {path.stem}")
+        raise MoglmError(f"--worker: {_public(url)} holds {which} ({', '.join(names) or 'none'}); "
+                         + ("pass --study-name" if len(matches) > 1 else f"start it with `moglm tune {path}` first"))
+    study = optuna.load_study(study_name=matches[0], storage=open_storage(url))
+    return matches[0], study.user_attrs.get("setup", {})
 
 
 def _run_processes(args: WorkerArgs, remaining: int, total: int, workers: int) -> list[str]:

@@ -1,0 +1,121 @@
+"""One language-model run of an experiment: its config, its training, its evaluations (Mogrifier paper
+section 3.3: static with the softmax temperature searched on validation, MC dropout, dynamic evaluation,
+and MC dropout with dynamic evaluation; Krause thesis 3.5: per-token losses for the surprise analysis)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from ..atomic import atomic_write_text
+from ..train.config import apply_overrides, locate, read_mapping, validate
+from .runner import EVALUATION_FILES, save_token_losses
+from .spec import RunSpec, Scale
+
+
+def run_config(spec: RunSpec, name: str | None = None):
+    """The run's config: the template's shipped config, then the scale's, corpus's and variant's overrides
+    (``name``: the run directory's, when another experiment's run is shared)."""
+    path = locate(spec.config)
+    data = read_mapping(path)
+    data["name"] = name or spec.name
+    overrides = [f"{key}={json.dumps(value)}" for key, value in spec.overrides.items()]
+    return validate(apply_overrides(data, overrides), f"{path} with {spec.name}'s overrides")
+
+
+def train_run_spec(spec: RunSpec, run_dir: Path, progress: bool, log: Callable[[str], None]) -> None:
+    """Train (or resume) the run; its final evaluation becomes ``evaluations/static.json``."""
+    from ..train.trainer import train_and_evaluate
+
+    static = run_dir / "evaluations" / EVALUATION_FILES["static"]
+    if static.is_file():
+        return
+    cfg = run_config(spec, run_dir.name)
+    _, results = train_and_evaluate(cfg, run_dir, splits=["valid", "test"], progress=progress, log=log)
+    atomic_write_text(static, json.dumps(results, indent=1))
+
+
+def evaluate_run_spec(scale: Scale, run_dir: Path, evaluations: list[str], progress: bool,
+                      log: Callable[[str], None]) -> None:
+    """The evaluations of ``evaluations`` (besides static) that are not on disk yet."""
+    from ..train.language_model_run import LanguageModelRun
+
+    run = LanguageModelRun(run_dir)
+    folder = run_dir / "evaluations"
+    with run.lock():
+        for name in evaluations:
+            path = folder / EVALUATION_FILES[name]
+            if name == "static" or path.is_file():
+                continue
+            log(f"evaluation: {name}")
+            if name == "mc_dropout":
+                report = mc_dropout(run, scale.mc_samples, scale.eval_tokens, progress, log)
+                atomic_write_text(path, json.dumps(report, indent=1))
+            elif name == "mc_dynamic":
+                report = _dynamic(run, scale, scale.mc_dynamic_samples, ("valid", "test"), progress, log)
+                atomic_write_text(path, json.dumps(report, indent=1))
+            elif name in ("dynamic", "token_losses"):  # the dynamic pass over test gives the token losses too
+                splits = ("valid", "test") if name == "dynamic" else ("test",)
+                report = token_losses(run, scale, splits, folder / EVALUATION_FILES["token_losses"], progress, log)
+                if name == "dynamic":
+                    atomic_write_text(path, json.dumps(report, indent=1))
+
+
+def mc_dropout(run, samples: int, tokens: int | None, progress: bool, log: Callable[[str], None]) -> dict[str, Any]:
+    """MC-dropout scores of valid and test (the first ``tokens`` of each, or all), with the deterministic
+    scores of the same tokens beside them (the run's temperature and dropout multiplier)."""
+    from ..evaluation.stream import evaluate_stream
+    from ..evaluation.mc_dropout import evaluate_mc_dropout
+    from ..train.build import load_data
+
+    cfg = run.load_config()
+    model, _, _ = run.load_model("best")
+    corpus = load_data(cfg.data)
+    factor = _temperature(run)
+    multiplier = cfg.evaluation.mc_dropout_multiplier
+    out: dict[str, Any] = {"samples": samples, "multiplier": multiplier, "temperature": factor, "tokens": tokens,
+                           "splits": {}, "static": {}}
+    for split in ("valid", "test"):
+        ids = corpus[split] if tokens is None else corpus[split][: tokens + 1]
+        words = corpus.words.get(split) if tokens is None else None
+        scores = evaluate_mc_dropout(model, ids, samples, multiplier, cfg.train.bptt, factor, words=words,
+                                     progress=progress)
+        out["splits"][split] = scores.as_dict()
+        out["static"][split] = evaluate_stream(model, ids, 1, cfg.train.bptt, factor, words=words).as_dict()
+        log(f"{split} (MC dropout, {samples} samples): {scores.headline(corpus.format)}")
+    out["level"] = corpus.format
+    return out
+
+
+def _dynamic(run, scale: Scale, mc_samples: int, splits: tuple[str, ...], progress: bool,
+             log: Callable[[str], None], on_result=None) -> dict[str, Any]:
+    from ..dynamic_evaluation.run import dyneval_run
+
+    report = dyneval_run(run, splits, eval_tokens=scale.eval_tokens, mc_samples=mc_samples, on_result=on_result,
+                         progress=progress, log=log, write=False)
+    for split in report["splits"].values():
+        split.pop("profile", None)
+    return report
+
+
+def token_losses(run, scale: Scale, splits: tuple[str, ...], path: Path, progress: bool,
+                 log: Callable[[str], None]) -> dict[str, Any]:
+    """Dynamic evaluation of ``splits`` (ending with test); the per-token test losses, static and dynamic
+    (one stream), go to ``path`` for the surprise analysis. Returns the dynamic-evaluation report."""
+    kept: dict[str, Any] = {}
+
+    def keep(split, result) -> None:
+        if split == "test":
+            kept["static"], kept["dynamic"] = result.static_losses.flatten(), result.losses.flatten()  # [L] each
+
+    report = _dynamic(run, scale, 0, splits, progress, log, on_result=keep)
+    save_token_losses(path, kept["static"], kept["dynamic"],
+                      {"split": "test", "level": report["level"], "temperature": report["temperature"],
+                       "hyperparameters": report["hyperparameters"]})
+    return report
+
+
+def _temperature(run) -> float:
+    static = run.path / "evaluations" / EVALUATION_FILES["static"]
+    return float(json.loads(static.read_text())["temperature"])

@@ -1,0 +1,206 @@
+"""An experiment: a shipped, versioned TOML file naming its runs, their evaluations, its tables and
+figures, and the papers' numbers for them (``moglm experiment list`` shows them).
+
+Runs are corpora x variants x seeds. A run's config is a shipped config named by a template
+(``"{corpus}-mogrifier-{size}"``; ``size`` comes from the scale) with, in order, the scale's ``set``,
+the corpus's, the variant's and the seed applied. Comparisons at equal parameter budget come from
+``model.num_params``: every variant is sized to the same budget (the Mogrifier paper, section 3.3).
+
+Scales: ``smoke`` (minutes on two cores, for tests), ``cpu`` (hours on two cores) and ``paper`` (the
+papers' sizes and schedules, for a GPU).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..errors import MoglmError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+FORMAT_VERSION = 1
+SHIPPED = Path(__file__).resolve().parent / "definitions"
+SCALES = ("smoke", "cpu", "paper")
+EVALUATIONS = ("static", "mc_dropout", "dynamic", "mc_dynamic", "token_losses")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Scale(_Strict):
+    size: str = Field("cpu", description="Fills {size} in config templates: the shipped config family.")
+    set: dict[str, Any] = Field(default_factory=dict, description="Dotted overrides for every run.")
+    corpora: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Dotted overrides for one "
+                                               "corpus's runs at this scale (after ``set``).")
+    seeds: list[int] | None = Field(None, description="Seeds at this scale (default: the experiment's).")
+    mc_samples: int = Field(200, ge=1, description="MC-dropout samples (the paper: 200).")
+    mc_dynamic_samples: int = Field(10, ge=1, description="MC-dropout samples with dynamic evaluation.")
+    eval_tokens: int | None = Field(None, ge=1, description="MC dropout and dynamic evaluation score this prefix "
+                                    "of each split (static evaluation always scores the whole split).")
+    tune_trials: int = Field(20, ge=1, description="Tuning trials per variant (experiments that tune).")
+    lengths: list[int] = Field(default_factory=list, description="Reverse copy: one model per sequence length "
+                               "(the paper's protocol), each tuned and trained on its own.")
+
+
+class Corpus(_Strict):
+    label: str = ""
+    set: dict[str, Any] = Field(default_factory=dict)
+
+
+class Variant(_Strict):
+    label: str = ""
+    config: str | None = Field(None, description="Config template for this variant (default: the experiment's).")
+    set: dict[str, Any] = Field(default_factory=dict)
+    x: float | None = Field(None, description="This variant's position on a sweep figure's axis.")
+    tune: str | None = Field(None, description="Search space tuned for this variant (experiments that tune).")
+
+
+class Table(_Strict):
+    title: str
+    evaluations: list[str] = Field(["static"], description="Column groups, each with valid and test.")
+    splits: list[Literal["valid", "test"]] = ["valid", "test"]
+
+
+class Figure(_Strict):
+    kind: Literal["learning_curves", "sweep", "length", "surprise"]
+    title: str = ""
+    evaluation: str = "static"
+    split: Literal["valid", "test"] = "valid"
+
+
+class Experiment(_Strict):
+    format_version: int = FORMAT_VERSION
+    name: str
+    description: str
+    source: str = Field(description="The paper's table, figure or section it reproduces.")
+    kind: Literal["language_model", "reverse_copy", "analysis"] = "language_model"
+    uses: str | None = Field(None, description="analysis: the experiment whose runs it analyses.")
+    config: str = Field("{corpus}-mogrifier-{size}", description="Config template (shipped name or path).")
+    corpora: dict[str, Corpus] = Field(default_factory=dict)
+    variants: dict[str, Variant] = Field(default_factory=dict)
+    seeds: list[int] = [1]
+    evaluations: list[str] = ["static"]
+    scales: dict[str, Scale]
+    tables: list[Table] = Field(default_factory=list)
+    figures: list[Figure] = Field(default_factory=list)
+    # reference[corpus][variant][evaluation] = [valid, test] (null where the paper gives none)
+    reference: dict[str, dict[str, dict[str, list[float | None]]]] = Field(default_factory=dict)
+    reference_note: str = ""
+
+    @model_validator(mode="after")
+    def _check(self) -> "Experiment":
+        if self.format_version != FORMAT_VERSION:
+            raise ValueError(f"format_version {self.format_version} is not {FORMAT_VERSION}")
+        missing = [s for s in SCALES if s not in self.scales]
+        if missing:
+            raise ValueError(f"scales lack {', '.join(missing)}")
+        unknown = [e for e in self.evaluations if e not in EVALUATIONS]
+        if unknown:
+            raise ValueError(f"unknown evaluation {unknown[0]!r} (choose from {', '.join(EVALUATIONS)})")
+        if self.kind == "analysis" and self.uses is None:
+            raise ValueError("an analysis names the experiment whose runs it uses (uses = ...)")
+        if self.kind != "analysis" and not self.variants:
+            raise ValueError("an experiment needs at least one variant")
+        return self
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of an experiment: its name (the run directory's), what it is, and its config."""
+
+    name: str
+    corpus: str
+    variant: str
+    seed: int
+    config: str  # shipped config name or path (template filled in)
+    overrides: dict[str, Any]  # dotted keys, applied in order
+    x: float | None = None
+    tune: str | None = None
+
+
+def shipped() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(SHIPPED.glob("*.toml"))}
+
+
+def load_experiment(name_or_path: str | Path) -> Experiment:
+    """A shipped experiment by name, or a TOML file; a bad file is a one-line error naming it."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        found = shipped().get(str(name_or_path))
+        if found is None:
+            raise MoglmError(f"no experiment {name_or_path!r}: choose from {', '.join(shipped())}, or give a TOML file")
+        path = found
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        return Experiment.model_validate(data)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise MoglmError(f"{path}: {e}") from None
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        raise MoglmError(f"{path}: {where}: {err['msg']}") from None
+
+
+def scale_of(exp: Experiment, scale: str) -> Scale:
+    if scale not in exp.scales:
+        raise MoglmError(f"experiment {exp.name} has no scale {scale!r}: choose from {', '.join(exp.scales)}")
+    return exp.scales[scale]
+
+
+def runs(exp: Experiment, scale: str, data: str | None = None, data_format: str = "char") -> list[RunSpec]:
+    """Every run of ``exp`` at ``scale``. ``data``: one corpus of the user's (``data_format``) replaces the
+    experiment's corpora, named after the file or directory."""
+    sc = scale_of(exp, scale)
+    corpora = dict(exp.corpora)
+    if data is not None:
+        first = next(iter(corpora), None)
+        base_corpus = first if first is not None else "custom"
+        name = Path(data).stem or "custom"
+        corpora = {name: Corpus(label=name, set={"data.path": str(data), "data.format": data_format})}
+        template_corpus = base_corpus
+    else:
+        template_corpus = None
+    if exp.kind == "reverse_copy":
+        if data is not None:
+            raise MoglmError(f"{exp.name} generates its own sequences: --data does not apply to it")
+        return _reverse_copy_runs(exp, sc)
+    out = []
+    for corpus_name, corpus in corpora.items():
+        for variant_name, variant in exp.variants.items():
+            for seed in sc.seeds or exp.seeds:
+                template = variant.config or exp.config
+                config = template.format(corpus=template_corpus or corpus_name, size=sc.size)
+                overrides = (copy.deepcopy(sc.set) | copy.deepcopy(sc.corpora.get(template_corpus or corpus_name, {}))
+                             | copy.deepcopy(corpus.set) | copy.deepcopy(variant.set))
+                if exp.kind == "language_model":
+                    overrides["train.seed"] = seed
+                else:
+                    overrides["seed"] = seed
+                out.append(RunSpec(f"{corpus_name}-{variant_name}-s{seed}", corpus_name, variant_name, seed, config,
+                                   overrides, variant.x, variant.tune))
+    return out
+
+
+def _reverse_copy_runs(exp: Experiment, sc: Scale) -> list[RunSpec]:
+    out = []
+    for length in sc.lengths:
+        for variant_name, variant in exp.variants.items():
+            for seed in sc.seeds or exp.seeds:
+                overrides = copy.deepcopy(sc.set) | copy.deepcopy(variant.set) | {"length": length, "seed": seed}
+                out.append(RunSpec(f"length{length}-{variant_name}-s{seed}", "reverse-copy", variant_name, seed,
+                                   "reverse-copy", overrides, float(length), variant.tune))
+    return out
+
+
+def label(exp: Experiment, run: RunSpec) -> str:
+    return exp.variants[run.variant].label or run.variant

@@ -1,0 +1,182 @@
+"""The markdown report: one table per corpus and figure, every number a link to the file it came from
+(its title is the command that made it), the papers' numbers beside ours."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from ..atomic import atomic_write_text
+from ..errors import MoglmError
+from . import plots
+from .runs import EVALUATION_LABELS, Run, read_experiment, read_run, score, unit
+
+
+def write_report(paths: list[Path], out: Path | None = None) -> Path:
+    """``paths``: one experiment folder (``experiments/<scale>/<name>``) or run directories. Returns the
+    report's path (``report.md`` in ``out``)."""
+    if len(paths) == 1 and (Path(paths[0]) / "experiment.json").is_file():
+        folder = Path(paths[0])
+        manifest, runs = read_experiment(folder)
+        spec = manifest.get("spec") or _shipped_spec(manifest["experiment"])
+        command = manifest.get("command", "")
+        out = Path(out or folder)
+        title = f"{spec['name']} ({manifest['scale']} scale): {spec['description']}"
+        source = spec.get("source", "")
+    else:
+        runs = [read_run(Path(p)) for p in paths]
+        spec = {"tables": [{"title": "Scores", "evaluations": [e for e in EVALUATION_LABELS
+                                                                 if any(e in r.evaluations for r in runs)],
+                            "splits": ["valid", "test"]}],
+                "figures": [{"kind": "learning_curves", "title": "Validation score during training"}]
+                + ([{"kind": "surprise", "title": "Loss after a surprising token"}]
+                   if sum(r.token_losses() is not None for r in runs) > 1 else []),
+                "reference": {}, "corpora": {}}
+        manifest, command = {}, "moglm evaluate <run>"
+        out = Path(out or "report")
+        title, source = "Runs", ""
+    if not runs:
+        raise MoglmError("no runs to report on yet: run the experiment first")
+    out.mkdir(parents=True, exist_ok=True)
+    lines = [f"# {title}", ""]
+    if source:
+        lines += [f"Reproduces: {source}.", ""]
+    if command:
+        lines += [f"Produced by `{command}`; every number links to the file it was read from.", ""]
+    if spec.get("reference_note"):
+        lines += [spec["reference_note"], ""]
+    corpora = manifest.get("corpora") or {k: v.get("label") or k for k, v in spec.get("corpora", {}).items()}
+    for table in spec.get("tables", []):
+        for corpus in dict.fromkeys(r.corpus for r in runs):
+            group = [r for r in runs if r.corpus == corpus]
+            lines += table_lines(table, group, corpora.get(corpus, corpus), spec.get("reference", {}).get(corpus, {}),
+                                 out, command)
+            if any(e in ("mc_dropout", "dynamic", "mc_dynamic") for e in table["evaluations"]):
+                lines += same_tokens_lines(table, group, out, command)
+    if runs[0].task == "reverse_copy":
+        lines += reverse_copy_lines(runs, out, command)
+    for figure in spec.get("figures", []):
+        for corpus in dict.fromkeys(r.corpus for r in runs):
+            group = [r for r in runs if r.corpus == corpus]
+            made = plots.draw(figure, group, out / f"{figure['kind']}-{corpus}.png", corpora.get(corpus, corpus))
+            if made is not None:
+                lines += [f"### {figure.get('title') or figure['kind']} ({corpora.get(corpus, corpus)})", "",
+                          f"![{figure['kind']}]({made.name})", ""]
+                if figure["kind"] == "surprise":
+                    lines += surprise_lines(made.with_suffix(".json"))
+    lines += ["## Runs", "", "| run | directory | parameters | hidden | config |", "| --- | --- | --- | --- | --- |"]
+    for r in runs:
+        rel = _rel(r.path, out)
+        lines.append(f"| {r.label} | [{r.name}]({rel}) | {r.info.get('num_params', '-'):,} | "
+                     f"{r.info.get('hidden_size', '-')} | [config.toml]({rel}/config.toml) |"
+                     if isinstance(r.info.get("num_params"), int) else
+                     f"| {r.label} | [{r.name}]({rel}) | - | - | [config.toml]({rel}/config.toml) |")
+    path = out / "report.md"
+    atomic_write_text(path, "\n".join(lines) + "\n")
+    return path
+
+
+def _shipped_spec(name: str) -> dict[str, Any]:
+    from ..experiments.spec import load_experiment
+
+    return load_experiment(name).model_dump(mode="json")
+
+
+def _rel(path: Path, out: Path) -> str:
+    return os.path.relpath(path, out.resolve() if path.is_absolute() else out).replace(os.sep, "/")
+
+
+def _fmt(value: float | None, level: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.2f}" if level == "word" else f"{value:.3f}"
+
+
+def _cell(run: Run, evaluation: str, split: str, out: Path, command: str, same_tokens: bool = False) -> str:
+    found = score(run, evaluation, split, same_tokens)
+    if found is None:
+        return "-"
+    value, file = found
+    return f'[{_fmt(value, run.level)}]({_rel(run.path, out)}/{file} "{command}")'
+
+
+def table_lines(table: dict, runs: list[Run], corpus_label: str, reference: dict, out: Path,
+                command: str) -> list[str]:
+    evaluations, splits = table["evaluations"], table.get("splits", ["valid", "test"])
+    level = runs[0].level
+    has_reference = any(reference.get(r.variant) for r in runs)
+    head = ["model"] + [f"{EVALUATION_LABELS[e]} {s}" for e in evaluations for s in splits]
+    if has_reference:
+        head += [f"paper {EVALUATION_LABELS[e]} {'/'.join(splits)}" for e in evaluations]
+    lines = [f"### {table['title']}: {corpus_label}, {unit(level)}", "", "| " + " | ".join(head) + " |",
+             "|" + " --- |" * len(head)]
+    for r in runs:
+        cells = [r.label] + [_cell(r, e, s, out, command) for e in evaluations for s in splits]
+        if has_reference:
+            ref = reference.get(r.variant, {})
+            cells += [" / ".join(_fmt(v, level) for v in ref.get(e, [None] * len(splits))) for e in evaluations]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def same_tokens_lines(table: dict, runs: list[Run], out: Path, command: str) -> list[str]:
+    """When MC dropout and dynamic evaluation scored a prefix, the static score of the same prefix."""
+    tokens = {r.evaluations.get(e, {}).get("tokens") or _eval_tokens(r.evaluations.get(e, {}))
+              for r in runs for e in ("mc_dropout", "dynamic", "mc_dynamic")} - {None}
+    if not tokens:
+        return []
+    splits = table.get("splits", ["valid", "test"])
+    lines = [f"MC dropout and dynamic evaluation scored the first {', '.join(f'{t:,}' for t in sorted(tokens))} "
+             "tokens of each split; the static scores of those same tokens:", "",
+             "| model | " + " | ".join(f"static {s} (same tokens, with MC dropout / with dynamic)" for s in splits)
+             + " |", "|" + " --- |" * (1 + len(splits))]
+    for r in runs:
+        cells = [f"{_cell(r, 'mc_dropout', s, out, command, True)} / {_cell(r, 'dynamic', s, out, command, True)}"
+                 for s in splits]
+        lines.append(f"| {r.label} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def _eval_tokens(report: dict) -> int | None:
+    splits = report.get("splits", {})
+    for block in splits.values():
+        if isinstance(block, dict) and isinstance(block.get("static"), dict):
+            return block["static"].get("tokens")
+    return None
+
+
+def reverse_copy_lines(runs: list[Run], out: Path, command: str) -> list[str]:
+    lines = ["### Reverse copy: test cross-entropy and accuracy", "",
+             "| model | parameters | learning rate | l2 | test cross-entropy (nats/token) | token accuracy | "
+             "sequence accuracy |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in runs:
+        test = r.evaluations.get("static", {}).get("splits", {}).get("test")
+        if not test:
+            continue
+        link = f"{_rel(r.path, out)}/results.json"
+        lines.append(f"| {r.label} | {r.info.get('num_params', '-')} | {r.config.get('learning_rate', '-')} | "
+                     f"{r.config.get('l2_penalty', '-')} | [{test['xent']:.4f}]({link} \"{command}\") | "
+                     f"{test['token_accuracy']:.3f} | {test['sequence_accuracy']:.3f} |")
+    return lines + [""]
+
+
+def surprise_lines(path: Path) -> list[str]:
+    import json
+
+    if not path.is_file():
+        return []
+    data = json.loads(path.read_text())
+    lines = []
+    for mode, result in data.items():
+        k = min(5, result["horizon"])
+        lines += [f"{mode.capitalize()}: {result['surprising']:,} surprising tokens of {result['tokens']:,} "
+                  f"(mean loss over the models >= {result['threshold']:.2f} nats).", "",
+                  "| model | average loss | at the surprise | " + " | ".join(f"+{i}" for i in range(1, k + 1)) + " |",
+                  "|" + " --- |" * (3 + k)]
+        for name, m in result["models"].items():
+            lines.append(f"| {name} | {m['average']:.3f} | {m['at_surprise']:.3f} | "
+                         + " | ".join(f"{v:.3f}" for v in m["after"][:k]) + " |")
+        lines.append("")
+    return lines
