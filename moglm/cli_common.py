@@ -29,7 +29,8 @@ Architecture = Literal["lstm", "mogrifier", "multiplicative_lstm", "rnn", "multi
 ThroughputModel = enum.Enum("ThroughputModel", {name: name for name in (  # bench.throughput.MODELS
     "torch.nn.LSTM", "moglm LSTM", "moglm LSTM + state dropout", "moglm Mogrifier r=5 k=64",
     "moglm multiplicative LSTM", "LSTM, Python fused", "Mogrifier, Python fused",
-    "multiplicative LSTM, Python fused", "Mogrifier, reference loop")}, type=str)
+    "multiplicative LSTM, Python fused", "Mogrifier, reference loop", "LSTM, CUDA graphs", "Mogrifier, CUDA graphs",
+    "multiplicative LSTM, CUDA graphs")}, type=str)
 
 
 class Split(str, enum.Enum):

@@ -1,6 +1,8 @@
-"""Choosing the device a command runs on."""
+"""Choosing the device a command runs on, and how many CPU cores it may use."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -19,3 +21,12 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise MoglmError(f"device {name!r} was asked for but CUDA is not available")
     return device
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity, as ``taskset`` or a container sets it), not the
+    machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS, Windows
+        return os.cpu_count() or 1

@@ -92,3 +92,48 @@ def test_bench_end_to_end_times_a_config_on_both_paths(tiny_corpus, tmp_path, ca
     assert row["fused"]["tokens_per_s"] > 0 and row["auto"]["tokens_per_s"] > 0
     assert row["speedup"] == row["auto"]["tokens_per_s"] / row["fused"]["tokens_per_s"]
     assert "tokens/s (21 steps)" in capsys.readouterr().out
+
+
+def test_bench_epoch_times_a_config_and_works_out_its_epoch(tiny_corpus, tmp_path, capsys):
+    path = tmp_path / "tiny.toml"
+    path.write_text(BUDGET.format(arch="lstm", cell="").replace("[data]\n", f'[data]\npath = "{tiny_corpus}"\n'))
+    out = tmp_path / "epoch.json"
+    assert main(["bench", "epoch", str(path), "--steps", "21", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["device"] == "cpu" and report["tokens_per_s"] > 0
+    assert report["epoch_seconds"] == pytest.approx(report["train_tokens"] / report["tokens_per_s"])
+    assert "tokens/s: an epoch of" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusals of a machine without CUDA")
+@pytest.mark.parametrize("args, message", [
+    (["throughput", "--device", "cuda"], "device 'cuda' was asked for but CUDA is not available"),
+    (["throughput", "--model", "Mogrifier, CUDA graphs"], "'Mogrifier, CUDA graphs' runs on CUDA only"),
+    (["epoch", "--device", "cuda"], "device 'cuda' was asked for but CUDA is not available"),
+    (["epoch", "--steps", "5"], "--steps must be at least 20"),
+])
+def test_the_gpu_benchmark_without_a_gpu_is_one_line_before_any_work(args, message, tmp_path, capsys):
+    out = tmp_path / "t.json"
+    assert main(["bench", *args, "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_the_gpu_benchmark_defaults_to_the_issues_grid_on_cuda(monkeypatch, tmp_path, capsys):
+    """On CUDA: H = 650 and 1500, B = 64 and 128, cuDNN against moglm's windows with and without graphs, one
+    report per batch size, then the paper config's epoch (measured here with the work itself stubbed)."""
+    from moglm import device as device_module
+    from moglm.bench import end_to_end, throughput
+
+    calls = []
+    monkeypatch.setattr(device_module, "resolve_device", lambda name: torch.device("cuda"))
+    monkeypatch.setattr(throughput, "run_throughput", lambda *a, **k: calls.append(a) or {"results": []})
+    monkeypatch.setattr(throughput, "markdown_table", lambda report: "")
+    monkeypatch.setattr(end_to_end, "epoch_seconds", lambda *a, **k: calls.append(a) or {"epoch_seconds": 1.0})
+    assert main(["bench", "throughput", "--device", "cuda", "--out", str(tmp_path / "t.json")]) == 0
+    grid, epoch = calls[:2], calls[2]
+    assert [(a[0], a[1], a[2], a[4]) for a in grid] == [((650, 1500), 64, 70, 70), ((650, 1500), 128, 70, 70)]
+    assert grid[0][5] == throughput.CUDA_MODELS and set(throughput.GRAPHED) < set(grid[0][5])
+    assert epoch[:2] == ("ptb-word-mogrifier-paper", "cuda")
+    assert json.loads((tmp_path / "t-epoch.json").read_text())["epoch_seconds"] == 1.0

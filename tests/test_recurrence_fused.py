@@ -245,13 +245,37 @@ def test_unsupported_runtime_conditions_fall_back_or_raise(monkeypatch):
     assert mask.grad is not None
     with pytest.raises(ValueError, match="mask that requires grad"):
         run_layer(cell, params, x, state, mask, backend="fused")
-    params32 = {k: v.float() for k, v in params.items()}
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        with pytest.warns(FusedFallbackWarning, match="autocast"):
-            run_layer(cell, params32, x.float(), tuple(s.float() for s in state))
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     with pytest.raises(ValueError, match="torch.compile"):
         run_layer(cell, params, x, state, backend="fused")
+
+
+@pytest.mark.parametrize("make", DEVICE_AGNOSTIC, ids=["mogrifier", "mogrifier_full", "lstm", "multiplicative_lstm"])
+def test_autocast_runs_the_fused_window_with_low_precision_products_and_float32_states(make):
+    """Under bf16 autocast the fused window runs (no fallback), keeps float32 states and results, and its
+    outputs and gradients agree with float32 to bf16's precision; every product really ran in bf16."""
+    model = make().train()
+    x, state = torch.randn(T, B, M), (torch.randn(model.num_layers, B, H), torch.randn(model.num_layers, B, H))
+    expected = run_backend(model, "fused", x, state)
+    calls = []
+    real_mm = torch.mm
+
+    def spy(a, b, **kw):
+        calls.append(a.dtype)
+        return real_mm(a, b, **kw)
+
+    with warnings.catch_warnings(), torch.autocast("cpu", dtype=torch.bfloat16):
+        warnings.simplefilter("error", FusedFallbackWarning)
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(torch, "mm", spy)
+            actual = run_backend(model, "auto", x, state)
+    assert calls and set(calls) == {torch.bfloat16}
+    for name, a, e in zip(["y", "h_n", "c_n", "d input", "d h0", "d c0"], actual, expected):
+        assert a.dtype == torch.float32, name
+        torch.testing.assert_close(a, e, rtol=0.05, atol=0.05, msg=lambda msg: f"{name}: {msg}")
+    grads = [(a, e) for a, e in zip(actual[6:], expected[6:])]
+    assert all(torch.isfinite(a).all() and torch.nn.functional.cosine_similarity(a.flatten(), e.flatten(), 0) > 0.99
+               for a, e in grads)
 
 
 def test_double_backward_recomputes_with_the_reference_loop_once(monkeypatch):

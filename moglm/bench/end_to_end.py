@@ -29,13 +29,13 @@ from . import command_line, write_report
 BACKENDS = ("fused", "auto")
 
 
-def _tokens_per_s(config: str, backend: str, steps: int, run_dir: Path) -> dict[str, Any]:
+def _tokens_per_s(config: str, backend: str, steps: int, run_dir: Path, device: str | None = None) -> dict[str, Any]:
     from ..train.config import load_config
     from ..runs import RunDirectory
     from ..train.trainer import Trainer
 
     cfg = load_config(config, [f"train.max_steps={steps}", f"train.eval_every={steps + 1}",
-                               f"model.backend={backend}"])
+                               f"model.backend={backend}", *([f"train.device={device}"] if device else [])])
     start = time.perf_counter()
     Trainer(cfg, run_dir, progress=False, log=lambda s: None).train()
     seconds = time.perf_counter() - start
@@ -118,3 +118,22 @@ def markdown_table(report: dict[str, Any]) -> str:
         before, after = default["fused"]["seconds"], default["auto"]["seconds"]
         lines.append(f"| `moglm train` (no arguments), seconds | {before:.0f} | {after:.0f} | {before / after:.2f}x |")
     return "\n".join(lines)
+
+
+def epoch_seconds(config: str = "ptb-word-mogrifier-paper", device: str = "cpu", steps: int = 30,
+                  log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Training tokens/s of ``config`` on ``device`` (the median of the trainer's records after the first,
+    over ``steps`` optimizer steps) and the seconds one epoch of its training split takes at that rate."""
+    from ..train.build import load_data
+    from ..train.config import load_config
+
+    train_tokens = len(load_data(load_config(config, []).data)["train"])
+    log(f"{config} on {device}: {steps} steps ...")
+    with tempfile.TemporaryDirectory(prefix="moglm-epoch-") as tmp:
+        measured = _tokens_per_s(config, "auto", steps, Path(tmp) / "run", device=device)
+    rate = measured["tokens_per_s"]
+    out = {"config": config, "device": device, "steps": steps, "train_tokens": train_tokens, **measured,
+           "epoch_seconds": train_tokens / rate if rate else None}
+    log(f"  {rate:,.0f} tokens/s: an epoch of {train_tokens:,} tokens takes {out['epoch_seconds'] / 60:.1f} min"
+        if rate else "  too few steps for a rate (use --steps >= 20)")
+    return out

@@ -52,6 +52,26 @@ MODELS = (
     "Mogrifier, reference loop",
 )
 
+#: the same windows replayed as CUDA graphs (moglm.recurrence.cuda_graphs); CUDA only
+GRAPHED = ("LSTM, CUDA graphs", "Mogrifier, CUDA graphs", "multiplicative LSTM, CUDA graphs")
+
+#: what ``--device cuda`` compares by default (the GPU path's issue: cuDNN against moglm's windows)
+CUDA_MODELS = ("torch.nn.LSTM", "moglm LSTM", "moglm Mogrifier r=5 k=64", "moglm multiplicative LSTM", *GRAPHED)
+
+
+class Graphed(torch.nn.Module):
+    """A layer whose fused windows run as CUDA graphs while it runs (captured once per shape)."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args, **kwargs):
+        from ..recurrence import cuda_graphs
+
+        with cuda_graphs.graphs():
+            return self.inner(*args, **kwargs)
+
 
 def build(name: str, hidden: int, device: str = "cpu") -> torch.nn.Module:
     import moglm
@@ -66,7 +86,12 @@ def build(name: str, hidden: int, device: str = "cpu") -> torch.nn.Module:
         "Mogrifier, Python fused": lambda: moglm.MogrifierLSTM(hidden, hidden, rounds=5, rank=64, backend="fused"),
         "multiplicative LSTM, Python fused": lambda: moglm.MultiplicativeLSTM(hidden, hidden, backend="fused"),
         "Mogrifier, reference loop": lambda: moglm.MogrifierLSTM(hidden, hidden, rounds=5, rank=64, backend="reference"),
+        "LSTM, CUDA graphs": lambda: Graphed(moglm.LSTM(hidden, hidden)),
+        "Mogrifier, CUDA graphs": lambda: Graphed(moglm.MogrifierLSTM(hidden, hidden, rounds=5, rank=64)),
+        "multiplicative LSTM, CUDA graphs": lambda: Graphed(moglm.MultiplicativeLSTM(hidden, hidden)),
     }
+    if name in GRAPHED and not str(device).startswith("cuda"):
+        raise ValueError(f"{name!r} runs on CUDA only")
     return makers[name]().to(device)
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..atomic import atomic_write_bytes, atomic_write_text
+from ..device import usable_cores
 from ..errors import MoglmError
 from .spec import Experiment, RunSpec, load_experiment, runs, scale_of
 
@@ -134,7 +135,7 @@ def run_experiment(
     evaluations = wanted_evaluations(exp, trained)
     dirs = assign_run_dirs(scale_dir(root, scale, data) / "runs", trained, specs)
     _write_manifest(folder, exp, trained, scale, data, data_format, root, specs, dirs, evaluations)
-    threads = max(1, (os.cpu_count() or 1) // workers)
+    threads = max(1, usable_cores() // workers)
     unique = {str(dirs[s.name]): s for s in specs}  # a run shared by two variants trains once
     jobs = [(trained.model_dump(), scale, asdict(s), path, evaluations, threads, progress and workers == 1)
             for path, s in unique.items()]

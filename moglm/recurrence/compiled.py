@@ -48,7 +48,7 @@ from torch import Tensor
 
 from ..atomic import write_once
 from ..cells.base import Params
-from .fallback import FusedFallbackWarning, double_backward_by_reference, user_stacklevel
+from .fallback import FusedFallbackWarning, autocast_dtype, double_backward_by_reference, user_stacklevel
 
 SOURCES = ("window.h", "mogrifier_lstm.cpp", "multiplicative_lstm.cpp")
 #: -fno-trapping-math lets GCC turn the pointwise kernels' comparisons into vector selects; nothing here
@@ -268,6 +268,8 @@ def can_run(xs: Tensor) -> str | None:
         return f"the compiled recurrence runs on CPU only (input on {xs.device.type})"
     if xs.dtype not in (torch.float32, torch.float64):
         return f"the compiled recurrence takes float32 or float64 (input is {xs.dtype})"
+    if autocast_dtype(xs) is not None:
+        return "autocast is on (the fused window runs its products in the autocast dtype)"
     if not available():
         return f"the compiled recurrence is unavailable ({unavailable_reason()})"
     return None

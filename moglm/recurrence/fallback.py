@@ -61,6 +61,14 @@ def _autocast_enabled(device_type: str) -> bool:
         return False
 
 
+def autocast_dtype(t: Tensor) -> torch.dtype | None:
+    """The low precision autocast asks for on ``t``'s device (``None`` when autocast is off there, or ``t`` is
+    not a float32/half tensor that autocast would touch)."""
+    if t.dtype not in (torch.float32, torch.bfloat16, torch.float16) or not _autocast_enabled(t.device.type):
+        return None
+    return torch.get_autocast_dtype(t.device.type)
+
+
 def runtime_reason(tensors: Sequence[Tensor | None], h_mask: Tensor | None) -> str | None:
     """Why the fused path cannot run now on these tensors (``None`` if it can)."""
     if torch.jit.is_scripting() or torch.jit.is_tracing():
@@ -76,8 +84,6 @@ def runtime_reason(tensors: Sequence[Tensor | None], h_mask: Tensor | None) -> s
     if torch.autograd.forward_ad._current_level >= 0:
         if any(torch.autograd.forward_ad.unpack_dual(t).tangent is not None for t in present):
             return "forward-mode AD"
-    if present and _autocast_enabled(present[0].device.type):
-        return "autocast"
     if h_mask is not None and h_mask.requires_grad:
         return "a state-dropout mask that requires grad"
     return None

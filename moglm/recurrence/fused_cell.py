@@ -22,7 +22,8 @@ _sigmoid_backward = torch.ops.aten.sigmoid_backward.grad_input
 
 def gate_permutation(n: int, device: torch.device) -> Tensor:
     """Row order taking torch's gate blocks ``[i, f, j, o]`` to ``[i, f, o, j]`` (its own inverse)."""
-    return torch.cat([torch.arange(0, 2 * n), torch.arange(3 * n, 4 * n), torch.arange(2 * n, 3 * n)]).to(device)
+    return torch.cat([torch.arange(0, 2 * n, device=device), torch.arange(3 * n, 4 * n, device=device),
+                      torch.arange(2 * n, 3 * n, device=device)])  # built on the device: no copy (graph capture)
 
 
 def lstm_weights(p: Params, n: int, device: torch.device, forward: bool) -> tuple[Tensor, Tensor, Tensor | None]:

@@ -28,12 +28,10 @@ import torch
 from torch import Tensor
 
 from ..cells.base import Params
-from .fallback import double_backward_by_reference
+from . import cuda_graphs
+from .fallback import autocast_dtype, double_backward_by_reference
 from .fused_cell import (
     BackwardScratch,
-    _sigmoid_backward,
-    cell_backward,
-    cell_forward,
     flatten_saved,
     gate_permutation,
     h_prev_all,
@@ -41,7 +39,8 @@ from .fused_cell import (
     per_step,
     unflatten_saved,
 )
-from .gemm import CHUNK_ROWS, Linear, matmul_tn
+from .gemm import CHUNK_ROWS, Linear, low_precision_products, matmul_tn, product_dtype
+from .triton_pointwise import pointwise_for
 
 
 @dataclass(frozen=True)
@@ -109,6 +108,7 @@ def fused_forward(spec: LayerSpec, xs: Tensor, h0: Tensor, c0: Tensor, mask: Ten
     n, r = spec.hidden_size, spec.rounds
     nq, nr = (r + 1) // 2, r // 2
     w_ih, w_hh, bias = lstm_weights(p, n, xs.device, forward=True)
+    pointwise = pointwise_for(xs)  # torch ops, or one Triton kernel each on CUDA
     S = T if save else 1  # leading size of the per-step buffers
 
     def views(buf: Tensor) -> list[Tensor]:
@@ -137,7 +137,7 @@ def fused_forward(spec: LayerSpec, xs: Tensor, h0: Tensor, c0: Tensor, mask: Ten
             if mask is not None:
                 torch.mul(h_prev_t[t], mask, out=hm_t[t])  # h~ [B, n]
             g = gates_h(hm_t[t], add=xp_t[t % chunk])  # [B, 4n]
-            cell_forward(g, c_prev_t[t], cs_t[t], ys_t[t], tc, spec.capped)
+            pointwise.cell_forward(g, c_prev_t[t], cs_t[t], ys_t[t], tc, spec.capped)
             if save:
                 acts.append(g)
         return ys, ys[-1].clone(), cs_t[-1].clone(), saved if save else None
@@ -173,9 +173,9 @@ def fused_forward(spec: LayerSpec, xs: Tensor, h0: Tensor, c0: Tensor, mask: Ten
                 pre = pre_op(low)  # [B, out]
             else:
                 pre = pre_op(src[t])  # [B, out]
-            torch.mul(old[t], torch.sigmoid(pre, out=sg[t]), out=new[t])  # next^ = sigmoid(p) * old^
+            pointwise.round_forward(pre, old[t], sg[t], new[t])  # next^ = sigmoid(p) * old^
         g = gates(xh_t[t])  # [B, 4n]
-        cell_forward(g, c_prev_t[t], cs_t[t], ys_t[t], tc, spec.capped)
+        pointwise.cell_forward(g, c_prev_t[t], cs_t[t], ys_t[t], tc, spec.capped)
         if save:
             acts.append(g)
     return ys, ys[-1].clone(), cs_t[-1].clone(), saved if save else None
@@ -187,6 +187,7 @@ def fused_backward(spec: LayerSpec, needs, xs, h0, c0, mask, p: Params, ys, save
     n, r = spec.hidden_size, spec.rounds
     nq, nr = (r + 1) // 2, r // 2
     w_ih, w_hh, _ = lstm_weights(p, n, xs.device, forward=False)
+    pointwise = pointwise_for(xs)
     acts, cs, hm = saved["acts"], saved["cs"], saved["hm"]
     dG = xs.new_empty(T, B, 4 * n)  # gate pre-activation gradients [T, B, 4n]
     dg_ifo_t, dg_j_t = dG[:, :, : 3 * n].unbind(0), dG[:, :, 3 * n :].unbind(0)
@@ -199,7 +200,8 @@ def fused_backward(spec: LayerSpec, needs, xs, h0, c0, mask, p: Params, ys, save
         dG_t = dG.unbind(0)
         for t in range(T - 1, -1, -1):
             dh = dys_t[t] + dh_next
-            dc_next = cell_backward(dh, dc_next, acts[t], c_prev_t[t], cs_t[t], da, dg_ifo_t[t], dg_j_t[t], spec.capped)
+            dc_next = pointwise.cell_backward(dh, dc_next, acts[t], c_prev_t[t], cs_t[t], da, dg_ifo_t[t], dg_j_t[t],
+                                       spec.capped)
             dh_next = d_h(dG_t[t])  # dL/dh~ [B, n]
             if mask is not None:
                 dh_next.mul_(mask)
@@ -235,15 +237,14 @@ def fused_backward(spec: LayerSpec, needs, xs, h0, c0, mask, p: Params, ys, save
     zigzag = spec.zigzag
     for t in range(T - 1, -1, -1):
         dh = dys_t[t] + dh_next
-        dc_next = cell_backward(dh, dc_next, acts[t], c_prev_t[t], cs_t[t], da, dg_ifo_t[t], dg_j_t[t], spec.capped)
+        dc_next = pointwise.cell_backward(dh, dc_next, acts[t], c_prev_t[t], cs_t[t], da, dg_ifo_t[t], dg_j_t[t],
+                                   spec.capped)
         dxh = d_xh(dG_t[t])  # [B, m+n]
         grad = {"x": dxh[:, :m], "h": dxh[:, m:]}  # gradient of each chain's current end
         extra = {"x": None, "h": None}  # no zigzag: gradient reaching x^0 / h^0 as round sources
         for k, target, source, old, sg, dp_t, d_low, d_src, dlow_list in plan:
-            dnew = grad[target]
-            dp = torch.mul(dnew, old[t], out=dp_t[t])
-            _sigmoid_backward(dp, sg[t], grad_input=dp)  # dL/dp [B, out]
-            grad[target] = dnew * sg[t]  # gradient of the old value
+            grad[target] = pointwise.round_backward(grad[target], old[t], sg[t], dp_t[t])  # of the old value
+            dp = dp_t[t]  # dL/dp [B, out]
             if d_low is not None:
                 dlow_list[t] = dp = d_low(dp)  # [B, k]
             if zigzag:
@@ -302,7 +303,7 @@ class FusedLSTMFunction(torch.autograd.Function):
     @classmethod
     def forward(cls, ctx, spec, cell, xs, h0, c0, mask, *params):
         ys, h_T, c_T, saved = cls.forward_impl(spec, xs, h0, c0, mask, dict(zip(spec.names, params)), save=True)
-        ctx.spec, ctx.cell = spec, cell
+        ctx.spec, ctx.cell, ctx.low = spec, cell, product_dtype()
         flat, ctx.layout = flatten_saved(saved)
         ctx.save_for_backward(xs, h0, c0, mask, *params, ys, *flat)
         return ys, h_T, c_T
@@ -319,17 +320,43 @@ class FusedLSTMFunction(torch.autograd.Function):
         xs, h0, c0, mask = tensors[:4]
         p = dict(zip(spec.names, tensors[4:k]))
         saved = unflatten_saved(tensors[k + 1 :], ctx.layout)
-        return (None, None, *cls.backward_impl(spec, needs, xs, h0, c0, mask, p, tensors[k], saved, dys, dh_T, dc_T))
+        if ctx.low is None:
+            grads = cls.backward_impl(spec, needs, xs, h0, c0, mask, p, tensors[k], saved, dys, dh_T, dc_T)
+        else:
+            with low_precision_products(ctx.low), torch.autocast(xs.device.type, enabled=False):
+                grads = cls.backward_impl(spec, needs, xs, h0, c0, mask, p, tensors[k], saved, dys, dh_T, dc_T)
+        return (None, None, *grads)
 
 
 def run_fused(function, cell, params: Params, xs: Tensor, state, h_mask: Tensor | None):
     """Run ``function`` (a fused autograd Function) over ``xs`` ``[T, B, m]``; ``(ys, (h_T, c_T))``.
-    Without anything to differentiate, only the forward runs, with reused per-step buffers."""
+    Without anything to differentiate, only the forward runs, with reused per-step buffers.
+
+    Under autocast (bf16/fp16) the window runs in float32 with its products in the autocast dtype
+    (:func:`moglm.recurrence.gemm.low_precision_products`): float32 states, cell and results, as cuDNN's
+    LSTM keeps under autocast its cell state and accumulation in float32."""
+    low = autocast_dtype(xs)
+    if low is not None:
+        xs, state = xs.float(), tuple(s.float() for s in state)
+        h_mask = h_mask.float() if h_mask is not None else None
+        with low_precision_products(low), torch.autocast(xs.device.type, enabled=False):
+            return _run_fused(function, cell, params, xs, state, h_mask)
+    return _run_fused(function, cell, params, xs, state, h_mask)
+
+
+def _run_fused(function, cell, params: Params, xs: Tensor, state, h_mask: Tensor | None):
     spec = layer_spec(cell, params)
     xs = xs.contiguous()
     h0, c0 = (s.contiguous() for s in state)
     values = tuple(params.values())
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (xs, h0, c0, *values)):
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in (xs, h0, c0, *values))
+    if cuda_graphs.applies(xs):  # one launch per window (off unless enabled)
+        if training:
+            ys, h_T, c_T = cuda_graphs.graphed_training_window(function, spec, cell, xs, h0, c0, h_mask, values)
+        else:
+            ys, h_T, c_T = cuda_graphs.graphed_forward_window(function.forward_impl, spec, cell, xs, h0, c0, h_mask,
+                                                              params)
+    elif training:
         ys, h_T, c_T = function.apply(spec, cell, xs, h0, c0, h_mask, *values)
     else:
         ys, h_T, c_T, _ = function.forward_impl(spec, xs, h0, c0, h_mask, params, save=False)

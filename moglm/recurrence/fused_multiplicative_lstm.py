@@ -20,8 +20,6 @@ from torch import Tensor
 from ..cells.base import Params
 from .fused_cell import (
     BackwardScratch,
-    cell_backward,
-    cell_forward,
     gate_permutation,
     h_prev_all,
     lstm_weights,
@@ -29,6 +27,7 @@ from .fused_cell import (
 )
 from .fused_lstm import FusedLSTMFunction, run_fused
 from .gemm import CHUNK_ROWS, Linear, matmul_tn
+from .triton_pointwise import pointwise_for
 
 
 def mlstm_forward(spec, xs: Tensor, h0: Tensor, c0: Tensor, mask: Tensor | None, p: Params, save: bool):
@@ -36,6 +35,7 @@ def mlstm_forward(spec, xs: Tensor, h0: Tensor, c0: Tensor, mask: Tensor | None,
     T, B, m = xs.shape
     n = spec.hidden_size
     w_ih, w_hh, bias = lstm_weights(p, n, xs.device, forward=True)
+    pointwise = pointwise_for(xs)  # torch ops, or one Triton kernel each on CUDA
     gates_x = Linear(w_ih, bias, CHUNK_ROWS)  # x -> W_ih x + b
     gates_m = Linear(w_hh, None, B)  # m -> W_hh m (+ the input part)
     proj_h = Linear(p["weight_mh"], None, B)  # h~ -> W_mh h~
@@ -62,7 +62,7 @@ def mlstm_forward(spec, xs: Tensor, h0: Tensor, c0: Tensor, mask: Tensor | None,
         a = proj_h(hm_t[t])  # W_mh h~ [B, n]
         torch.mul(x_m_t[t], a, out=ms_t[t])  # m_t [B, n]
         g = gates_m(ms_t[t], add=xp_t[t % chunk])  # [B, 4n]
-        cell_forward(g, c_prev_t[t], cs_t[t], ys_t[t], tc, spec.capped)
+        pointwise.cell_forward(g, c_prev_t[t], cs_t[t], ys_t[t], tc, spec.capped)
         if save:
             acts.append(g)
             a_h.append(a)
@@ -75,6 +75,7 @@ def mlstm_backward(spec, needs, xs, h0, c0, mask, p: Params, ys, saved, dys, dh_
     T, B, m = xs.shape
     n = spec.hidden_size
     w_ih, w_hh, _ = lstm_weights(p, n, xs.device, forward=False)
+    pointwise = pointwise_for(xs)
     acts, a_h, cs, ms, hm, x_m = (saved[k] for k in ("acts", "a_h", "cs", "ms", "hm", "x_m"))
     d_m = Linear(w_hh.t(), None, B)  # dG -> dm
     d_h = Linear(p["weight_mh"].t(), None, B)  # d(W_mh h~) -> dh~
@@ -88,7 +89,8 @@ def mlstm_backward(spec, needs, xs, h0, c0, mask, p: Params, ys, saved, dys, dh_
     dh_next, dc_next = dh_T, dc_T
     for t in range(T - 1, -1, -1):
         dh = dys_t[t] + dh_next
-        dc_next = cell_backward(dh, dc_next, acts[t], c_prev_t[t], cs_t[t], da, dg_ifo_t[t], dg_j_t[t], spec.capped)
+        dc_next = pointwise.cell_backward(dh, dc_next, acts[t], c_prev_t[t], cs_t[t], da, dg_ifo_t[t], dg_j_t[t],
+                                          spec.capped)
         dm = d_m(dG_t[t])  # [B, n]
         torch.mul(dm, a_h[t], out=d_xm_t[t])
         torch.mul(dm, x_m_t[t], out=d_ah_t[t])

@@ -13,10 +13,16 @@ inputs are made contiguous first). Anything else (CUDA, float64, a torch without
 ``torch.mm``/``torch.addmm``, which is the right call on CUDA (cuBLAS) anyway.
 
 Set ``moglm.recurrence.gemm.ONEDNN = False`` to force ``torch.mm`` (benchmarks, debugging).
+
+Under autocast (bf16 or fp16) the fused windows keep their states, cell arithmetic and results in float32
+and run only the products in the low precision, inside :func:`low_precision_products`: operands are cast
+down, cuBLAS accumulates in float32, and the product comes back as float32.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import warnings
 
 import torch
@@ -29,6 +35,32 @@ ONEDNN = True
 CHUNK_ROWS = 512
 
 _probe_result: bool | None = None
+
+#: the dtype products run in inside :func:`low_precision_products` (``None``: the operands' own)
+_low: contextvars.ContextVar[torch.dtype | None] = contextvars.ContextVar("moglm_low_precision", default=None)
+
+
+@contextlib.contextmanager
+def low_precision_products(dtype: torch.dtype | None):
+    """Products of float32 operands made in ``dtype`` (bf16/fp16) with float32 results; ``None``: unchanged."""
+    token = _low.set(dtype)
+    try:
+        yield
+    finally:
+        _low.reset(token)
+
+
+def product_dtype() -> torch.dtype | None:
+    """The low precision products run in now, or ``None``."""
+    return _low.get()
+
+
+def _mm(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b``, in the low precision when one is set (float32 result)."""
+    low = _low.get()
+    if low is None or a.dtype != torch.float32:
+        return torch.mm(a, b)
+    return torch.mm(a.to(low), b.to(low)).float()
 
 
 def _onednn_ops_work() -> bool:
@@ -75,14 +107,15 @@ class Linear:
     """
 
     def __init__(self, weight: Tensor, bias: Tensor | None = None, rows: int = 64) -> None:
-        self.onednn = use_onednn(weight)
+        self.low = _low.get() if weight.dtype == torch.float32 else None
+        self.onednn = use_onednn(weight) and self.low is None
         self.bias = bias
         self.out_features = weight.shape[0]
         if self.onednn:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), max(int(rows), 1))
             self._op, self._op_add = torch.ops.mkldnn._linear_pointwise.default, torch.ops.mkldnn._linear_pointwise.binary
         else:
-            self.weight_t = weight.t()  # [K, N]
+            self.weight_t = weight.t() if self.low is None else weight.to(self.low).t()  # [K, N]
 
     def __call__(self, x: Tensor, add: Tensor | None = None) -> Tensor:
         """``x`` ``[M, K]`` -> ``[M, N]`` (a new tensor); ``add`` ``[M, N]`` is added to the product."""
@@ -90,6 +123,11 @@ class Linear:
             if add is None:
                 return self._op(x.contiguous(), self.packed, self.bias, "none", [], "")
             return self._op_add(x.contiguous(), add.contiguous(), self.packed, self.bias, "add")
+        if self.low is not None:  # low-precision product, float32 sums
+            y = torch.mm(x.to(self.low), self.weight_t).float()
+            if add is not None:
+                y.add_(add)
+            return y if self.bias is None else y.add_(self.bias)
         if add is None:
             if self.bias is None:
                 return torch.mm(x, self.weight_t)
@@ -100,8 +138,8 @@ class Linear:
     def rows(self, x: Tensor, out: Tensor | None = None) -> Tensor:
         """``x`` ``[R, K]`` with many rows -> ``[R, N]``, in chunks of :data:`CHUNK_ROWS` rows on oneDNN."""
         if not self.onednn:
-            if out is None:
-                return self(x)
+            if out is None or self.low is not None:
+                return self(x) if out is None else out.copy_(self(x))
             if self.bias is None:
                 return torch.mm(x, self.weight_t, out=out)
             return torch.addmm(self.bias, x, self.weight_t, out=out)
@@ -129,9 +167,9 @@ def matmul_tn(a: Tensor, *bs: Tensor) -> Tensor | list[Tensor]:
     transposed first (``a`` once for all ``b``; cheap next to the products for the big LSTM matrices).
     Small products use torch.mm, which takes the transposes as strides.
     """
-    if use_onednn(a) and a.shape[1] >= 256 and all(b.shape[1] >= 256 for b in bs):
+    if _low.get() is None and use_onednn(a) and a.shape[1] >= 256 and all(b.shape[1] >= 256 for b in bs):
         at = transpose_contiguous(a)  # [N, R]
         outs = [torch.ops.mkldnn._linear_pointwise(at, transpose_contiguous(b), None, "none", [], "") for b in bs]
     else:
-        outs = [torch.mm(a.t(), b) for b in bs]
+        outs = [_mm(a.t(), b) for b in bs]
     return outs[0] if len(bs) == 1 else outs

@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor, nn
 
+from ..device import usable_cores
 from ..errors import MoglmError
 
 T = TypeVar("T")
@@ -246,8 +247,7 @@ def launch(nproc_per_node: int, module_args: list[str]) -> None:
     args = get_args_parser().parse_args(["--standalone", f"--nproc-per-node={nproc_per_node}", "--module",
                                          "moglm", *module_args])
     if "OMP_NUM_THREADS" not in os.environ:  # torchrun would set 1 and warn about it
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        os.environ["OMP_NUM_THREADS"] = str(max(1, cores // nproc_per_node))
+        os.environ["OMP_NUM_THREADS"] = str(max(1, usable_cores() // nproc_per_node))
     for name in list(logging.root.manager.loggerDict):  # the ranks say what went wrong
         if name.startswith("torch.distributed"):
             logging.getLogger(name).setLevel(logging.CRITICAL)

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, Union
 import optuna
 from optuna.trial import TrialState
 
+from ..device import usable_cores
 from ..errors import MoglmError
 from ..train.trainer import TrainingInterrupted
 from ..train import data_parallel
@@ -381,13 +382,6 @@ def _worker_process(args: WorkerArgs, quota: Quota, index: int) -> None:
     os._exit(code)  # the storage and every file are closed; skip seconds of interpreter teardown (torch)
 
 
-def default_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - macOS, Windows
-        return os.cpu_count() or 1
-
-
 @dataclass
 class StudyResult:
     study: optuna.Study
@@ -477,7 +471,7 @@ def run_study(
     remaining = total - len(counted_trials(study))
     timeout = timeout if timeout is not None else spec.budget.timeout
     deadline = None if timeout is None else time.time() + timeout
-    threads = threads or max(1, default_cores() // workers)
+    threads = threads or max(1, usable_cores() // workers)
     args = WorkerArgs(setup, settings, url, name, deadline, threads, keep_checkpoints,
                       progress=progress and workers == 1, echo=progress)
     n = min(workers, max(remaining, 1))
