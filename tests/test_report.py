@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -46,6 +47,21 @@ def test_report_gives_bits_per_character_with_three_decimals(tmp_path):
 def test_report_refuses_what_is_not_a_run(tmp_path):
     with pytest.raises(MoglmError, match="not a run directory"):
         write_report([tmp_path], tmp_path / "out")
+
+
+def test_the_length_figure_joins_each_models_runs_at_every_length():
+    """Reverse copy trains one run per model and length; the figure's curve of a model has all of them."""
+    from moglm.report.plots import length_curves
+    from moglm.report.runs import Run
+
+    def run(label, length, xent):
+        test = {"xent": xent, "by_length": {str(length): {"xent": xent}}}
+        return Run(Path(f"{label}{length}"), f"{label}{length}", label, "rc", config={"length": length},
+                   evaluations={"static": {"splits": {"test": test}}})
+
+    curves = length_curves([run("LSTM", 20, 3.9), run("LSTM", 10, 2.8), run("Mogrifier", 10, 2.2),
+                            run("Mogrifier", 20, 3.5)])
+    assert curves == {"LSTM": ([10, 20], [2.8, 3.9]), "Mogrifier": ([10, 20], [2.2, 3.5])}
 
 
 def test_surprising_positions_are_the_largest_mean_losses():

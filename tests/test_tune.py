@@ -250,6 +250,29 @@ def test_the_trial_of_a_dead_worker_is_queued_again_once():
     assert len(study.trials) == 3  # a second death is not retried
 
 
+def test_a_killed_and_requeued_trial_does_not_shift_the_seeds_of_the_trials_after_it():
+    """The next trial's sampler seed counts trials as the budget does, so a resumed study draws what an
+    uninterrupted one draws."""
+    from moglm.tune.objective import requeue_stale_trial
+    from moglm.tune.study import counted_trials, trial_seed
+
+    dist = {"train.learning_rate": optuna.distributions.FloatDistribution(0.001, 0.004, log=True)}
+
+    def trial(state, **attrs):
+        return optuna.trial.create_trial(params={"train.learning_rate": 0.002}, distributions=dist, state=state,
+                                         value=1.0 if state == TrialState.COMPLETE else None,
+                                         user_attrs={"run": 0, "config": {}, **attrs})
+
+    plain, killed = optuna.create_study(), optuna.create_study()
+    plain.add_trials([trial(TrialState.COMPLETE), trial(TrialState.COMPLETE)])
+    killed.add_trials([trial(TrialState.COMPLETE), trial(TrialState.FAIL)])
+    requeue_stale_trial(killed, killed.trials[1])
+    killed.add_trial(trial(TrialState.COMPLETE, replaces=1))  # the re-queued trial, run
+    assert len(killed.trials) == 4
+    seeds = [trial_seed(7, len(counted_trials(study)), 0) for study in (plain, killed)]
+    assert seeds[0] == seeds[1]
+
+
 DYNEVAL = """
 target = "dyneval"
 [study]

@@ -149,15 +149,17 @@ def _eval_tokens(report: dict) -> int | None:
 
 def reverse_copy_lines(runs: list[Run], out: Path, command: str) -> list[str]:
     lines = ["### Reverse copy: test cross-entropy and accuracy", "",
-             "| model | parameters | learning rate | l2 | test cross-entropy (nats/token) | token accuracy | "
-             "sequence accuracy |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    for r in runs:
+             "| length | model | parameters | learning rate | l2 | test cross-entropy (nats/token) | token accuracy | "
+             "sequence accuracy |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in sorted(runs, key=lambda r: r.config.get("length", 0)):
         test = r.evaluations.get("static", {}).get("splits", {}).get("test")
         if not test:
             continue
         link = f"{_rel(r.path, out)}/results.json"
-        lines.append(f"| {r.label} | {r.info.get('num_params', '-')} | {r.config.get('learning_rate', '-')} | "
-                     f"{r.config.get('l2_penalty', '-')} | [{test['xent']:.4f}]({link} \"{command}\") | "
+        lr, l2 = r.config.get("learning_rate"), r.config.get("l2_penalty")
+        lines.append(f"| {r.config.get('length', '-')} | {r.label} | {r.info.get('num_params', '-')} | "
+                     f"{'-' if lr is None else f'{lr:.3g}'} | {'-' if l2 is None else f'{l2:.3g}'} | "
+                     f"[{test['xent']:.4f}]({link} \"{command}\") | "
                      f"{test['token_accuracy']:.3f} | {test['sequence_accuracy']:.3f} |")
     return lines + [""]
 

@@ -108,14 +108,18 @@ def surprise(runs: list[Run], path: Path, corpus_label: str) -> Path | None:
     return save_figure(fig, path)
 
 
+def length_curves(runs: list[Run]) -> dict[str, tuple[list[int], list[float]]]:
+    """Per model (label): the lengths and test cross-entropies of all its runs (one run per length)."""
+    points: dict[str, dict[int, float]] = {}  # model -> length -> cross-entropy
+    for r in runs:
+        by = r.evaluations.get("static", {}).get("splits", {}).get("test", {}).get("by_length") or {}
+        points.setdefault(r.label, {}).update({int(n): v["xent"] for n, v in by.items()})
+    return {name: (sorted(p), [p[n] for n in sorted(p)]) for name, p in points.items() if p}
+
+
 def by_length(runs: list[Run], path: Path) -> Path | None:
     """Test cross-entropy against sequence length (reverse copy; Mogrifier paper figure 4)."""
-    curves = {}
-    for r in runs:
-        by = r.evaluations.get("static", {}).get("splits", {}).get("test", {}).get("by_length")
-        if by:
-            lengths = sorted(by, key=int)
-            curves[r.label] = ([int(n) for n in lengths], [by[n]["xent"] for n in lengths])
+    curves = length_curves(runs)
     if not curves:
         return None
     fig = new_figure((6.5, 4))

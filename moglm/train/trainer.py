@@ -189,23 +189,25 @@ class Trainer:
         cfg, group = self.cfg, self.group
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
-        group.on_main(lambda: self.run.prepare(json.loads(cfg.model_dump_json(exclude_none=True)), "language-model"))
         torch.manual_seed(cfg.train.seed)
 
         def load() -> None:  # rank 0 checks the corpus and fills its cache; the others then read the cache
             self.corpus = load_data(cfg.data)
 
+        # the corpus, the model's size and the sample's prompt are checked before the run directory is made:
+        # a config that cannot run leaves nothing behind, and the corrected one starts in the same directory
         group.on_main(load)
         if not group.is_main:
             load()
-        self.log(self.corpus.summary())
-        if group.is_main and not self.run.vocab_path.is_file():
-            atomic_write_text(self.run.vocab_path, self.corpus.vocab.to_json())
         vocab_size = len(self.corpus.vocab)
         hidden = resolve_hidden_size(cfg.model, vocab_size)
         self.model: LanguageModel = build_model(cfg.model, vocab_size, hidden).to(self.device)
         if cfg.sample.num_tokens:  # a sample the run cannot start fails now, not after training
             group.on_main(lambda: encode_prompt(self.corpus.vocab, cfg.sample.prompt) and None)
+        group.on_main(lambda: self.run.prepare(json.loads(cfg.model_dump_json(exclude_none=True)), "language-model"))
+        self.log(self.corpus.summary())
+        if group.is_main and not self.run.vocab_path.is_file():
+            atomic_write_text(self.run.vocab_path, self.corpus.vocab.to_json())
         info = {"hidden_size": hidden, "embedding_size": self.model.embedding_size,
                 "num_params": count_parameters(self.model), "vocab_size": vocab_size,
                 "corpus_digest": self.corpus.digest()}

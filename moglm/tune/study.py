@@ -18,8 +18,9 @@
   wall time after which no new trial starts (running trials finish, as with Optuna's ``timeout``); a
   token budget per trial.
 * Reproducibility: each trial's sampler is seeded from the space's seed, the number of trials before
-  it and the worker's index, so a one-worker study with a seed repeats exactly, and parallel workers
-  never draw the same random start-up points.
+  it (as the budget counts them: a killed trial that was queued again counts once) and the worker's
+  index, so a one-worker study with a seed repeats exactly, killed and resumed or not, and parallel
+  workers never draw the same random start-up points.
 """
 
 from __future__ import annotations
@@ -154,9 +155,6 @@ def check_compatible(study: optuna.Study, setup: Setup) -> None:
 
 def trial_seed(seed: int | None, trials_before: int, worker: int) -> int | None:
     return None if seed is None else (seed * 1_000_003 + trials_before * 7_919 + worker * 104_729) % 2**32
-
-
-WORKER, HEARTBEAT = "moglm:worker", "moglm:heartbeat"  # a running trial's system attributes
 
 
 def _process_start(pid: int) -> str | None:
@@ -312,7 +310,7 @@ def work(args: WorkerArgs, quota: Quota, index: int = 0) -> bool:
             reclaim_dead_trials(study)
             if not group.broadcast(quota.take(study)):
                 break
-            before = len(study.get_trials(deepcopy=False))
+            before = len(counted_trials(study))  # a killed trial queued again counts once, as in the budget
             study.sampler = make_sampler(args.settings, trial_seed(args.settings.seed, before, index))
             study.optimize(run_trial, n_trials=1, catch=(Exception,), gc_after_trial=True)
             if not args.keep_checkpoints:
