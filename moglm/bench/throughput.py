@@ -290,7 +290,11 @@ def run_throughput(
     }
     from ..recurrence import compiled
 
-    report["recurrence"] = compiled.info(paths=False) if device == "cpu" else {"compiled": False, "reason": f"device {device}"}
+    from ..recurrence.triton_pointwise import pointwise_for
+
+    report["recurrence"] = compiled.info(paths=False) if device == "cpu" else {
+        "compiled": False, "reason": f"device {device}",
+        "pointwise": pointwise_for(torch.empty(0, device=device)).name}  # the fused window's kernels: triton or torch
     log(f"recurrence: {report['recurrence']}")
     log("measuring the GEMM peak ...")
     report["gemm_gflops"] = peak = gemm_peak(device)
