@@ -40,13 +40,44 @@ def test_the_graph_key_separates_layers_shapes_and_replaced_parameters():
     cells = a.cells
     x, h = torch.zeros(4, 3, 5, requires_grad=True), torch.zeros(3, 5)
     params = tuple(a.layer_parameters(0).values())
-    key = cuda_graphs.graph_key(cells[0], x, h, None, params, grad=True)
-    assert key == cuda_graphs.graph_key(cells[0], x.detach().clone().requires_grad_(), h, None, params, grad=True)
+    key = cuda_graphs.graph_key(cells[0], x, h, h, None, params, grad=True)
+    assert key == cuda_graphs.graph_key(cells[0], x.detach().clone().requires_grad_(), h, h, None, params, grad=True)
     different = [
-        cuda_graphs.graph_key(cells[1], x, h, None, params, grad=True),  # same shape, another layer
-        cuda_graphs.graph_key(cells[0], torch.zeros(5, 3, 5, requires_grad=True), h, None, params, grad=True),
-        cuda_graphs.graph_key(cells[0], x, h, torch.ones(3, 5), params, grad=True),  # a dropout mask
-        cuda_graphs.graph_key(cells[0], x, h, None, params, grad=False),  # forward only
-        cuda_graphs.graph_key(cells[0], x, h, None, tuple(b.layer_parameters(0).values()), grad=True),
+        cuda_graphs.graph_key(cells[1], x, h, h, None, params, grad=True),  # same shape, another layer
+        cuda_graphs.graph_key(cells[0], torch.zeros(5, 3, 5, requires_grad=True), h, h, None, params, grad=True),
+        cuda_graphs.graph_key(cells[0], x, h, h, torch.ones(3, 5), params, grad=True),  # a dropout mask
+        cuda_graphs.graph_key(cells[0], x, h, h, None, params, grad=False),  # forward only
+        cuda_graphs.graph_key(cells[0], x, h, h, None, tuple(b.layer_parameters(0).values()), grad=True),
     ]
     assert all(k != key for k in different) and len(set(different)) == len(different)
+
+
+def test_the_graph_key_separates_the_precision_of_the_products():
+    from moglm.recurrence.gemm import low_precision_products
+
+    cell = moglm.LSTM(5, 5).cells[0]
+    x, h = torch.zeros(4, 3, 5), torch.zeros(3, 5)
+    plain = cuda_graphs.graph_key(cell, x, h, h, None, (), grad=True)
+    with low_precision_products(torch.bfloat16):
+        assert cuda_graphs.graph_key(cell, x, h, h, None, (), grad=True) != plain
+
+
+def test_parameters_receive_gradients_of_their_own_not_a_graphs_buffers():
+    """What a graphed backward hands back are its static buffers; the parameters' wrapper copies them."""
+    a, b = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+    va, vb = cuda_graphs._OwnGrads.apply(a, b)
+    assert va.data_ptr() == a.data_ptr()  # no copy on the way in
+    shared = torch.ones(3)  # one buffer for both, as a graph's output may be
+
+    class Buffer(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, y):
+            return x + y
+
+        @staticmethod
+        def backward(ctx, g):
+            return shared, shared
+
+    Buffer.apply(va, vb).sum().backward()
+    assert torch.equal(a.grad, shared) and torch.equal(b.grad, shared)
+    assert len({a.grad.data_ptr(), b.grad.data_ptr(), shared.data_ptr()}) == 3

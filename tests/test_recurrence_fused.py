@@ -303,6 +303,15 @@ def assert_double_backward_matches_reference(model, backend):
         torch.testing.assert_close(a, e)
 
 
+@pytest.mark.parametrize("module", [moglm.LSTM, moglm.MultiplicativeLSTM])
+def test_the_two_bias_gradients_are_separate_tensors(module):
+    """Equal values, separate buffers: clipping or an optimizer that changes one in place leaves the other."""
+    model = module(M, H, backend="fused", dtype=D)
+    model(torch.randn(T, B, M, dtype=D))[0].sum().backward()
+    torch.testing.assert_close(model.bias_ih_l0.grad, model.bias_hh_l0.grad)
+    assert model.bias_ih_l0.grad.data_ptr() != model.bias_hh_l0.grad.data_ptr()
+
+
 def test_backward_twice_with_retain_graph_gives_the_same_gradients():
     model = moglm.MogrifierLSTM(M, H, rounds=4, rank=2, state_dropout=0.3, backend="fused", dtype=D).train()
     y, (h, c) = model(torch.randn(T, B, M, dtype=D))

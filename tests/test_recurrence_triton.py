@@ -127,3 +127,17 @@ def test_fused_windows_on_the_kernels_match_the_reference_loop(make, mode):
 def test_float32_windows_on_the_kernels_match_the_reference_loop():
     model = moglm.MogrifierLSTM(7, 5, 2, rounds=5, rank=2, capped_input_gate=True, state_dropout=0.2).train()
     assert_parity(model, 2, dtype=torch.float32, rtol=1e-4, atol=1e-5)
+
+
+def test_a_loss_on_the_final_cell_state_alone_backpropagates_through_the_kernels():
+    """autograd hands dL/dc_T over as an expanded (stride 0) tensor when the loss is ``c_n.sum()``."""
+    model = moglm.MogrifierLSTM(7, 5, 2, rounds=3, rank=2, dtype=torch.float64)
+    x = torch.randn(4, 3, 7, dtype=torch.float64)
+    grads = []
+    for backend in ("reference", "fused"):
+        model.backend = backend
+        model.zero_grad()
+        model(x)[1][1].sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for got, want in zip(*grads[::-1]):
+        torch.testing.assert_close(got, want)

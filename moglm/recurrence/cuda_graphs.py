@@ -33,6 +33,8 @@ from collections import OrderedDict
 import torch
 from torch import Tensor
 
+from .gemm import product_dtype
+
 #: graphed windows kept (each holds its own buffers and memory pool)
 MAX_GRAPHS = 32
 
@@ -79,10 +81,12 @@ def applies(xs: Tensor) -> bool:
     return _enabled and xs.is_cuda and not torch.cuda.is_current_stream_capturing()
 
 
-def graph_key(cell, xs: Tensor, h0: Tensor, mask: Tensor | None, params: tuple[Tensor, ...], grad: bool) -> tuple:
-    """What a captured window depends on; any change means a new capture (see the module docstring)."""
-    return (id(cell), grad, tuple(xs.shape), tuple(h0.shape), xs.dtype, xs.device, mask is not None,
-            tuple(t.requires_grad for t in (xs, h0)), tuple((p.data_ptr(), p.requires_grad) for p in params))
+def graph_key(cell, xs: Tensor, h0: Tensor, c0: Tensor, mask: Tensor | None, params: tuple[Tensor, ...],
+              grad: bool) -> tuple:
+    """What a captured window depends on, the precision of its products under autocast included; any change
+    means a new capture (see the module docstring)."""
+    return (id(cell), grad, tuple(xs.shape), tuple(h0.shape), xs.dtype, xs.device, product_dtype(), mask is not None,
+            tuple(t.requires_grad for t in (xs, h0, c0)), tuple((p.data_ptr(), p.requires_grad) for p in params))
 
 
 def _remember(key: tuple, value):
@@ -99,7 +103,7 @@ def _static_like(t: Tensor) -> Tensor:
 def graphed_training_window(function, spec, cell, xs: Tensor, h0: Tensor, c0: Tensor, mask: Tensor | None,
                             params: tuple[Tensor, ...]) -> tuple[Tensor, Tensor, Tensor]:
     """``function.apply(spec, cell, xs, h0, c0, mask, *params)`` as a replayed graph (forward and backward)."""
-    key = graph_key(cell, xs, h0, mask, params, grad=True)
+    key = graph_key(cell, xs, h0, c0, mask, params, grad=True)
     graphed = _cache.get(key)
     if graphed is None:
         if mask is None:
@@ -112,14 +116,29 @@ def graphed_training_window(function, spec, cell, xs: Tensor, h0: Tensor, c0: Te
         graphed = _remember(key, torch.cuda.make_graphed_callables(window, (*inputs, *params)))  # params: as they are
     else:
         _cache.move_to_end(key)
-    args = (xs, h0, c0, *params) if mask is None else (xs, h0, c0, mask, *params)
+    own = _OwnGrads.apply(*params)  # the parameters themselves (same storage: no copy into the graph)
+    args = (xs, h0, c0, *own) if mask is None else (xs, h0, c0, mask, *own)
     return graphed(*args)
+
+
+class _OwnGrads(torch.autograd.Function):
+    """Identity on the parameters whose backward clones their gradients: a graphed backward returns its
+    static buffers, which ``.grad`` would otherwise take over and the next replay overwrite (two parameters
+    could even share one)."""
+
+    @staticmethod
+    def forward(ctx, *params):
+        return tuple(p.view_as(p) for p in params)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return tuple(None if g is None else g.clone() for g in grads)
 
 
 def graphed_forward_window(forward_impl, spec, cell, xs: Tensor, h0: Tensor, c0: Tensor, mask: Tensor | None,
                            params: dict) -> tuple[Tensor, Tensor, Tensor]:
     """``forward_impl(spec, xs, h0, c0, mask, params, save=False)`` (no grad) as one replayed graph."""
-    key = graph_key(cell, xs, h0, mask, tuple(params.values()), grad=False)
+    key = graph_key(cell, xs, h0, c0, mask, tuple(params.values()), grad=False)
     entry = _cache.get(key)
     if entry is None:
         inputs = [t.detach().clone() for t in (xs, h0, c0)] + ([mask.detach().clone()] if mask is not None else [])

@@ -66,7 +66,10 @@ def autocast_dtype(t: Tensor) -> torch.dtype | None:
     not a float32/half tensor that autocast would touch)."""
     if t.dtype not in (torch.float32, torch.bfloat16, torch.float16) or not _autocast_enabled(t.device.type):
         return None
-    return torch.get_autocast_dtype(t.device.type)
+    try:
+        return torch.get_autocast_dtype(t.device.type)
+    except AttributeError:  # torch < 2.4
+        return torch.get_autocast_cpu_dtype() if t.device.type == "cpu" else torch.get_autocast_gpu_dtype()
 
 
 def runtime_reason(tensors: Sequence[Tensor | None], h_mask: Tensor | None) -> str | None:

@@ -289,7 +289,8 @@ def _finish(spec: LayerSpec, needs, p: Params, dx, dh0, dc0, dG2: Tensor, grads:
         grads["weight_ih"] = grads["weight_ih"].index_select(0, perm)
         grads["weight_hh"] = grads["weight_hh"].index_select(0, perm)
         if "bias_ih" in p:
-            grads["bias_ih"] = grads["bias_hh"] = dG2.sum(0).index_select(0, perm)  # [4n]
+            grads["bias_ih"] = dG2.sum(0).index_select(0, perm)  # [4n]
+            grads["bias_hh"] = grads["bias_ih"].clone()  # its own buffer: a graphed backward hands both to .grad
     out = [dx, dh0, dc0, None, *(grads.get(name) for name in spec.names)]
     return tuple(g if need else None for g, need in zip(out, needs))
 

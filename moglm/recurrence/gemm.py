@@ -16,7 +16,8 @@ Set ``moglm.recurrence.gemm.ONEDNN = False`` to force ``torch.mm`` (benchmarks, 
 
 Under autocast (bf16 or fp16) the fused windows keep their states, cell arithmetic and results in float32
 and run only the products in the low precision, inside :func:`low_precision_products`: operands are cast
-down, cuBLAS accumulates in float32, and the product comes back as float32.
+down, cuBLAS accumulates in float32, and the product comes back as float32 (rounded to the low precision
+on the way, as autocast's own products are).
 """
 
 from __future__ import annotations

@@ -219,6 +219,7 @@ class TritonPointwise:
     @staticmethod
     def cell_backward(dh, dc_next, act, c_prev, c_t, da: BackwardScratch, dg_ifo, dg_j, capped: bool) -> Tensor:
         B, n = c_t.shape
+        dc_next = dc_next.contiguous()  # autograd may hand dL/dc_T over as an expanded (stride 0) tensor
         dc_prev = c_t.new_empty(B, n)  # [B, n]
         strides = _rows(dh, dc_next, act, c_prev, c_t, dg_ifo, dg_j)
         args = [a for pair in zip((dh, dc_next, act, c_prev, c_t, dg_ifo, dg_j), strides) for a in pair]
