@@ -157,6 +157,9 @@ def trial_seed(seed: int | None, trials_before: int, worker: int) -> int | None:
     return None if seed is None else (seed * 1_000_003 + trials_before * 7_919 + worker * 104_729) % 2**32
 
 
+WORKER, HEARTBEAT = "moglm:worker", "moglm:heartbeat"  # a running trial's system attributes
+
+
 def _process_start(pid: int) -> str | None:
     """When process ``pid`` started (clock ticks since boot), ``"?"`` where /proc is missing, ``None`` if
     there is no such process."""
