@@ -84,7 +84,7 @@ def test_options_with_a_fixed_set_of_values_are_choices():
 
 def test_the_value_sets_match_the_modules_that_define_them():
     from moglm import ARCHITECTURES
-    from moglm.bench.throughput import MODELS
+    from moglm.bench.throughput import GRAPHED, MODELS
     from moglm.dynamic_evaluation.update_rules import RULES
     from moglm.tasks.dyck_training import OBJECTIVES
     from moglm.tasks.wcpa import POSITIONS
@@ -94,7 +94,7 @@ def test_the_value_sets_match_the_modules_that_define_them():
     assert typing.get_args(cli_common.DyckObjective) == tuple(OBJECTIVES)
     assert typing.get_args(cli_common.DyckPositions) == tuple(POSITIONS)
     assert set(typing.get_args(cli_common.Architecture)) == set(ARCHITECTURES)
-    assert [m.value for m in cli_common.ThroughputModel] == list(MODELS)
+    assert [m.value for m in cli_common.ThroughputModel] == [*MODELS, *GRAPHED]
     assert typing.get_args(cli_common.Sampler) == typing.get_args(StudySettings.model_fields["sampler"].annotation)
 
 
