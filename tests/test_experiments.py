@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("optuna")
 from typer.testing import CliRunner  # noqa: E402
@@ -132,6 +133,27 @@ def test_headline_and_surprise_share_runs_and_add_their_evaluations(smoke):
     assert "surprising tokens of" in text
 
 
+def test_mc_dropout_evaluations_repeat_exactly_whatever_ran_before_them(smoke):
+    """Their dropout masks come from the run's seed, not from the random state a process happens to have."""
+    from moglm.experiments.language_model import evaluate_run_spec
+    from moglm.experiments.spec import load_experiment, scale_of
+
+    root, data = smoke
+    run_experiment("headline", "smoke", root=root, data=str(data), progress=False, log=lambda s: None)
+    run_dir = root / "smoke-tiny" / "runs" / "tiny-mogrifier-s1"
+    scale = scale_of(load_experiment("headline"), "smoke")
+    for name in ("mc_dropout", "mc_dynamic"):
+        path = run_dir / "evaluations" / f"{name}.json"
+        first = json.loads(path.read_text())
+        path.unlink()
+        torch.rand(12345)  # a process whose past differs
+        evaluate_run_spec(scale, run_dir, [name], progress=False, log=lambda s: None)
+        again = json.loads(path.read_text())
+        for split in ("valid", "test"):
+            score = (lambda r: r["splits"][split]["dynamic"]) if name == "mc_dynamic" else (lambda r: r["splits"][split])
+            assert score(again)["xent"] == score(first)["xent"], (name, split)
+
+
 def test_rounds_and_budget_at_smoke_scale(smoke):
     root, data = smoke
     folder = run_experiment("rounds", "smoke", root=root, data=str(data), progress=False, log=lambda s: None)
@@ -146,7 +168,8 @@ def test_reverse_copy_tunes_then_trains_each_model_and_length(tmp_path):
     folder = run_experiment("reverse-copy", "smoke", root=tmp_path, progress=False, log=lambda s: None)
     report = write_report([folder]).read_text()
     for label in ("LSTM", "Mogrifier"):  # lengths 4 and 6, each with its score
-        assert len([r for r in _rows(report, label) if re.search(r"\[\d\.\d{4}\]\(\.\./runs/length\d", r)]) == 2
+        rows = [line for line in report.splitlines() if re.match(rf"\| [46] \| {label} \|", line)]
+        assert len([r for r in rows if re.search(r"\[\d\.\d{4}\]\(\.\./runs/length[46]", r)]) == 2
     assert (folder / "length-reverse-copy.png").is_file()
     assert (tmp_path / "smoke" / "studies" / "length4-mogrifier-s1").is_dir()
 

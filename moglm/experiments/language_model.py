@@ -5,8 +5,11 @@ and MC dropout with dynamic evaluation; Krause thesis 3.5: per-token losses for 
 from __future__ import annotations
 
 import json
+import zlib
 from pathlib import Path
 from typing import Any, Callable
+
+import torch
 
 from ..atomic import atomic_write_text
 from ..train.config import apply_overrides, locate, read_mapping, validate
@@ -49,17 +52,26 @@ def evaluate_run_spec(scale: Scale, run_dir: Path, evaluations: list[str], progr
             if name == "static" or path.is_file():
                 continue
             log(f"evaluation: {name}")
-            if name == "mc_dropout":
-                report = mc_dropout(run, scale.mc_samples, scale.eval_tokens, progress, log)
-                atomic_write_text(path, json.dumps(report, indent=1))
-            elif name == "mc_dynamic":
-                report = _dynamic(run, scale, scale.mc_dynamic_samples, ("valid", "test"), progress, log)
-                atomic_write_text(path, json.dumps(report, indent=1))
-            elif name in ("dynamic", "token_losses"):  # the dynamic pass over test gives the token losses too
-                splits = ("valid", "test") if name == "dynamic" else ("test",)
-                report = token_losses(run, scale, splits, folder / EVALUATION_FILES["token_losses"], progress, log)
-                if name == "dynamic":
-                    atomic_write_text(path, json.dumps(report, indent=1))
+            # dropout masks drawn from the run's seed and the evaluation's name, not from the process's past
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(run.load_config().train.seed * 1_000_003 + zlib.crc32(name.encode()))
+                _evaluate(name, run, scale, folder, path, progress, log)
+
+
+def _evaluate(name: str, run, scale: Scale, folder: Path, path: Path, progress: bool,
+              log: Callable[[str], None]) -> None:
+    """One evaluation, written to ``path`` (and, for the dynamic pass over test, the token losses)."""
+    if name == "mc_dropout":
+        report = mc_dropout(run, scale.mc_samples, scale.eval_tokens, progress, log)
+        atomic_write_text(path, json.dumps(report, indent=1))
+    elif name == "mc_dynamic":
+        report = _dynamic(run, scale, scale.mc_dynamic_samples, ("valid", "test"), progress, log)
+        atomic_write_text(path, json.dumps(report, indent=1))
+    elif name in ("dynamic", "token_losses"):  # the dynamic pass over test gives the token losses too
+        splits = ("valid", "test") if name == "dynamic" else ("test",)
+        report = token_losses(run, scale, splits, folder / EVALUATION_FILES["token_losses"], progress, log)
+        if name == "dynamic":
+            atomic_write_text(path, json.dumps(report, indent=1))
 
 
 def mc_dropout(run, samples: int, tokens: int | None, progress: bool, log: Callable[[str], None]) -> dict[str, Any]:
