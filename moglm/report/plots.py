@@ -100,6 +100,9 @@ def surprise(runs: list[Run], path: Path, corpus_label: str) -> Path | None:
             colours[name] = line.get_color()
             ax.axhline(m["average"], color=colours[name], ls=":", lw=0.8)
     ax.set_xlabel("tokens after a surprising token")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # offsets are whole tokens
     ax.set_ylabel("mean loss (nats per token)")
     ax.set_title(f"{corpus_label}: recovery after surprise (dotted: each model's average)")
     ax.grid(alpha=0.3)
