@@ -131,9 +131,17 @@ def epoch_seconds(config: str = "ptb-word-mogrifier-paper", device: str = "cpu",
     log(f"{config} on {device}: {steps} steps ...")
     with tempfile.TemporaryDirectory(prefix="moglm-epoch-") as tmp:
         measured = _tokens_per_s(config, "auto", steps, Path(tmp) / "run", device=device)
+    import torch
+
+    from ..device import resolve_device, usable_cores
+
     rate = measured["tokens_per_s"]
-    out = {"config": config, "device": device, "steps": steps, "train_tokens": train_tokens, **measured,
-           "epoch_seconds": train_tokens / rate if rate else None}
+    machine = dict(platform=platform.platform(), processor=platform.processor(), torch=torch.__version__,
+                   threads=torch.get_num_threads(), usable_cores=usable_cores())
+    if resolve_device(device).type == "cuda":
+        machine["gpu"] = torch.cuda.get_device_name(resolve_device(device))
+    out = {"config": config, "device": device, "machine": machine, "steps": steps, "train_tokens": train_tokens,
+           **measured, "epoch_seconds": train_tokens / rate if rate else None}
     log(f"  {rate:,.0f} tokens/s: an epoch of {train_tokens:,} tokens takes {out['epoch_seconds'] / 60:.1f} min"
         if rate else "  too few steps for a rate (use --steps >= 20)")
     return out
