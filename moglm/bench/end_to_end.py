@@ -29,7 +29,8 @@ from . import command_line, write_report
 BACKENDS = ("fused", "auto")
 
 
-def _tokens_per_s(config: str, backend: str, steps: int, run_dir: Path, device: str | None = None) -> dict[str, Any]:
+def _tokens_per_s(config: str, backend: str, steps: int, run_dir: Path,
+                  device: str | None = None) -> dict[str, Any]:
     from ..train.config import load_config
     from ..runs import RunDirectory
     from ..train.trainer import Trainer
@@ -121,27 +122,29 @@ def markdown_table(report: dict[str, Any]) -> str:
 
 
 def epoch_seconds(config: str = "ptb-word-mogrifier-paper", device: str = "cpu", steps: int = 30,
-                  log: Callable[[str], None] = print) -> dict[str, Any]:
+                  out_path: str | Path | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Training tokens/s of ``config`` on ``device`` (the median of the trainer's records after the first,
-    over ``steps`` optimizer steps) and the seconds one epoch of its training split takes at that rate."""
+    over ``steps`` optimizer steps) and the seconds one epoch of its training split takes at that rate;
+    written as JSON to ``out_path`` (if given) and returned."""
+    import torch
+
+    from ..device import resolve_device, usable_cores
     from ..train.build import load_data
     from ..train.config import load_config
 
+    where = resolve_device(device)
     train_tokens = len(load_data(load_config(config, []).data)["train"])
     log(f"{config} on {device}: {steps} steps ...")
     with tempfile.TemporaryDirectory(prefix="moglm-epoch-") as tmp:
         measured = _tokens_per_s(config, "auto", steps, Path(tmp) / "run", device=device)
-    import torch
-
-    from ..device import resolve_device, usable_cores
-
     rate = measured["tokens_per_s"]
     machine = dict(platform=platform.platform(), processor=platform.processor(), torch=torch.__version__,
                    threads=torch.get_num_threads(), usable_cores=usable_cores())
-    if resolve_device(device).type == "cuda":
-        machine["gpu"] = torch.cuda.get_device_name(resolve_device(device))
-    out = {"config": config, "device": device, "machine": machine, "steps": steps, "train_tokens": train_tokens,
-           **measured, "epoch_seconds": train_tokens / rate if rate else None}
-    log(f"  {rate:,.0f} tokens/s: an epoch of {train_tokens:,} tokens takes {out['epoch_seconds'] / 60:.1f} min"
+    if where.type == "cuda":
+        machine["gpu"] = torch.cuda.get_device_name(where)
+    report = {"command": command_line(), "config": config, "device": device, "machine": machine, "steps": steps,
+              "train_tokens": train_tokens, **measured, "epoch_seconds": train_tokens / rate if rate else None}
+    log(f"  {rate:,.0f} tokens/s: an epoch of {train_tokens:,} tokens takes {report['epoch_seconds'] / 60:.1f} min"
         if rate else "  too few steps for a rate (use --steps >= 20)")
-    return out
+    write_report(report, out_path)
+    return report

@@ -46,6 +46,7 @@ def evaluate_run_spec(scale: Scale, run_dir: Path, evaluations: list[str], progr
 
     run = LanguageModelRun(run_dir)
     folder = run_dir / "evaluations"
+    seed = run.load_config().train.seed
     with run.lock():
         for name in evaluations:
             path = folder / EVALUATION_FILES[name]
@@ -54,7 +55,7 @@ def evaluate_run_spec(scale: Scale, run_dir: Path, evaluations: list[str], progr
             log(f"evaluation: {name}")
             # dropout masks drawn from the run's seed and the evaluation's name, not from the process's past
             with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(run.load_config().train.seed * 1_000_003 + zlib.crc32(name.encode()))
+                torch.manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
                 _evaluate(name, run, scale, folder, path, progress, log)
 
 

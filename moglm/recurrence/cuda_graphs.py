@@ -22,7 +22,8 @@ How:
   CUDA-graphed training loop: a window's loss must be backpropagated before the layer's next window.
 
 Graphs are off by default (:func:`enable` turns them on, :func:`graphs` for a block; ``moglm bench
-throughput --device cuda`` measures both ways). Capture needs a CUDA device: :func:`enable` refuses anywhere else with one clear line.
+throughput --device cuda`` measures both ways). Capture needs a CUDA device: both refuse anywhere else
+with one clear line.
 """
 
 from __future__ import annotations
@@ -85,8 +86,9 @@ def graph_key(cell, xs: Tensor, h0: Tensor, c0: Tensor, mask: Tensor | None, par
               grad: bool) -> tuple:
     """What a captured window depends on, the precision of its products under autocast included; any change
     means a new capture (see the module docstring)."""
-    return (id(cell), grad, tuple(xs.shape), tuple(h0.shape), xs.dtype, xs.device, product_dtype(), mask is not None,
-            tuple(t.requires_grad for t in (xs, h0, c0)), tuple((p.data_ptr(), p.requires_grad) for p in params))
+    return (id(cell), grad, tuple(xs.shape), tuple(h0.shape), xs.dtype, xs.device, product_dtype(),
+            mask is not None, tuple(t.requires_grad for t in (xs, h0, c0)),
+            tuple((p.data_ptr(), p.requires_grad) for p in params))
 
 
 def _remember(key: tuple, value):

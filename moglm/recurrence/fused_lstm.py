@@ -201,7 +201,7 @@ def fused_backward(spec: LayerSpec, needs, xs, h0, c0, mask, p: Params, ys, save
         for t in range(T - 1, -1, -1):
             dh = dys_t[t] + dh_next
             dc_next = pointwise.cell_backward(dh, dc_next, acts[t], c_prev_t[t], cs_t[t], da, dg_ifo_t[t], dg_j_t[t],
-                                       spec.capped)
+                                              spec.capped)
             dh_next = d_h(dG_t[t])  # dL/dh~ [B, n]
             if mask is not None:
                 dh_next.mul_(mask)
@@ -238,7 +238,7 @@ def fused_backward(spec: LayerSpec, needs, xs, h0, c0, mask, p: Params, ys, save
     for t in range(T - 1, -1, -1):
         dh = dys_t[t] + dh_next
         dc_next = pointwise.cell_backward(dh, dc_next, acts[t], c_prev_t[t], cs_t[t], da, dg_ifo_t[t], dg_j_t[t],
-                                   spec.capped)
+                                          spec.capped)
         dxh = d_xh(dG_t[t])  # [B, m+n]
         grad = {"x": dxh[:, :m], "h": dxh[:, m:]}  # gradient of each chain's current end
         extra = {"x": None, "h": None}  # no zigzag: gradient reaching x^0 / h^0 as round sources
@@ -289,8 +289,7 @@ def _finish(spec: LayerSpec, needs, p: Params, dx, dh0, dc0, dG2: Tensor, grads:
         grads["weight_ih"] = grads["weight_ih"].index_select(0, perm)
         grads["weight_hh"] = grads["weight_hh"].index_select(0, perm)
         if "bias_ih" in p:
-            grads["bias_ih"] = dG2.sum(0).index_select(0, perm)  # [4n]
-            grads["bias_hh"] = grads["bias_ih"].clone()  # its own buffer: a graphed backward hands both to .grad
+            grads["bias_ih"] = grads["bias_hh"] = dG2.sum(0).index_select(0, perm)  # [4n]
     out = [dx, dh0, dc0, None, *(grads.get(name) for name in spec.names)]
     return tuple(g if need else None for g, need in zip(out, needs))
 

@@ -113,8 +113,7 @@ def mlstm_backward(spec, needs, xs, h0, c0, mask, p: Params, ys, saved, dys, dh_
         hh = hm if mask is not None else h_prev_all(h0, ys)  # [T, B, n]
         out["weight_mh"] = matmul_tn(d_ah2, hh.reshape(T * B, n))  # [n, n]
         if "bias_ih" in p:
-            out["bias_ih"] = dG2.sum(0).index_select(0, perm)  # [4n]
-            out["bias_hh"] = out["bias_ih"].clone()  # its own buffer: a graphed backward hands both to .grad
+            out["bias_ih"] = out["bias_hh"] = dG2.sum(0).index_select(0, perm)  # [4n]
     grads = [dx, dh_next, dc_next, None, *(out.get(name) for name in spec.names)]
     return tuple(g if need else None for g, need in zip(grads, needs))
 
