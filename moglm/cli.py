@@ -213,9 +213,10 @@ def _build_app():
 
     @app.command()
     def dyneval(
-        run_dir: Path = typer.Argument(..., help="A run directory made by `moglm train`."),
+        run_dir: Optional[Path] = typer.Argument(None, help="A run directory made by `moglm train` (or --hf)."),
         split: list[Split] = typer.Option([], help="Split(s) to evaluate (default: test)."),
-        rule: UpdateRule = typer.Option("rms-rmsdecay", help="Update rule (Krause thesis 4.2)."),
+        rule: Optional[UpdateRule] = typer.Option(None, help="Update rule (Krause thesis 4.2; default: rms-rmsdecay, "
+                                                  "with --hf sgd)."),
         learning_rate: Optional[float] = typer.Option(None, help="Learning rate (default: 1e-3; SGD rules 0.03)."),
         lr: Optional[float] = deprecated("--lr"),
         decay: Optional[float] = typer.Option(None, help="Decay towards the trained weights (default: 1e-2)."),
@@ -236,8 +237,30 @@ def _build_app():
                                                 help="Reset weights and state at every boundary token, decay 0 "
                                                 "(default: as the run was trained)."),
         boundary: Optional[str] = typer.Option(None, help="Episodic: the boundary token (default: <eos> or newline)."),
-        stats_fraction: float = typer.Option(0.01, help="RMS statistics: fraction of the training split."),
-        stats_batch_size: int = typer.Option(8, help="RMS statistics: streams per batch."),
+        stats_fraction: Optional[float] = typer.Option(None, help="RMS statistics: fraction of the training split "
+                                                       "(default 0.01; with --hf of --stats-text, default 1)."),
+        stats_batch_size: Optional[int] = typer.Option(None, help="RMS statistics: streams per batch (default 8; "
+                                                       "with --hf 1)."),
+        adapt: list[str] = typer.Option([], help="Adapt only the parameters whose names match this glob "
+                                        "(repeatable; default: all)."),
+        freeze: list[str] = typer.Option([], help="Do not adapt the parameters whose names match this glob "
+                                         "(repeatable)."),
+        freeze_embeddings: Optional[bool] = typer.Option(
+            None, "--freeze-embeddings/--adapt-embeddings", help="Leave the embedding matrices (input, output, "
+            "tied) out of the adaptation (default: adapt them; with --hf freeze them, the thesis's GPT-2 choice)."),
+        cache: bool = typer.Option(False, help="Also score with the neural cache (Grave et al. 2017, thesis 2.2.1): "
+                                   "static + cache and dynamic + cache, theta and lambda searched on validation."),
+        cache_size: int = typer.Option(500, min=1, help="Neural cache: positions it holds."),
+        hf: Optional[str] = typer.Option(None, help="A Hugging Face causal LM (a local directory, or a name in the "
+                                         "local cache) instead of a run: needs the hf extra and --text."),
+        text: Optional[Path] = typer.Option(None, help="--hf: the UTF-8 text file to score."),
+        stats_text: Optional[Path] = typer.Option(None, help="--hf: held-out text of the model's domain for the RMS "
+                                                  "statistics (the rms rules need it)."),
+        search_text: Optional[Path] = typer.Option(None, help="--hf: held-out text of the model's domain that "
+                                                   "--search and --cache tune on."),
+        context: Optional[int] = typer.Option(None, min=0, help="--hf: tokens of context before each segment "
+                                              "(default: the model's positions minus the segment length)."),
+        out: Optional[Path] = typer.Option(None, help="--hf: write the report (JSON) here."),
         eval_tokens: Optional[int] = typer.Option(None, min=1, help="Evaluate only the first N tokens of each "
                                                   "split."),
         max_tokens: Optional[int] = deprecated("--max-tokens", min=1),
@@ -251,10 +274,11 @@ def _build_app():
         threads: Optional[int] = typer.Option(None, help="CPU threads for torch."),
         progress: bool = typer.Option(True, help="Show progress bars."),
     ) -> None:
-        """Dynamic evaluation: adapt the weights to the text while scoring it (Krause thesis ch. 4-5)."""
+        """Dynamic evaluation: adapt the weights to the text while scoring it (Krause thesis ch. 4-6), of a run or
+        of a Hugging Face causal LM (--hf)."""
         import torch
 
-        from .dynamic_evaluation import Hyperparameters, SparseSpec, StatisticsSettings
+        from .dynamic_evaluation import Hyperparameters, ParameterSelection, SparseSpec, StatisticsSettings
         from .dynamic_evaluation.run import dyneval_run
         from .train.language_model_run import LanguageModelRun
 
@@ -262,17 +286,42 @@ def _build_app():
         eval_tokens = renamed(eval_tokens, max_tokens, "--max-tokens", "--eval-tokens")
         logit_factor = renamed(logit_factor, temperature, "--temperature", "--logit-factor")
         given = {"lr": learning_rate, "decay": decay, "eps": eps, "segment_length": segment_length}
-        hp = Hyperparameters(rule=rule, **{k: v for k, v in given.items() if v is not None})
+        if (hf is None) == (run_dir is None):
+            raise MoglmError("give either a run directory or --hf PATH_OR_NAME")
+        if hf is None and any(v is not None for v in (text, stats_text, search_text, context, out)):
+            raise MoglmError("--text, --stats-text, --search-text, --context and --out go with --hf")
+        if hf is not None and given["segment_length"] is None:
+            given["segment_length"] = 32  # the thesis's GPT-2 segments (6.3.2)
+        hp = Hyperparameters(rule=rule or ("sgd" if hf else "rms-rmsdecay"),
+                             **{k: v for k, v in given.items() if v is not None})
+        selection = ParameterSelection(tuple(adapt) or ("*",), tuple(freeze),
+                                       not (freeze_embeddings if freeze_embeddings is not None else hf is not None))
         if threads is not None:
             torch.set_num_threads(max(1, threads))
         extra = {} if margin is None else {"margin": margin}
+        if hf is not None:
+            from .dynamic_evaluation.huggingface import dyneval_hf, read_text
+
+            if text is None:
+                raise MoglmError("--hf needs --text FILE, the text to score")
+            statistics = StatisticsSettings(1.0 if stats_fraction is None else stats_fraction, stats_batch_size or 1)
+            dyneval_hf(hf, read_text(text, "text"), hp, context=context, selection=selection,
+                       stats_text=None if stats_text is None else read_text(stats_text, "statistics text"),
+                       statistics=statistics, search=search,
+                       search_text=None if search_text is None else read_text(search_text, "search text"),
+                       max_cost=max_cost, cache=cache, cache_size=cache_size, eval_tokens=eval_tokens,
+                       factor=1.0 if logit_factor is None else logit_factor, device=device or "cpu",
+                       progress=progress, log=typer.echo, out=out, **extra)
+            return
+        statistics = StatisticsSettings(0.01 if stats_fraction is None else stats_fraction, stats_batch_size or 8)
         dyneval_run(LanguageModelRun(run_dir), tuple(values(split)) or ("test",), hp, search=search,
                     search_tokens=search_tokens,
                     max_cost=max_cost, sparse=SparseSpec(sparse_units, tuple(sparse_layer) or None) if sparse else None,
                     streams=streams, episodic=episodic, boundary=boundary,
-                    statistics=StatisticsSettings(stats_fraction, stats_batch_size), eval_tokens=eval_tokens,
-                    temperature=logit_factor, mc_samples=mc_samples, which=checkpoint, device=device,
-                    progress=progress, log=typer.echo, **extra)
+                    statistics=statistics, eval_tokens=eval_tokens,
+                    temperature=logit_factor, mc_samples=mc_samples, selection=selection, cache=cache,
+                    cache_size=cache_size, which=checkpoint, device=device, progress=progress, log=typer.echo,
+                    **extra)
 
     from .experiments.cli import experiment_app, report_command
 

@@ -6,9 +6,15 @@
 * :mod:`.evaluate` segments, updates, episodic mode, the divergence guard (4.3, eq. 4.2)
 * :mod:`.search` the hyperparameter search on a validation prefix (4.5, Mogrifier table 6)
 * :mod:`.analysis` loss against position, static vs dynamic (thesis figure 5.2)
+* :mod:`.adapted` what adapts: all weights, a selection by name, or the sparse matrices
+* :mod:`.with_cache` the neural cache beside and with dynamic evaluation (thesis 2.2.1)
 * :mod:`.run` a run directory's checkpoint end to end (``moglm dyneval``)
+* :mod:`.huggingface` a Hugging Face causal LM end to end (``moglm dyneval --hf``, thesis 6.3)
+
+Every evaluator reads a model through one contract, :mod:`moglm.evaluation.stream_model`.
 """
 
+from .adapted import ParameterSelection
 from .evaluate import DynamicEvaluator, DynamicResult, dynamic_evaluate, static_pass
 from .sparse import SparseSpec
 from .statistics import StatisticsSettings, gradient_rms
@@ -20,6 +26,7 @@ __all__ = [
     "DynamicEvaluator",
     "DynamicResult",
     "Hyperparameters",
+    "ParameterSelection",
     "SparseSpec",
     "StatisticsSettings",
     "UpdateRule",

@@ -19,23 +19,27 @@ from __future__ import annotations
 import numpy as np
 from torch import Tensor
 
+from ..errors import MoglmError
 from ..evaluation.scores import Scores
-from ..model.language_model import LanguageModel
+from ..evaluation.stream_model import StreamModel
 from ..train.data_parallel import SINGLE, Group
 from .evaluate import DynamicResult, Timing, dynamic_evaluate, static_pass
 from .update_rules import Hyperparameters
 
 
-def evaluate_streams(model: LanguageModel, ids: np.ndarray, hp: Hyperparameters, rms: dict[str, Tensor] | None, *,
+def evaluate_streams(model: StreamModel, ids: np.ndarray, hp: Hyperparameters, rms: dict[str, Tensor] | None, *,
                      streams: int, bptt: int, factor: float, words: int | None = None, progress: bool = False,
-                     desc: str = "dyneval", group: Group = SINGLE, **options) -> DynamicResult:
+                     desc: str = "dyneval", group: Group = SINGLE, features: bool = False,
+                     **options) -> DynamicResult:
     """The static pass and dynamic evaluation of ``ids`` in ``streams`` stripes (``options`` go to
     :func:`~moglm.dynamic_evaluation.evaluate.dynamic_evaluate`), this process's share of the stripes
     when ``group`` has several; every process returns the result of all the stripes."""
     if not group.distributed:
-        static = static_pass(model, ids, streams, bptt, factor, words, progress)
+        static = static_pass(model, ids, streams, bptt, factor, words, progress, features)
         return dynamic_evaluate(model, ids, hp, rms, static=static, streams=streams, factor=factor,
-                                progress=progress, desc=desc, **options)
+                                progress=progress, desc=desc, features=features, **options)
+    if features:
+        raise MoglmError("the neural cache runs in one process (not under torchrun)")
     rows = group.rows(streams, "--streams")
     length = len(ids) // streams  # each stripe's tokens, as the batching cuts them
     block, mine = ids[rows.start * length: rows.stop * length], rows.stop - rows.start

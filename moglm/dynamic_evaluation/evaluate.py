@@ -56,10 +56,10 @@ from ..data.batching import StreamBatches, split_sequences
 from ..errors import MoglmError
 from ..evaluation.scores import Scores
 from ..evaluation.stream import evaluate_stream
-from ..model.language_model import LanguageModel
+from ..evaluation.stream_model import StreamModel, detach_state, dropout_scaled, static_window
 from ..progress import progress_bar
 from ..recurrence import gemm
-from .adapted import adapted_tensors
+from .adapted import ALL, ParameterSelection, adapted_tensors
 from .sparse import SparseSpec
 from .update_rules import Hyperparameters, UpdateRule, uses_rms
 
@@ -81,25 +81,22 @@ def _plain_gemm():
         gemm.ONEDNN = saved
 
 
-def _detach(state):
-    if state is None:
-        return None
-    return state.detach() if isinstance(state, Tensor) else tuple(s.detach() for s in state)
-
-
 class DynamicEvaluator:
-    """Online adaptation of a private copy of ``model``: :meth:`step` scores one segment with the
-    current weights, then updates them on its loss. ``model`` itself never changes.
+    """Online adaptation of a private copy of ``model`` (any :class:`~moglm.evaluation.stream_model.StreamModel`:
+    a recurrent or Transformer language model, or a causal LM read through a context window): :meth:`step`
+    scores one segment with the current weights, then updates them on its loss. ``model`` itself never changes.
 
     ``rms``: global RMS statistics by name (:mod:`.statistics`; needed by the ``rms*`` rules);
-    ``sparse``: adapt only the sparse matrices (one per stream); ``factor``: the logit factor (softmax
+    ``sparse``: adapt only the sparse matrices (one per stream); ``selection``: which parameters adapt
+    (:class:`~.adapted.ParameterSelection`; default all); ``factor``: the logit factor (softmax
     temperature) applied when scoring; ``mc_samples``: score and adapt on the mean of that many dropout
-    samples' probabilities (0: dropout off), with every dropout rate times ``mc_multiplier``.
+    samples' probabilities (0: dropout off), with every dropout rate times ``mc_multiplier``;
+    ``keep_features``: keep the features of the last segment in :attr:`features` (for the neural cache).
     """
 
     def __init__(
         self,
-        model: LanguageModel,
+        model: StreamModel,
         hp: Hyperparameters = Hyperparameters(),
         rms: dict[str, Tensor] | None = None,
         sparse: SparseSpec | None = None,
@@ -109,13 +106,18 @@ class DynamicEvaluator:
         snapshot_every: int = SNAPSHOT_EVERY,
         mc_samples: int = 0,
         mc_multiplier: float = 1.0,
+        selection: ParameterSelection = ALL,
+        keep_features: bool = False,
     ) -> None:
         if streams < 1:
             raise MoglmError(f"streams must be >= 1, got {streams}")
         _check_mc(mc_samples, mc_multiplier, sparse)
         self.hp, self.factor, self.margin, self.snapshot_every = hp, factor, margin, snapshot_every
         self.mc_samples, self.mc_multiplier = mc_samples, mc_multiplier
-        self.adapted = adapted_tensors(model, sparse, streams if sparse is not None else None)
+        if keep_features and mc_samples:
+            raise MoglmError("the neural cache reads one deterministic pass: it does not combine with MC dropout")
+        self.keep_features, self.features = keep_features, None
+        self.adapted = adapted_tensors(model, sparse, streams if sparse is not None else None, selection)
         self.model = self.adapted.model
         self.params = self.adapted.params
         self.per_stream = sparse is not None
@@ -141,11 +143,15 @@ class DynamicEvaluator:
         """Per-token nll ``[T, B]`` under the current weights: deterministic, or of the mean probability of
         ``mc_samples`` dropout samples (the state then has ``B * S`` rows, sample-major within a stream)."""
         if not self.mc_samples:
-            return self.model.nll(inputs, targets, state, self.factor)
+            if not self.keep_features:
+                return self.model.nll(inputs, targets, state, self.factor)
+            nll, features, state = self.model.nll_features(inputs, targets, state, self.factor)  # [T, B], [T, B, H]
+            self.features = features.detach()
+            return nll, state
         samples = self.mc_samples
         self.model.train()
         try:
-            with self.model.dropout_scaled(self.mc_multiplier):
+            with dropout_scaled(self.model, self.mc_multiplier):
                 nll, state = self.model.nll(inputs.repeat_interleave(samples, 1), targets.repeat_interleave(samples, 1),
                                             state, self.factor)  # [T, B*S]
         finally:
@@ -164,7 +170,7 @@ class DynamicEvaluator:
                 grads = torch.autograd.grad(self.loss(nll), self.params)
                 self.rule.apply(self.params, grads)
                 self._after_update()
-                return scored, _detach(new_state)
+                return scored, detach_state(new_state)
         self.rollback()
         with torch.no_grad():
             rescored, new_state = self.nll(inputs, targets, state)  # [T, B]
@@ -176,7 +182,7 @@ class DynamicEvaluator:
                     if not torch.isfinite(rescored).all():
                         raise MoglmError("the trained weights themselves give a non-finite loss on this text")
                 scored = rescored
-        return scored, _detach(new_state)
+        return scored, detach_state(new_state)
 
     def adapt_to(self, inputs: Tensor, targets: Tensor, state=None):
         """Read ``inputs`` ``[T, B]`` segment by segment, updating after each; returns the final state."""
@@ -184,6 +190,12 @@ class DynamicEvaluator:
         for start in range(0, inputs.shape[0], n):
             _, state = self.step(inputs[start : start + n], targets[start : start + n], state)
         return state
+
+    def describe(self) -> dict:
+        """What adapts: tensors, scalars, and their names (a summary when there are many)."""
+        names = self.adapted.names
+        return {"tensors": len(names), "parameters": sum(p.numel() for p in self.params),
+                "names": names if len(names) <= 12 else names[:6] + ["..."] + names[-6:]}
 
     def _diverged(self, nll: Tensor, static_nll: Tensor | None) -> bool:
         """Non-finite, or the recent excess over the static loss is above the margin."""
@@ -246,6 +258,7 @@ class StaticPass:
     scores: Scores
     losses: Tensor
     timing: Timing
+    features: Tensor | None = None
 
 
 @dataclass
@@ -264,6 +277,9 @@ class DynamicResult:
     rescored: int = 0
     lr_scale: float = 1.0
     episodes: list[int] | None = None
+    features: Tensor | None = None  # [L, B, H] of the adapted model, when asked for (the neural cache)
+    static_features: Tensor | None = None
+    adapted: dict | None = None  # what adapted: parameters and tensors counted, the selection
 
     @property
     def gain(self) -> float:
@@ -289,21 +305,23 @@ class DynamicResult:
             "static_seconds": self.static_timing.seconds,
             "static_cpu_seconds": self.static_timing.cpu_seconds,
             "cost": self.cost,
+            "adapted": self.adapted,
         }
 
 
-def static_pass(model: LanguageModel, ids: np.ndarray, streams: int = 1, bptt: int = 70, factor: float = 1.0,
-                words: int | None = None, progress: bool = False) -> StaticPass:
-    """The static evaluation (:func:`moglm.evaluation.stream.evaluate_stream`), timed, per token."""
+def static_pass(model: StreamModel, ids: np.ndarray, streams: int = 1, bptt: int = 70, factor: float = 1.0,
+                words: int | None = None, progress: bool = False, features: bool = False) -> StaticPass:
+    """The static evaluation (:func:`moglm.evaluation.stream.evaluate_stream`), timed, per token; with
+    ``features`` also the output layer's features ``[L, B, H]`` (for the neural cache)."""
     timing = Timing()
     with timing.measure():
-        scores, losses = evaluate_stream(model, ids, streams, bptt, factor, words=words, progress=progress,
-                                         desc="static", per_token=True)
-    return StaticPass(scores, losses, timing)
+        out = evaluate_stream(model, ids, streams, bptt, factor, words=words, progress=progress, desc="static",
+                              per_token=True, features=features)
+    return StaticPass(*out[:2], timing, out[2] if features else None)
 
 
 def dynamic_evaluate(
-    model: LanguageModel,
+    model: StreamModel,
     ids: np.ndarray,
     hp: Hyperparameters = Hyperparameters(),
     rms: dict[str, Tensor] | None = None,
@@ -319,15 +337,20 @@ def dynamic_evaluate(
     margin: float = DEFAULT_MARGIN,
     mc_samples: int = 0,
     mc_multiplier: float = 1.0,
+    selection: ParameterSelection = ALL,
+    features: bool = False,
     progress: bool = False,
     desc: str = "dyneval",
 ) -> DynamicResult:
-    """Dynamic evaluation of ``model`` on ``ids`` (a 1-D token stream); ``model`` is left unchanged.
+    """Dynamic evaluation of ``model`` (any :class:`~moglm.evaluation.stream_model.StreamModel`) on ``ids`` (a
+    1-D token stream); ``model`` is left unchanged.
 
     ``static``: a :func:`static_pass` result of the same ids and streams to reuse (e.g. across a
-    search); otherwise it is computed here (bptt ``static_bptt``). ``boundary``: a token id that ends
-    every sequence for episodic mode (one stream, weights and state reset after each).
-    ``mc_samples``: MC dropout with dynamic evaluation (module docstring).
+    search); otherwise it is computed here (bptt ``static_bptt``, or the segment length for a model that
+    reads in segments, :func:`~moglm.evaluation.stream_model.static_window`). ``boundary``: a token id that
+    ends every sequence for episodic mode (one stream, weights and state reset after each).
+    ``mc_samples``: MC dropout with dynamic evaluation (module docstring). ``selection``: which parameters
+    adapt. ``features``: keep the output layer's features of both passes (the neural cache reads them).
     """
     ids = np.asarray(ids)
     if boundary is not None:
@@ -335,35 +358,41 @@ def dynamic_evaluate(
             raise MoglmError("episodic dynamic evaluation reads one stream (streams must be 1)")
         if mc_samples:
             raise MoglmError("MC dropout with episodic dynamic evaluation is not supported: evaluate a stream")
+        if features:
+            raise MoglmError("the neural cache reads a stream: it does not combine with episodic evaluation")
         return _episodic(model, ids if max_tokens is None else ids[:max_tokens], hp, rms, sparse, boundary,
-                         factor, margin, progress, desc)
+                         factor, margin, progress, desc, selection)
     if max_tokens is not None:
         ids = ids[: max_tokens + streams]  # as evaluate_stream: each stripe's last token is only a target
-    if static is None:
-        static = static_pass(model, ids, streams, static_bptt, factor, words, progress)
+    if static is None or (features and static.features is None):
+        static = static_pass(model, ids, streams, static_window(model, static_bptt, hp.segment_length), factor,
+                             words, progress, features)
     batches = StreamBatches(ids, streams, hp.segment_length)
     if static.losses.shape != (batches.data.shape[0] - 1, streams):
         raise MoglmError("the static losses given do not belong to this stream")
     timing = Timing()
-    out, state = [], None
+    out, kept, state = [], [], None
     bar = progress_bar(len(batches), desc, hp.segment_length * streams, enabled=progress)
     try:
         with timing.measure():
-            evaluator = DynamicEvaluator(model, hp, rms, sparse, streams, factor, margin,
-                                         mc_samples=mc_samples, mc_multiplier=mc_multiplier)
+            evaluator = DynamicEvaluator(model, hp, rms, sparse, streams, factor, margin, mc_samples=mc_samples,
+                                         mc_multiplier=mc_multiplier, selection=selection, keep_features=features)
             device = evaluator.params[0].device
             for i, batch in enumerate(batches):
                 start = i * hp.segment_length
                 reference = static.losses[start : start + batch.targets.shape[0]].to(device)  # [T, B]
                 nll, state = evaluator.step(batch.inputs.to(device), batch.targets.to(device), state, reference)
                 out.append(nll.cpu())  # [T, B]
+                if features:
+                    kept.append(evaluator.features.cpu())  # [T, B, H]
                 bar.update(1)
     finally:
         bar.close()
     losses = torch.cat(out)  # [L, B]
     scores = Scores(float(losses.double().sum()), losses.numel(), static.scores.words)
     return DynamicResult(scores, static.scores, losses, static.losses, hp, timing, static.timing, evaluator.rollbacks,
-                         evaluator.rescored, evaluator.rule.lr_scale)
+                         evaluator.rescored, evaluator.rule.lr_scale, features=torch.cat(kept) if features else None,
+                         static_features=static.features if features else None, adapted=evaluator.describe())
 
 
 def _check_mc(samples: int, multiplier: float, sparse: SparseSpec | None) -> None:
@@ -376,7 +405,7 @@ def _check_mc(samples: int, multiplier: float, sparse: SparseSpec | None) -> Non
                          "not per dropout sample): use full dynamic evaluation")
 
 
-def _episodic(model, ids, hp, rms, sparse, boundary, factor, margin, progress, desc) -> DynamicResult:
+def _episodic(model, ids, hp, rms, sparse, boundary, factor, margin, progress, desc, selection) -> DynamicResult:
     """One sequence at a time from a zero state and the trained weights (thesis 4.8)."""
     sequences = split_sequences(ids, boundary)
     hp = hp.with_(decay=0.0)  # the weights restart at every boundary: no decay (thesis 4.8)
@@ -384,7 +413,7 @@ def _episodic(model, ids, hp, rms, sparse, boundary, factor, margin, progress, d
         raise MoglmError("episodic dynamic evaluation: no sequences in the stream")
     timing, static_timing = Timing(), Timing()
     with timing.measure():
-        evaluator = DynamicEvaluator(model, hp, rms, sparse, 1, factor, margin)
+        evaluator = DynamicEvaluator(model, hp, rms, sparse, 1, factor, margin, selection=selection)
     device = evaluator.params[0].device
     dyn, stat = [], []
     bar = progress_bar(len(sequences), desc, 1, enabled=progress)
@@ -412,4 +441,4 @@ def _episodic(model, ids, hp, rms, sparse, boundary, factor, margin, progress, d
     return DynamicResult(Scores(float(losses.double().sum()), losses.numel()),
                          Scores(float(static_losses.double().sum()), static_losses.numel()), losses, static_losses,
                          hp, timing, static_timing, evaluator.rollbacks, evaluator.rescored, evaluator.rule.lr_scale,
-                         episodes=[len(s) for s in sequences])
+                         episodes=[len(s) for s in sequences], adapted=evaluator.describe())

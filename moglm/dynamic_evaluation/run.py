@@ -27,9 +27,12 @@ from ..device import resolve_device
 from ..train import data_parallel
 from .across_processes import evaluate_streams
 from .analysis import plot_profile, position_profile
+from ..evaluation.stream_model import static_window
+from .adapted import ALL, ParameterSelection
 from .evaluate import DEFAULT_MARGIN, DynamicEvaluator, DynamicResult, dynamic_evaluate, static_pass
 from .search import ORDER, ORDER_WITH_BUDGET, coordinate_search
 from .sparse import SparseSpec
+from .with_cache import CACHE_SIZE, CacheReport, mixed_scores, stream_targets, tune
 from .statistics import StatisticsSettings, cache_key, gradient_rms, load_or_collect
 from .update_rules import Hyperparameters, uses_rms
 
@@ -44,8 +47,10 @@ def load_corpus_for(run: LanguageModelRun, purpose: str):
 
 
 def run_statistics(run: LanguageModelRun, which: str, model, train_ids: np.ndarray, sparse: SparseSpec | None,
-                   settings: StatisticsSettings, progress: bool = True, log: Callable[[str], None] = print):
-    """Global RMS statistics of a run's checkpoint, from the cache in ``dyneval/`` or collected."""
+                   settings: StatisticsSettings, progress: bool = True, log: Callable[[str], None] = print,
+                   selection: ParameterSelection = ALL):
+    """Global RMS statistics of a run's checkpoint (of the parameters ``selection`` names, or the sparse
+    matrices), from the cache in ``dyneval/`` or collected."""
     pointer = run.checkpoints.pointer(which)
     if pointer is None:
         raise MoglmError(f"{run.path}: no {which} checkpoint yet")
@@ -53,12 +58,12 @@ def run_statistics(run: LanguageModelRun, which: str, model, train_ids: np.ndarr
         raise MoglmError(f"{run.path}: the training split is empty; RMS statistics need training data")
     checkpoint = {"dir": pointer["dir"], "weights": pointer.get("weights", "model")}
     spec = None if sparse is None else sparse.as_dict(model)
-    path = run.path / "dyneval" / f"rms-{cache_key(checkpoint, settings, spec)}.safetensors"
-    names = [n for n, _ in model.named_parameters()] if sparse is None else sparse.names(model)
+    path = run.path / "dyneval" / f"rms-{cache_key(checkpoint, settings, spec, selection)}.safetensors"
+    names = selection.names(model) if sparse is None else sparse.names(model)
     metadata = {"checkpoint": checkpoint, "fraction": settings.fraction, "batch_size": settings.batch_size,
-                "bptt": settings.bptt, "sparse": spec}
-    return load_or_collect(path, names, lambda: gradient_rms(model, train_ids, settings, sparse, progress),
-                           metadata, log)
+                "bptt": settings.bptt, "sparse": spec, "selection": selection.as_dict()}
+    return load_or_collect(path, names, lambda: gradient_rms(model, train_ids, settings, sparse, progress,
+                                                             selection), metadata, log)
 
 
 def saved_settings(run: LanguageModelRun, tag: str = "full") -> tuple[Hyperparameters, StatisticsSettings] | None:
@@ -103,6 +108,9 @@ def dyneval_run(
     temperature: float | None = None,
     margin: float = DEFAULT_MARGIN,
     mc_samples: int = 0,
+    selection: ParameterSelection = ALL,
+    cache: bool = False,
+    cache_size: int = CACHE_SIZE,
     on_result: Callable[[str, DynamicResult], None] | None = None,
     which: str = "best",
     device: str | None = None,
@@ -117,6 +125,9 @@ def dyneval_run(
     logit factor of the run's ``results.json`` (what ``moglm evaluate`` reported), else 1.
     ``episodic=None``: episodic when the run was trained on episodes (``data.episodic``). ``mc_samples``:
     MC dropout with dynamic evaluation, the dropout rates times the run's ``mc_dropout_multiplier``.
+    ``selection``: which parameters adapt (full dynamic evaluation; :class:`~.adapted.ParameterSelection`).
+    ``cache``: also score static + neural cache and dynamic + cache (:mod:`.with_cache`), theta and lambda
+    searched on the first ``search_tokens`` validation tokens for each, with ``cache_size`` positions.
     ``on_result(split, result)``: receives each split's :class:`DynamicResult` (its per-token losses)."""
     for split in splits:
         if split not in ("train", "valid", "test"):
@@ -147,20 +158,29 @@ def dyneval_run(
     rms = None
     if uses_rms(hp.rule):
         rms = group.on_main(lambda: run_statistics(run, which, model, corpus["train"], sparse, statistics, progress,
-                                                   log))
+                                                   log, selection))
     report: dict[str, Any] = {
         "checkpoint": {"which": which, "step": run.checkpoints.pointer(which)["step"]},
         "mode": "sparse" if sparse else "full", "sparse": None if sparse is None else sparse.as_dict(model),
         "streams": streams, "episodic": episodic, "temperature": factor, "level": corpus.format,
         "statistics": None if rms is None else vars(statistics), "divergence_margin": margin, "search": None,
         "mc_dropout": {"samples": mc_samples, "multiplier": cfg.evaluation.mc_dropout_multiplier} if mc_samples else None,
+        "selection": None if sparse else selection.as_dict(),
     }
     options = dict(sparse=sparse, streams=streams, boundary=boundary_id, factor=factor, margin=margin,
-                   mc_samples=mc_samples, mc_multiplier=cfg.evaluation.mc_dropout_multiplier)
+                   mc_samples=mc_samples, mc_multiplier=cfg.evaluation.mc_dropout_multiplier, selection=selection)
     if search:
-        hp, report["search"] = group.on_main(lambda: _search(model, corpus["valid"], hp, rms, search_tokens, max_cost,
-                                                             cfg.train.bptt, corpus.format, options, log))
+        longest = 20 if corpus.format == "word" else 50  # Mogrifier paper appendix A
+        hp, report["search"] = group.on_main(lambda: search_settings(model, corpus["valid"], hp, rms, search_tokens,
+                                                                     max_cost, cfg.train.bptt, longest, options, log))
     report["hyperparameters"] = hp.as_dict()
+    tuned_cache = None
+    if cache:
+        if episodic or group.distributed or mc_samples:
+            raise MoglmError("the neural cache reads one stream in one process, without MC dropout")
+        tuned_cache = _tune_cache(model, corpus["valid"], hp, rms, search_tokens, cfg.train.bptt, cache_size,
+                                  options, log)
+        report["cache"] = tuned_cache.as_dict()
     report["splits"] = {}
     tag = ("sparse" if sparse else "full") + ("-episodic" if episodic else "") + ("-mc" if mc_samples else "")
     for split in splits:
@@ -168,13 +188,17 @@ def dyneval_run(
         if episodic:
             result = dynamic_evaluate(model, ids, hp, rms, progress=progress, desc=split, **options)
         else:
-            result = evaluate_streams(model, ids, hp, rms, bptt=cfg.train.bptt, words=corpus.words.get(split)
+            result = evaluate_streams(model, ids, hp, rms, bptt=static_window(model, cfg.train.bptt, hp.segment_length),
+                                      words=corpus.words.get(split)
                                       if eval_tokens is None else None, progress=progress, desc=split, group=group,
-                                      **options)
+                                      features=cache, **options)
         if on_result is not None:
             on_result(split, result)
         profile = position_profile(result.static_losses, result.losses, result.episodes)
         report["splits"][split] = result.as_dict() | {"profile": profile}
+        if tuned_cache is not None:
+            report["splits"][split]["cache"] = _cache_rows(result, ids, streams, tuned_cache, corpus.format, split,
+                                                           log)
         log(f"{split}: static {result.static.headline(corpus.format)} -> "
             f"dynamic {result.scores.headline(corpus.format)}"
             f" (perplexity {-result.gain:+.1%}); {result.rollbacks} rollbacks; "
@@ -189,6 +213,34 @@ def dyneval_run(
     return report
 
 
+def _tune_cache(model, valid: np.ndarray, hp: Hyperparameters, rms, tokens: int, bptt: int, size: int,
+                options: dict, log: Callable[[str], None]) -> CacheReport:
+    """theta and lambda of the neural cache, for the static and for the adapted model, searched on the
+    first ``tokens`` validation tokens (:mod:`.with_cache`)."""
+    streams = options["streams"]
+    prefix = valid[: tokens + streams]
+    static = static_pass(model, prefix, streams, static_window(model, bptt, hp.segment_length), options["factor"],
+                         features=True)
+    adapted = dynamic_evaluate(model, prefix, hp, rms, static=static, features=True, **options)
+    targets = stream_targets(prefix, streams, static.losses.shape[0])
+    tuned = CacheReport(tune(static.losses, static.features, targets, size),
+                        tune(adapted.losses, adapted.features, targets, size))
+    for name, found in (("static", tuned.static), ("dynamic", tuned.dynamic)):
+        log(f"neural cache for the {name} model: theta {found.best.theta:g}, lambda {found.best.lam:g}, size {size} "
+            f"(validation xent {found.base_xent:.4f} -> {found.xent:.4f} on {len(prefix):,} tokens)")
+    return tuned
+
+
+def _cache_rows(result: DynamicResult, ids: np.ndarray, streams: int, tuned: CacheReport, level: str, split: str,
+                log: Callable[[str], None]) -> dict:
+    """Static + cache and dynamic + cache scores of one split's passes."""
+    targets = stream_targets(ids, streams, result.losses.shape[0])
+    static, _ = mixed_scores(result.static_losses, result.static_features, targets, tuned.static.best, result.static)
+    dynamic, _ = mixed_scores(result.losses, result.features, targets, tuned.dynamic.best, result.scores)
+    log(f"{split}: static + cache {static.headline(level)}; dynamic + cache {dynamic.headline(level)}")
+    return {"static": static.as_dict(), "dynamic": dynamic.as_dict()}
+
+
 def _run_temperature(run: LanguageModelRun) -> float:
     if run.results_path.is_file():
         try:
@@ -198,22 +250,30 @@ def _run_temperature(run: LanguageModelRun) -> float:
     return 1.0
 
 
-def _search(model, valid: np.ndarray, hp: Hyperparameters, rms, tokens: int, max_cost: float | None, bptt: int,
-            level: str, options: dict, log: Callable[[str], None]) -> tuple[Hyperparameters, dict]:
-    """Coordinate search on the validation prefix; ``max_cost``: rule out settings that take more than
-    this many times the CPU time of the prefix's static evaluation."""
+def search_settings(model, valid: np.ndarray, hp: Hyperparameters, rms, tokens: int, max_cost: float | None,
+                    bptt: int, longest: int, options: dict, log: Callable[[str], None]) -> tuple[Hyperparameters, dict]:
+    """Coordinate search (:mod:`.search`) on the first ``tokens`` of ``valid``, segments of at most ``longest``
+    tokens; ``max_cost``: rule out settings that take more than this many times the CPU time of the prefix's
+    static evaluation."""
     streams, episodic = options["streams"], options["boundary"] is not None
     prefix = valid[: tokens + streams] if not episodic else valid[:tokens]
-    static = None if episodic else static_pass(model, prefix, streams, bptt, options["factor"])
+    statics: dict[int, Any] = {}  # by window: a model that reads in segments is compared cut as it is adapted
+
+    def static_for(segment_length: int):
+        window = static_window(model, bptt, segment_length)
+        if window not in statics:
+            statics[window] = static_pass(model, prefix, streams, window, options["factor"])
+        return statics[window]
+
     log(f"searching on the first {len(prefix):,} validation tokens"
-        + ("" if static is None else f" (static xent {static.scores.xent:.4f})"))
+        + ("" if episodic else f" (static xent {static_for(hp.segment_length).scores.xent:.4f})"))
 
     def score(candidate: Hyperparameters) -> tuple[float, dict]:
+        static = None if episodic else static_for(candidate.segment_length)
         result = dynamic_evaluate(model, prefix, candidate, rms, static=static, **options)
         feasible = max_cost is None or result.cost <= max_cost
         return (result.scores.xent if feasible else float("inf")), {"xent": result.scores.xent, "cost": result.cost}
 
-    longest = 20 if level == "word" else 50  # Mogrifier paper appendix A
     order = ORDER if max_cost is None else ORDER_WITH_BUDGET
     if max_cost is not None:
         hp = hp.with_(segment_length=longest)

@@ -41,6 +41,9 @@ class SparseSpec:
 
     def resolve(self, model: LanguageModel) -> tuple[int, tuple[int, ...]]:
         stack = model.rnn
+        if not hasattr(stack, "cells"):
+            raise MoglmError("sparse dynamic evaluation adapts a recurrent layer's hidden state, and this model has "
+                             "no recurrent layers: use full dynamic evaluation (--adapt selects the parameters)")
         if self.units < 1:
             raise MoglmError(f"sparse dynamic evaluation: units must be >= 1, got {self.units}")
         layers = tuple(range(stack.num_layers)) if self.layers is None else tuple(self.layers)

@@ -31,9 +31,9 @@ from torch import Tensor
 from ..atomic import atomic_write
 from ..data.batching import StreamBatches
 from ..errors import MoglmError
-from ..model.language_model import LanguageModel
+from ..evaluation.stream_model import StreamModel, detach_state
 from ..progress import progress_bar
-from .adapted import adapted_tensors
+from .adapted import ALL, ParameterSelection, adapted_tensors
 from .sparse import SparseSpec
 
 
@@ -53,14 +53,16 @@ class StatisticsSettings:
 
 
 def gradient_rms(
-    model: LanguageModel,
+    model: StreamModel,
     train_ids: np.ndarray,
     settings: StatisticsSettings = StatisticsSettings(),
     sparse: SparseSpec | None = None,
     progress: bool = False,
+    selection: ParameterSelection = ALL,
 ) -> dict[str, Tensor]:
-    """``sqrt(mean_k g_k^2)`` per adapted tensor (eq. 4.4), by name, of the training loss (softmax
-    temperature 1). ``model`` is not changed."""
+    """``sqrt(mean_k g_k^2)`` per adapted tensor (eq. 4.4; those ``selection`` names, or the sparse
+    matrices), by name, of the training loss (softmax temperature 1). ``model`` (any
+    :class:`~moglm.evaluation.stream_model.StreamModel`) is not changed."""
     ids = np.asarray(train_ids)
     ids = ids[: int(len(ids) * settings.fraction)]
     if len(ids) < settings.batch_size * 2:
@@ -68,7 +70,7 @@ def gradient_rms(
             f"RMS statistics: {len(ids)} training tokens ({settings.fraction:g} of the split) are too few "
             f"for batch size {settings.batch_size}; raise the fraction or lower the batch size"
         )
-    adapted = adapted_tensors(model, sparse)  # sparse: one [H, H] matrix shared by the batch rows
+    adapted = adapted_tensors(model, sparse, selection=selection)  # sparse: one [H, H] matrix shared by the rows
     batches = StreamBatches(ids, settings.batch_size, settings.bptt)
     device = adapted.params[0].device
     squares = [torch.zeros_like(p, dtype=torch.float64) for p in adapted.params]
@@ -82,7 +84,7 @@ def gradient_rms(
                 grads = torch.autograd.grad(nll.mean(), adapted.params)
             for sq, g in zip(squares, grads):
                 sq.add_(g.double().square())
-            state = _detach(state)
+            state = detach_state(state)
             bar.update(1)
     finally:
         bar.close()
@@ -92,13 +94,13 @@ def gradient_rms(
     return rms
 
 
-def _detach(state):
-    return state.detach() if isinstance(state, Tensor) else tuple(s.detach() for s in state)
-
-
-def cache_key(checkpoint: dict, settings: StatisticsSettings, sparse: dict | None) -> str:
-    """A short hash of everything the statistics depend on."""
+def cache_key(checkpoint: dict, settings: StatisticsSettings, sparse: dict | None,
+              selection: ParameterSelection = ALL) -> str:
+    """A short hash of everything the statistics depend on (the selection only when it is not "all", so
+    the statistics cached before selections existed are still found)."""
     what = {"checkpoint": checkpoint, "settings": asdict(settings), "sparse": sparse}
+    if not selection.is_all:
+        what["selection"] = selection.as_dict()
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 

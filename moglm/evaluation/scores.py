@@ -14,6 +14,8 @@ class Scores:
     nll: float
     tokens: int
     words: int | None = None
+    characters: int | None = None  # the characters and bytes of the text those tokens spell, when known:
+    bytes: int | None = None  # models with different tokenisers compare per character or byte (thesis 6.3.2)
 
     @property
     def xent(self) -> float:
@@ -33,17 +35,33 @@ class Scores:
     def bits_per_word(self) -> float | None:
         return None if not self.words else self.nll / math.log(2) / self.words
 
+    @property
+    def bits_per_character(self) -> float | None:
+        return None if not self.characters else self.nll / math.log(2) / self.characters
+
+    @property
+    def bits_per_byte(self) -> float | None:
+        return None if not self.bytes else self.nll / math.log(2) / self.bytes
+
     def as_dict(self) -> dict[str, float | int | None]:
-        return {
+        d = {
             "xent": self.xent,
             "perplexity": self.perplexity,
             "bits_per_token": self.bits_per_token,
             "bits_per_word": self.bits_per_word,
             "tokens": self.tokens,
         }
+        if self.characters:
+            d |= {"bits_per_character": self.bits_per_character, "characters": self.characters}
+        if self.bytes:
+            d |= {"bits_per_byte": self.bits_per_byte, "bytes": self.bytes}
+        return d
 
     def headline(self, level: str) -> str:
         """The number people quote: perplexity for word models, bits per character/byte otherwise."""
+        if self.characters:  # a text scored by a subword model: per token, character and byte
+            return (f"{self.bits_per_token:.4f} bits/token (ppl {self.perplexity:.2f}), "
+                    f"{self.bits_per_character:.4f} bpc, {self.bits_per_byte:.4f} bpb")
         if level == "word":
             return f"ppl {self.perplexity:.2f} (xent {self.xent:.4f})"
         unit = "bpb" if level == "byte" else "bpc"

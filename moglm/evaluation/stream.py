@@ -32,23 +32,29 @@ def evaluate_stream(
     progress: bool = False,
     desc: str = "evaluate",
     per_token: bool = False,
-) -> Scores | tuple[Scores, Tensor]:
-    """Scores of ``model`` (in eval mode) on ``ids``. ``factor`` multiplies the logits (temperature).
-    With ``per_token`` also returns the per-token losses ``[L, B]`` (stream order per stripe)."""
+    features: bool = False,
+) -> Scores | tuple[Scores, Tensor] | tuple[Scores, Tensor, Tensor]:
+    """Scores of ``model`` (any :class:`~moglm.evaluation.stream_model.StreamModel`, in eval mode) on ``ids``.
+    ``factor`` multiplies the logits (temperature). With ``per_token`` also returns the per-token losses
+    ``[L, B]`` (stream order per stripe), and with ``features`` too the output layer's features ``[L, B, H]``."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     batches = _windows(ids, batch_size, bptt, max_tokens)
     state = None
-    total, count, losses = 0.0, 0, []
+    total, count, losses, kept = 0.0, 0, [], []
     bar = progress_bar(len(batches), desc, tokens_per_step=bptt * batch_size, enabled=progress)
     try:
         for batch in batches:
             batch = batch.to(device)
-            nll, state = model.nll(batch.inputs, batch.targets, state, factor)  # [T, B]
+            if features:
+                nll, h, state = model.nll_features(batch.inputs, batch.targets, state, factor)  # [T, B], [T, B, H]
+                kept.append(h.cpu())
+            else:
+                nll, state = model.nll(batch.inputs, batch.targets, state, factor)  # [T, B]
             total += float(nll.double().sum())
             count += nll.numel()
-            if per_token:
+            if per_token or features:
                 losses.append(nll.cpu())
             bar.update(1)
     finally:
@@ -59,6 +65,8 @@ def evaluate_stream(
     else:
         words = None
     scores = Scores(total, count, words)
+    if features:
+        return scores, torch.cat(losses), torch.cat(kept)
     return (scores, torch.cat(losses)) if per_token else scores
 
 

@@ -1,4 +1,4 @@
-"""The language model: embedding -> recurrent stack (any moglm architecture) -> output head.
+"""The language model: embedding -> sequence model (a recurrent stack, or a Transformer) -> output head.
 
 Follows the Mogrifier paper's setup (section 3.3; docs/method.md "Embeddings and output", "Training recipe"):
 
@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..cells.initialisation import truncated_normal_
-from ..modules import ARCHITECTURES, StackState
+from ..modules import StackState
+from .architectures import MODEL_ARCHITECTURES, is_recurrent
 from .mixture_of_softmaxes import MixtureOfSoftmaxes
 from .softmax import SoftmaxHead
 
@@ -38,7 +39,8 @@ class LanguageModel(nn.Module):
 
     ``init`` initialises the recurrent stack: ``"torch"`` (default, as the modules) or ``"paper"`` (the
     original experiments' truncated normals, docs/method.md "Initialisation"), which the paper configs set.
-    ``cell_options`` are the fields of ``ARCHITECTURES[architecture].Options``.
+    ``cell_options`` are the fields of ``MODEL_ARCHITECTURES[architecture].Options`` (a recurrent cell, or
+    the segment-memory Transformer of :mod:`moglm.model.transformer`).
     """
 
     def __init__(
@@ -60,9 +62,10 @@ class LanguageModel(nn.Module):
         init: str = "torch",
     ) -> None:
         super().__init__()
-        if architecture not in ARCHITECTURES:
-            raise ValueError(f"architecture must be one of {sorted(ARCHITECTURES)}, got {architecture!r}")
+        if architecture not in MODEL_ARCHITECTURES:
+            raise ValueError(f"architecture must be one of {sorted(MODEL_ARCHITECTURES)}, got {architecture!r}")
         self.vocab_size = vocab_size
+        self.architecture = architecture
         self.hidden_size = hidden_size
         self.embedding_size = embedding_size(hidden_size, input_embedding_ratio)
         self.skip_sum = skip_sum
@@ -70,7 +73,7 @@ class LanguageModel(nn.Module):
         self.input_dropout = input_dropout
         self.output_dropout = output_dropout
         self.embedding = nn.Embedding(vocab_size, self.embedding_size)
-        self.rnn = ARCHITECTURES[architecture](
+        self.rnn = MODEL_ARCHITECTURES[architecture](
             self.embedding_size,
             hidden_size,
             num_layers,
@@ -111,13 +114,26 @@ class LanguageModel(nn.Module):
         h = torch.stack(outputs).sum(0) if self.skip_sum and len(outputs) > 1 else outputs[-1]  # [T, B, H]
         return F.dropout(h, self.output_dropout, self.training), state
 
+    @property
+    def reads_in_segments(self) -> bool:
+        """True for the Transformer, whose predictions depend on where the stream is cut
+        (:mod:`moglm.evaluation.stream_model`)."""
+        return not is_recurrent(self.architecture)
+
     def nll(
         self, tokens: Tensor, targets: Tensor, state: StackState | None = None, factor: float = 1.0
     ) -> tuple[Tensor, StackState]:
         """Per-token negative log-likelihood ``[T, B]`` of ``targets`` given ``tokens`` (both ``[T, B]``)."""
-        h, state = self(tokens, state)
+        nll, _, state = self.nll_features(tokens, targets, state, factor)
+        return nll, state
+
+    def nll_features(
+        self, tokens: Tensor, targets: Tensor, state: StackState | None = None, factor: float = 1.0
+    ) -> tuple[Tensor, Tensor, StackState]:
+        """:meth:`nll` and the features the output head read, ``[T, B, H]`` (the neural cache's keys)."""
+        h, state = self(tokens, state)  # [T, B, H]
         nll = self.head.nll(h.flatten(0, 1), targets.flatten(), self.decoder_weight, factor)  # [T*B]
-        return nll.view_as(targets), state
+        return nll.view_as(targets), h, state
 
     def log_probs(
         self, tokens: Tensor, state: StackState | None = None, factor: float = 1.0

@@ -19,7 +19,7 @@ from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ..errors import MoglmError
 from ..runs.directory import to_toml
-from ..modules import ARCHITECTURES
+from ..model.architectures import MODEL_ARCHITECTURES as ARCHITECTURES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -64,7 +64,8 @@ class DataConfig(Section):
 
 
 class ModelConfig(Section):
-    architecture: str = Field("mogrifier", description=f"Recurrent cell: one of {sorted(ARCHITECTURES)}.")
+    architecture: str = Field("mogrifier", description="Sequence model, a recurrent cell or the segment-memory "
+                              f"transformer: one of {sorted(ARCHITECTURES)}.")
     num_layers: int = Field(2, ge=1, description="Recurrent layers.")
     hidden_size: int | None = Field(
         None, ge=1, description="Hidden units per layer; null to choose the largest that fits num_params."

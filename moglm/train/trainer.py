@@ -112,7 +112,7 @@ class LanguageModelTask:
         draws = torch.rand(self.cfg.train.batch_size, generator=generator)[self.rows]  # [B / processes]
         keep = (draws >= self.cfg.train.state_reset_probability).to(self.device)
         states = (self.carried,) if isinstance(self.carried, Tensor) else self.carried
-        reset = tuple(s * keep.view(1, -1, 1).to(s.dtype) for s in states)  # each [L, B, *]
+        reset = tuple(s * keep.view(1, -1, *[1] * (s.dim() - 2)).to(s.dtype) for s in states)  # each [L, B, ...]
         self.carried = reset[0] if isinstance(self.carried, Tensor) else reset
 
     def loss(self, step: int) -> StepLoss:
