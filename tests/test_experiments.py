@@ -21,7 +21,7 @@ from moglm.experiments.language_model import run_config  # noqa: E402
 from moglm.experiments.runner import run_experiment, status  # noqa: E402
 from moglm.report import write_report  # noqa: E402
 
-EXPECTED = {"ablation", "rounds", "headline", "reverse-copy", "surprise", "budget"}
+EXPECTED = {"ablation", "rounds", "headline", "reverse-copy", "surprise", "budget", "transformer-dyneval"}
 
 
 def _tiny_text(path: Path) -> Path:
@@ -154,6 +154,24 @@ def test_mc_dropout_evaluations_repeat_exactly_whatever_ran_before_them(smoke):
             if name == "mc_dynamic":  # a dynamic-evaluation report: its dynamic score
                 got, want = got["dynamic"], want["dynamic"]
             assert got["xent"] == want["xent"], (name, split)
+
+
+def test_transformer_dyneval_scores_four_ways_and_says_whether_the_thesis_order_holds(smoke):
+    root, data = smoke
+    folder = run_experiment("transformer-dyneval", "smoke", root=root, data=str(data), progress=False,
+                            log=lambda s: None)
+    evaluations = root / "smoke-tiny" / "runs" / "tiny-transformer-s1" / "evaluations"
+    assert {p.name for p in evaluations.iterdir()} >= {"static.json", "cache.json", "dynamic.json",
+                                                      "dynamic_cache.json"}
+    cache = json.loads((evaluations / "cache.json").read_text())
+    assert cache["cache"]["size"] > 0 and cache["splits"]["test"]["static"]["tokens"] == \
+        cache["splits"]["test"]["tokens"]  # beside the static score of the same tokens
+    report = write_report([folder]).read_text()
+    assert "source's order on test: dynamic evaluation < neural cache < static" in report
+    for label in ("LSTM", "Mogrifier", "Transformer"):
+        row = _rows(report, label)[0]
+        assert len(re.findall(r"\[\d+\.\d{3}\]", row)) == 8  # 4 evaluations x valid, test
+        assert row.rstrip(" |").endswith(("yes", "-")) or "| no: " in row
 
 
 def test_rounds_and_budget_at_smoke_scale(smoke):

@@ -36,6 +36,9 @@ def test_there_are_paper_and_cpu_budget_configs_for_each_corpus_and_model():
         for model in ("lstm", "mogrifier"):
             for budget in ("paper", "cpu"):
                 assert f"{corpus}-{model}-{budget}" in names
+    for corpus in ("ptb-word", "ptb-char"):  # the Transformer beside them (Krause thesis ch. 6)
+        for budget in ("paper", "cpu"):
+            assert f"{corpus}-transformer-{budget}" in names
 
 
 def test_overrides_use_dotted_keys_and_yaml_values():

@@ -1,6 +1,7 @@
 """One language-model run of an experiment: its config, its training, its evaluations (Mogrifier paper
 section 3.3: static with the softmax temperature searched on validation, MC dropout, dynamic evaluation,
-and MC dropout with dynamic evaluation; Krause thesis 3.5: per-token losses for the surprise analysis)."""
+and MC dropout with dynamic evaluation; Krause thesis 3.5: per-token losses for the surprise analysis;
+thesis 2.2.1 and tables 4.1-4.2: the neural cache, alone and with dynamic evaluation)."""
 
 from __future__ import annotations
 
@@ -68,11 +69,30 @@ def _evaluate(name: str, run, scale: Scale, folder: Path, path: Path, progress: 
     elif name == "mc_dynamic":
         report = _dynamic(run, scale, scale.mc_dynamic_samples, ("valid", "test"), progress, log)
         atomic_write_text(path, json.dumps(report, indent=1))
+    elif name in ("cache", "dynamic_cache"):  # one static and one dynamic pass give both, and dynamic.json
+        cache_evaluations(run, scale, folder, progress, log)
     elif name in ("dynamic", "token_losses"):  # the dynamic pass over test gives the token losses too
         splits = ("valid", "test") if name == "dynamic" else ("test",)
         report = token_losses(run, scale, splits, folder / EVALUATION_FILES["token_losses"], progress, log)
         if name == "dynamic":
             atomic_write_text(path, json.dumps(report, indent=1))
+
+
+def cache_evaluations(run, scale: Scale, folder: Path, progress: bool, log: Callable[[str], None]) -> None:
+    """Static + neural cache and dynamic + cache of valid and test (theta and lambda searched on validation,
+    :mod:`moglm.dynamic_evaluation.with_cache`), each beside the static score of the same tokens; the
+    dynamic pass is the ``dynamic`` evaluation too, written when it is not on disk yet."""
+    report = _dynamic(run, scale, 0, ("valid", "test"), progress, log, cache=True)
+    for name, row in (("cache", "static"), ("dynamic_cache", "dynamic")):
+        out = {"level": report["level"], "temperature": report["temperature"], "cache": report["cache"][row],
+               "hyperparameters": report["hyperparameters"] if row == "dynamic" else None,
+               "splits": {split: block["cache"][row] | {"static": block["static"]}
+                          for split, block in report["splits"].items()}}
+        atomic_write_text(folder / EVALUATION_FILES[name], json.dumps(out, indent=1))
+    if not (folder / EVALUATION_FILES["dynamic"]).is_file():
+        for block in report["splits"].values():
+            block.pop("cache", None)
+        atomic_write_text(folder / EVALUATION_FILES["dynamic"], json.dumps(report, indent=1))
 
 
 def mc_dropout(run, samples: int, tokens: int | None, progress: bool, log: Callable[[str], None]) -> dict[str, Any]:
@@ -102,11 +122,12 @@ def mc_dropout(run, samples: int, tokens: int | None, progress: bool, log: Calla
 
 
 def _dynamic(run, scale: Scale, mc_samples: int, splits: tuple[str, ...], progress: bool,
-             log: Callable[[str], None], on_result=None) -> dict[str, Any]:
+             log: Callable[[str], None], on_result=None, cache: bool = False) -> dict[str, Any]:
     from ..dynamic_evaluation.run import dyneval_run
 
     report = dyneval_run(run, splits, eval_tokens=scale.eval_tokens, mc_samples=mc_samples, on_result=on_result,
-                         progress=progress, log=log, write=False)
+                         cache=cache, search_tokens=scale.cache_search_tokens, progress=progress, log=log,
+                         write=False)
     for split in report["splits"].values():
         split.pop("profile", None)
     return report

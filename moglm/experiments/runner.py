@@ -35,7 +35,8 @@ from ..errors import MoglmError
 from .spec import Experiment, RunSpec, load_experiment, runs, scale_of
 
 EVALUATION_FILES = {"static": "static.json", "mc_dropout": "mc_dropout.json", "dynamic": "dynamic.json",
-                    "mc_dynamic": "mc_dynamic.json", "token_losses": "token_losses.safetensors"}
+                    "mc_dynamic": "mc_dynamic.json", "token_losses": "token_losses.safetensors",
+                    "cache": "cache.json", "dynamic_cache": "dynamic_cache.json"}
 
 
 def scale_dir(root: str | Path, scale: str, data: str | None = None) -> Path:

@@ -30,7 +30,7 @@ else:  # pragma: no cover - Python 3.10
 FORMAT_VERSION = 1
 SHIPPED = Path(__file__).resolve().parent / "definitions"
 SCALES = ("smoke", "cpu", "paper")
-EVALUATIONS = ("static", "mc_dropout", "dynamic", "mc_dynamic", "token_losses")
+EVALUATIONS = ("static", "mc_dropout", "dynamic", "mc_dynamic", "token_losses", "cache", "dynamic_cache")
 
 
 class _Strict(BaseModel):
@@ -47,6 +47,8 @@ class Scale(_Strict):
     mc_dynamic_samples: int = Field(10, ge=1, description="MC-dropout samples with dynamic evaluation.")
     eval_tokens: int | None = Field(None, ge=1, description="MC dropout and dynamic evaluation score this prefix "
                                     "of each split (static evaluation always scores the whole split).")
+    cache_search_tokens: int = Field(10_000, ge=1, description="Validation tokens the neural cache's theta and "
+                                     "lambda are searched on.")
     tune_trials: int = Field(20, ge=1, description="Tuning trials per variant (experiments that tune).")
     lengths: list[int] = Field(default_factory=list, description="Reverse copy: one model per sequence length "
                                "(the paper's protocol), each tuned and trained on its own.")
@@ -69,6 +71,8 @@ class Table(_Strict):
     title: str
     evaluations: list[str] = Field(["static"], description="Column groups, each with valid and test.")
     splits: list[Literal["valid", "test"]] = ["valid", "test"]
+    ordering: list[str] = Field(default_factory=list, description="Evaluations from best to worst as the source "
+                                "reports them: each row says whether its test scores keep that order.")
 
 
 class Figure(_Strict):

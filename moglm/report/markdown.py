@@ -13,6 +13,9 @@ from ..errors import MoglmError
 from . import plots
 from .runs import EVALUATION_LABELS, Run, read_experiment, read_run, score, unit
 
+#: evaluations that may score a prefix of each split, each beside the static score of the same tokens
+PREFIX_EVALUATIONS = ("mc_dropout", "dynamic", "mc_dynamic", "cache", "dynamic_cache")
+
 
 def write_report(paths: list[Path], out: Path | None = None) -> Path:
     """``paths``: one experiment folder (``experiments/<scale>/<name>``) or run directories. Returns the
@@ -53,7 +56,7 @@ def write_report(paths: list[Path], out: Path | None = None) -> Path:
             group = [r for r in runs if r.corpus == corpus]
             lines += table_lines(table, group, corpora.get(corpus, corpus), spec.get("reference", {}).get(corpus, {}),
                                  out, command)
-            if any(e in ("mc_dropout", "dynamic", "mc_dynamic") for e in table["evaluations"]):
+            if any(e in PREFIX_EVALUATIONS for e in table["evaluations"]):
                 lines += same_tokens_lines(table, group, out, command)
     if runs[0].task == "reverse_copy":
         lines += reverse_copy_lines(runs, out, command)
@@ -108,12 +111,17 @@ def table_lines(table: dict, runs: list[Run], corpus_label: str, reference: dict
     level = runs[0].level
     has_reference = any(reference.get(r.variant) for r in runs)
     head = ["model"] + [f"{EVALUATION_LABELS[e]} {s}" for e in evaluations for s in splits]
+    ordering = table.get("ordering") or []
+    if ordering:
+        head.append("source's order on test: " + " < ".join(EVALUATION_LABELS[e] for e in ordering))
     if has_reference:
         head += [f"paper {EVALUATION_LABELS[e]} {'/'.join(splits)}" for e in evaluations]
     lines = [f"### {table['title']}: {corpus_label}, {unit(level)}", "", "| " + " | ".join(head) + " |",
              "|" + " --- |" * len(head)]
     for r in runs:
         cells = [r.label] + [_cell(r, e, s, out, command) for e in evaluations for s in splits]
+        if ordering:
+            cells.append(ordering_cell(r, ordering))
         if has_reference:
             ref = reference.get(r.variant, {})
             cells += [" / ".join(_fmt(v, level) for v in ref.get(e, [None] * len(splits))) for e in evaluations]
@@ -121,20 +129,41 @@ def table_lines(table: dict, runs: list[Run], corpus_label: str, reference: dict
     return lines + [""]
 
 
+def ordering_cell(run: Run, ordering: list[str], split: str = "test") -> str:
+    """Whether ``run``'s ``split`` scores keep ``ordering`` (best first; lower is better); static is read on
+    the tokens the others scored when they scored a prefix."""
+    values = []
+    for e in ordering:
+        found = None
+        if e == "static":
+            found = next((score(run, other, split, same_tokens=True) for other in ordering
+                          if other != "static" and score(run, other, split, same_tokens=True)), None)
+        found = found or score(run, e, split)
+        if found is None:
+            return "-"
+        values.append(found[0])
+    if all(a < b for a, b in zip(values, values[1:])):
+        return "yes"
+    broken = next(i for i, (a, b) in enumerate(zip(values, values[1:])) if not a < b)
+    return f"no: {EVALUATION_LABELS[ordering[broken]]} {values[broken]:.4g} >= " \
+           f"{EVALUATION_LABELS[ordering[broken + 1]]} {values[broken + 1]:.4g}"
+
+
 def same_tokens_lines(table: dict, runs: list[Run], out: Path, command: str) -> list[str]:
-    """When MC dropout and dynamic evaluation scored a prefix, the static score of the same prefix."""
+    """When MC dropout, dynamic evaluation or the cache scored a prefix, the static score of the same prefix."""
+    others = [e for e in table["evaluations"] if e in PREFIX_EVALUATIONS]
     tokens = {r.evaluations.get(e, {}).get("tokens") or _eval_tokens(r.evaluations.get(e, {}))
-              for r in runs for e in ("mc_dropout", "dynamic", "mc_dynamic")} - {None}
+              for r in runs for e in others} - {None}
     if not tokens:
         return []
     splits = table.get("splits", ["valid", "test"])
-    lines = [f"MC dropout and dynamic evaluation scored the first {', '.join(f'{t:,}' for t in sorted(tokens))} "
-             "tokens of each split; the static scores of those same tokens:", "",
-             "| model | " + " | ".join(f"static {s} (same tokens, with MC dropout / with dynamic)" for s in splits)
-             + " |", "|" + " --- |" * (1 + len(splits))]
+    labels = " / ".join(f"with {EVALUATION_LABELS[e]}" for e in others)
+    lines = [f"{', '.join(EVALUATION_LABELS[e] for e in others)} scored the first "
+             f"{', '.join(f'{t:,}' for t in sorted(tokens))} tokens of each split; the static scores of those same "
+             "tokens:", "", "| model | " + " | ".join(f"static {s} (same tokens, {labels})" for s in splits) + " |",
+             "|" + " --- |" * (1 + len(splits))]
     for r in runs:
-        cells = [f"{_cell(r, 'mc_dropout', s, out, command, True)} / {_cell(r, 'dynamic', s, out, command, True)}"
-                 for s in splits]
+        cells = [" / ".join(_cell(r, e, s, out, command, True) for e in others) for s in splits]
         lines.append(f"| {r.label} | " + " | ".join(cells) + " |")
     return lines + [""]
 

@@ -18,7 +18,8 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 EVALUATION_LABELS = {"static": "static", "mc_dropout": "MC dropout", "dynamic": "dynamic evaluation",
-                     "mc_dynamic": "MC dropout + dynamic"}
+                     "mc_dynamic": "MC dropout + dynamic", "cache": "neural cache",
+                     "dynamic_cache": "dynamic + cache"}
 
 
 @dataclass
@@ -86,7 +87,7 @@ def read_run(path: Path, label: str | None = None, corpus: str | None = None, va
     except tomllib.TOMLDecodeError as e:
         raise MoglmError(f"{path / 'config.toml'}: {e}") from None
     evaluations: dict[str, dict[str, Any]] = {}
-    for name in ("static", "mc_dropout", "dynamic", "mc_dynamic"):
+    for name in EVALUATION_LABELS:
         found = _json(path / "evaluations" / f"{name}.json")
         if found is not None:
             evaluations[name] = found
