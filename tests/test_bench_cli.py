@@ -136,3 +136,17 @@ def test_the_gpu_benchmark_defaults_to_the_issues_grid_on_cuda(monkeypatch, tmp_
     assert [(a[0], a[1], a[2], a[4]) for a in grid] == [((650, 1500), 64, 70, 70), ((650, 1500), 128, 70, 70)]
     assert grid[0][5] == throughput.CUDA_MODELS and set(throughput.GRAPHED) < set(grid[0][5])
     assert epoch == ("ptb-word-mogrifier-paper", "cuda", 30, tmp_path / "t-epoch.json")  # its JSON beside the grid's
+
+
+def test_bench_hf_dyneval_times_dynamic_against_static_at_each_context(tmp_path, capsys):
+    pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
+    out = tmp_path / "hf.json"
+    assert main(["bench", "hf-dyneval", "--layers", "1", "--width", "16", "--heads", "2", "--context", "8",
+                 "--context", "24", "-n", "8", "--tokens", "40", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [r["context"] for r in report["rows"]] == [8, 24]
+    for row in report["rows"]:
+        assert row["window"] == row["context"] + 8 and row["static_cpu_seconds"] > 0
+        assert row["cost"] == pytest.approx(row["dynamic_cpu_seconds"] / row["static_cpu_seconds"])
+        assert row["adapted_parameters"] < report["model"]["parameters"]  # the embeddings stay fixed
+    assert "| 24 + 8 | 40 |" in capsys.readouterr().out

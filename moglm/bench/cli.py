@@ -3,7 +3,8 @@
 ``moglm bench throughput`` is ``benchmarks/throughput.py`` (the recurrences' speed table); ``moglm bench
 end-to-end`` is ``benchmarks/end_to_end.py`` (training tokens/s and ``moglm train``'s time, Python fused
 against compiled); ``moglm bench budget`` is the ``budget`` experiment (``moglm experiment run budget``: LSTM vs
-Mogrifier at equal parameters and tokens). Each writes JSON (by default under the user's cache, so that running one in a
+Mogrifier at equal parameters and tokens); ``moglm bench hf-dyneval`` times dynamic evaluation of a GPT-2-shaped
+Hugging Face model against its static pass. Each writes JSON (by default under the user's cache, so that running one in a
 checkout never overwrites committed results; ``benchmarks/*.py`` write to ``benchmarks/results/``) and
 prints the markdown table the README shows.
 """
@@ -150,5 +151,33 @@ def bench_app() -> typer.Typer:
         folder = run_experiment("budget", scale, root=root, data=data, data_format=data_format, workers=workers,
                                 progress=workers == 1, log=typer.echo)
         typer.echo(write_report([folder]).read_text())
+
+    @app.command("hf-dyneval")
+    def hf_dyneval(
+        layers: int = typer.Option(6, min=1, help="GPT-2 layers."),
+        width: int = typer.Option(512, min=8, help="GPT-2 width (n_embd)."),
+        heads: int = typer.Option(8, min=1, help="Attention heads."),
+        context: list[int] = typer.Option([], help="Context lengths before each segment (default: 224 992)."),
+        segment_length: int = typer.Option(32, "--segment-length", "-n", min=1, help="Tokens per segment."),
+        tokens: int = typer.Option(1024, min=2, help="Tokens scored at each context length."),
+        threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's)."),
+        out: Path = typer.Option(default_out("hf_dyneval.json"), help=OUT_HELP, show_default=False),
+    ) -> None:
+        """Dynamic evaluation of a GPT-2-shaped Hugging Face model against a static pass over the same tokens."""
+        import torch
+
+        from . import command_line, write_report
+        from .hf_dyneval import markdown_table, run_hf_cost
+
+        if threads is not None:
+            torch.set_num_threads(threads)
+        if width % heads:
+            raise MoglmError(f"--width {width} is not a multiple of --heads {heads}")
+        report = run_hf_cost(layers, width, heads, contexts=tuple(context) or (224, 992), segment=segment_length,
+                             tokens=tokens, log=typer.echo)
+        report["command"] = command_line()
+        write_report(report, out)
+        typer.echo(markdown_table(report))
+        typer.echo(f"written to {out}")
 
     return app
