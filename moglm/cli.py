@@ -215,12 +215,17 @@ def _build_app():
     def dyneval(
         run_dir: Optional[Path] = typer.Argument(None, help="A run directory made by `moglm train` (or --hf)."),
         split: list[Split] = typer.Option([], help="Split(s) to evaluate (default: test)."),
-        rule: Optional[UpdateRule] = typer.Option(None, help="Update rule (Krause thesis 4.2; default: rms-rmsdecay, "
-                                                  "with --hf sgd)."),
-        learning_rate: Optional[float] = typer.Option(None, help="Learning rate (default: 1e-3; SGD rules 0.03)."),
+        rule: Optional[UpdateRule] = typer.Option(None, help="Update rule (Krause thesis 4.5 and 5.4; default: "
+                                                  "rms-rmsdecay, with --hf sgd)."),
+        learning_rate: Optional[float] = typer.Option(None, help="Learning rate (default: 1e-3; SGD rules 0.03; "
+                                                      "rmsprop 1e-4)."),
         lr: Optional[float] = deprecated("--lr"),
         decay: Optional[float] = typer.Option(None, help="Decay towards the trained weights (default: 1e-2)."),
         eps: Optional[float] = typer.Option(None, help="RMS stabiliser epsilon (default: 1e-3)."),
+        momentum: Optional[float] = typer.Option(None, help="sgd-momentum: the momentum mu, in [0, 1) (thesis eq. "
+                                                 "5.10; default: 0.5)."),
+        alpha: Optional[float] = typer.Option(None, help="rmsprop: weight of the running mean square, in (0, 1) "
+                                              "(thesis eq. 5.12; default: 0.99)."),
         segment_length: Optional[int] = typer.Option(None, "--segment-length", "-n",
                                                       help="Tokens per update (default: 20)."),
         search: bool = typer.Option(False, help="Search the learning rate, decay, eps and segment length on a "
@@ -285,7 +290,8 @@ def _build_app():
         learning_rate = renamed(learning_rate, lr, "--lr", "--learning-rate")
         eval_tokens = renamed(eval_tokens, max_tokens, "--max-tokens", "--eval-tokens")
         logit_factor = renamed(logit_factor, temperature, "--temperature", "--logit-factor")
-        given = {"lr": learning_rate, "decay": decay, "eps": eps, "segment_length": segment_length}
+        given = {"lr": learning_rate, "decay": decay, "eps": eps, "segment_length": segment_length,
+                 "momentum": momentum, "alpha": alpha}
         if (hf is None) == (run_dir is None):
             raise MoglmError("give either a run directory or --hf PATH_OR_NAME")
         if hf is None and any(v is not None for v in (text, stats_text, search_text, context, out)):

@@ -19,7 +19,8 @@ from typing import Any, Literal
 
 import typer
 
-UpdateRule = Literal["sgd", "sgd-decay", "rms", "rms-decay", "rms-rmsdecay"]  # dynamic_evaluation.update_rules.RULES
+UpdateRule = Literal["sgd", "sgd-decay", "rms", "rms-decay", "rms-rmsdecay", "sgd-momentum",
+                     "rmsprop"]  # dynamic_evaluation.update_rules.RULES
 Sampler = Literal["gp", "tpe", "random"]  # tune.search_space.StudySettings.sampler
 Checkpoint = Literal["best", "last"]
 DyckObjective = Literal["closing", "lm"]  # tasks.dyck_training.OBJECTIVES

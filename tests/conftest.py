@@ -74,3 +74,16 @@ def tiny_config(corpus_dir, **sections):
     for section, values in sections.items():
         data.setdefault(section, {}).update(values)
     return validate(data)
+
+
+def tiny_trained_run(root, **train):
+    """A tiny run trained in ``root / "run"`` (its corpus cache under ``root``): the shared fixture of
+    the dynamic-evaluation tests."""
+    from moglm.train import Trainer
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MOGLM_CACHE_DIR", str(root / "cache"))
+        corpus = write_tiny_corpus(root / "tiny")
+        cfg = tiny_config(corpus, train=train, sample={"num_tokens": 0})
+        Trainer(cfg, root / "run", progress=False, log=lambda s: None).train()
+    return root / "run"

@@ -89,10 +89,13 @@ def test_adaptation_to_a_repetitive_stream_lowers_the_loss():
 
 # -- each rule is the thesis' formula --------------------------------------------------------------------
 def _reference_steps(model, hp, rms, segments):
-    """Two plain-Python updates with thesis eq. 4.3-4.7 (docs/method.md, "Update rules"), in float64."""
+    """Two plain-Python updates with thesis eq. 4.3-4.7 and 5.10-5.12 (docs/method.md, "Update rules"), in
+    float64."""
     names = [n for n, _ in model.named_parameters()]
     theta0 = {n: p.detach().clone() for n, p in model.named_parameters()}
     theta = {n: t.clone() for n, t in theta0.items()}
+    velocity = {n: torch.zeros_like(t) for n, t in theta0.items()}  # sgd-momentum's v
+    square = {n: torch.zeros_like(t) for n, t in theta0.items()}  # rmsprop's MS
     r = {n: rms[n] for n in names}
     mean_rms = torch.cat([r[n].flatten() for n in names]).mean()
     state = None
@@ -105,8 +108,15 @@ def _reference_steps(model, hp, rms, segments):
         state = tuple(s.detach() for s in state)
         for n in names:
             g, th = grads[n], theta[n]
-            step = hp.lr * g if hp.rule.startswith("sgd") else hp.lr * g / (r[n] + hp.eps)
-            if hp.rule in ("sgd", "rms"):
+            if hp.rule == "sgd-momentum":
+                velocity[n] = hp.momentum * velocity[n] - hp.lr * g
+                step = -velocity[n]
+            elif hp.rule == "rmsprop":
+                square[n] = hp.alpha * square[n] + (1 - hp.alpha) * g * g
+                step = hp.lr * g / (square[n].sqrt() + hp.eps)
+            else:
+                step = hp.lr * g if hp.rule.startswith("sgd") else hp.lr * g / (r[n] + hp.eps)
+            if hp.rule in ("sgd", "rms", "sgd-momentum", "rmsprop"):
                 decay = 0.0
             elif hp.rule == "rms-rmsdecay":
                 decay = hp.decay * torch.minimum(torch.full_like(th, 1 / hp.decay), r[n] / mean_rms)

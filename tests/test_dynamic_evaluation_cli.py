@@ -9,25 +9,19 @@ import shutil
 import pytest
 import torch
 
-from conftest import tiny_config, write_tiny_corpus
+from conftest import tiny_trained_run, write_tiny_corpus
 from moglm.cli import main
 from moglm.dynamic_evaluation import DynamicEvaluator, Hyperparameters, StatisticsSettings
 from moglm.dynamic_evaluation import statistics as statistics_module
 from moglm.dynamic_evaluation.run import dyneval_run, run_statistics
 from moglm.sampling import encode_prompt, sample
-from moglm.train import LanguageModelRun, Trainer
+from moglm.train import LanguageModelRun
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """A tiny trained run (shared by the tests of this module; they must not change it)."""
-    root = tmp_path_factory.mktemp("dyneval")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MOGLM_CACHE_DIR", str(root / "cache"))
-        corpus = write_tiny_corpus(root / "tiny")
-        cfg = tiny_config(corpus, train={"max_steps": 30, "eval_every": 10}, sample={"num_tokens": 0})
-        Trainer(cfg, root / "run", progress=False, log=lambda s: None).train()
-        yield root / "run"
+    return tiny_trained_run(tmp_path_factory.mktemp("dyneval"), max_steps=30, eval_every=10)
 
 
 def _copy(run, tmp_path):

@@ -21,7 +21,8 @@ from moglm.experiments.language_model import run_config  # noqa: E402
 from moglm.experiments.runner import run_experiment, status  # noqa: E402
 from moglm.report import write_report  # noqa: E402
 
-EXPECTED = {"ablation", "rounds", "headline", "reverse-copy", "surprise", "budget", "transformer-dyneval"}
+EXPECTED = {"ablation", "rounds", "headline", "reverse-copy", "surprise", "budget", "transformer-dyneval",
+            "unseen-words", "optimisers"}
 
 
 def _tiny_text(path: Path) -> Path:
@@ -174,6 +175,85 @@ def test_transformer_dyneval_scores_four_ways_and_says_whether_the_thesis_order_
         assert row.rstrip(" |").endswith(("yes", "-")) or "| no: " in row
 
 
+def test_optimisers_tunes_each_optimiser_on_transformer_dynevals_runs_and_checks_the_thesis(smoke):
+    """Krause thesis 5.4: every optimiser's row, each with its own learning rate, on the same tokens."""
+    root, data = smoke
+    folder = run_experiment("optimisers", "smoke", root=root, data=str(data), progress=False, log=lambda s: None)
+    names = ["static", "sgd", "momentum-0.5", "momentum-0.9", "rmsprop", "hybrid", "global-rms", "global-rms-0.001",
+             "global-rms-0.1", "nonlocal-rmsprop", "global-rms-rmsdecay"]
+    for model in ("lstm", "mogrifier", "transformer"):
+        path = root / "smoke-tiny" / "runs" / f"tiny-{model}-s1" / "evaluations" / "optimisers.json"
+        report = json.loads(path.read_text())
+        rows = {r["name"]: r for r in report["rows"]}
+        assert list(rows) == names and report["tokens"] == 40 and report["level"] == "char"
+        for name, row in rows.items():
+            if row.get("skipped"):  # 0.1% of this tiny training split is too few tokens for a batch of 8
+                assert name == "global-rms-0.001" and "too few" in row["skipped"]
+                continue
+            assert row["valid"]["tokens"] == row["test"]["tokens"] == 40  # the analysis's own eval_tokens
+            assert row["test"]["score"] == row["test"]["bits_per_token"]
+            if name != "static":
+                assert row["lr"] > 0 and row["settings"]["rule"] == row["rule"] and row["trials"]
+                assert row["valid"]["xent"] == min(t["xent"] for t in row["trials"])  # the best of its search
+                assert len(row["trials"]) <= (4 if name == "hybrid" else 2)  # the smoke scale's tune_trials
+        assert rows["momentum-0.9"]["settings"]["momentum"] == 0.9 and "alpha" not in rows["sgd"]["settings"]
+        assert rows["rmsprop"]["settings"]["eps"] == 1e-8 and rows["rmsprop"]["statistics_fraction"] is None
+        assert rows["nonlocal-rmsprop"]["settings"]["eps"] == rows["hybrid"]["settings"]["eps"]
+        assert len({t["eps"] for t in rows["hybrid"]["trials"]}) >= 2  # the hybrid's eps was searched
+        assert [rows[f]["statistics_fraction"] for f in ("global-rms-0.001", "global-rms", "global-rms-0.1")] == \
+            [0.001, 0.01, 0.1]
+    text = write_report([folder]).read_text()
+    assert "### Optimisers for dynamic evaluation (Krause thesis 5.4): valid / test" in text
+    for label in ("SGD + momentum 0.9", "RMSprop, eps 1e-8 (deep learning frameworks)",
+                  "global RMS, 10% of training data"):
+        assert len(re.findall(r"\[\d+\.\d{3}\]\(\.\./runs/tiny-[a-z]+-s1/evaluations/optimisers\.json",
+                              _rows(text, label)[0])) == 6  # 3 models x valid, test
+    claims = [line for line in text.splitlines() if line.startswith(("| momentum hurts", "| the amount of"))]
+    assert len(claims) == 2 and all(c.count("| yes") + c.count("| no") == 3 for c in claims)
+    assert (folder / "optimisers-tiny.png").is_file() and "![optimisers](optimisers-tiny.png)" in text
+
+
+def _text_with_new_words(path: Path) -> Path:
+    """Like :func:`_tiny_text`, but its last lines (the test split, past the first 90% of the characters that
+    train on) also use three words that never occur before them."""
+    import random
+
+    rng = random.Random(1)
+    words = "the cat sat on a mat and dog ran far away from home".split()
+    later = words + "moth swan gnat".split() * 2
+    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(600)]
+    lines += [" ".join(rng.choice(later) for _ in range(rng.randint(3, 12))) for _ in range(50)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_unseen_words_reads_transformer_dyneval_runs_word_by_word(smoke):
+    """Krause thesis 5.3: character-level runs on a corpus whose test split has words unseen in training."""
+    root, _ = smoke
+    data = _text_with_new_words(root.parent / "novel.txt")
+    folder = run_experiment("unseen-words", "smoke", root=root, data=str(data), progress=False, log=lambda s: None)
+    runs_dir = root / "smoke-novel" / "runs"
+    assert (runs_dir / "novel-transformer-s1" / "evaluations" / "token_losses.safetensors").is_file()
+    report = write_report([folder]).read_text()
+    analysis = json.loads((folder / "unseen_words-novel.json").read_text())["models"]
+    assert set(analysis) == {"LSTM", "Mogrifier", "Transformer"}
+    for label, result in analysis.items():
+        unseen = result["groups"]["unseen"]
+        assert result["level"] == "character" and unseen["occurrences"] > unseen["distinct"] > 0  # they recur
+        assert {w for w, _ in result["repeated_unseen"]} <= {"moth", "swan", "gnat"}
+        rows = _rows(report, label)
+        assert any("| unseen in training |" in row for row in rows)
+        assert any(row.rstrip(" |").endswith(("yes", ")")) or "| no: " in row for row in rows)
+    assert "| model | kind | occurrence 1 |" in report and "![unseen_words](unseen_words-novel.png)" in report
+    assert (folder / "unseen_words-novel.png").is_file()
+    data.rename(data.with_suffix(".gone"))  # a corpus that cannot be read is one line, not a failure
+    try:
+        report = write_report([folder]).read_text()
+    finally:
+        data.with_suffix(".gone").rename(data)
+    assert "Transformer: no unseen-word analysis: novel-transformer-s1: its corpus cannot be read: " in report
+
+
 def test_rounds_and_budget_at_smoke_scale(smoke):
     root, data = smoke
     folder = run_experiment("rounds", "smoke", root=root, data=str(data), progress=False, log=lambda s: None)
@@ -218,3 +298,38 @@ def test_the_cli_lists_runs_reports_and_refuses_a_bad_scale(smoke, tmp_path):
     assert made.exit_code == 0, made.output
     text = (tmp_path / "out" / "report.md").read_text()
     assert _rows(text, "tiny-lstm-s1") and (tmp_path / "out" / "surprise-tiny.png").is_file()
+
+
+def test_wikitext_lines_read_into_the_ptb_character_alphabet():
+    from moglm.data.vocabulary import Vocabulary
+    from moglm.experiments.out_of_domain import to_vocabulary
+
+    vocab = Vocabulary(list("abcdefghijklmnopqrstuvwxyz") + ["_", "N", "-", "<", ">", "<eos>"], "ptb_char", eos="<eos>")
+    ids, changed = to_vocabulary(" = Robert <unk> = \n In 2004 , the well @-@ known ( cat ) \n", vocab, "ptb_char")
+    text = "".join(vocab.itos[i] if vocab.itos[i] != "<eos>" else "|" for i in ids)
+    assert text == "robert_<unk>|in_N_the_well_-_known_cat|"
+    assert changed == {"dropped_characters": 5, "unknown_words": 0, "tokens": len(ids)}  # = = , ( )
+    words = Vocabulary(["the", "cat", "<unk>", "<eos>"], "word", unk="<unk>", eos="<eos>")
+    ids, changed = to_vocabulary("the dog\ncat\n", words, "word")
+    assert [words.itos[i] for i in ids] == ["the", "<unk>", "<eos>", "cat", "<eos>"] and changed["unknown_words"] == 1
+
+
+def test_out_of_domain_tunes_on_the_training_domain_and_scores_another_text(smoke, tmp_path):
+    root, data = smoke
+    target = tmp_path / "other.txt"
+    target.write_text("a cat and a dog ran home from the far mat\n" * 30)
+    spec = tmp_path / "ood.toml"
+    spec.write_text(
+        'format_version = 1\nname = "ood"\ndescription = "d"\nsource = "s"\nkind = "analysis"\n'
+        'uses = "transformer-dyneval"\nevaluations = ["out_of_domain"]\n'
+        f'[scales.smoke]\ntarget = "{target}"\neval_tokens = 200\nsearch_tokens = 150\n'
+        f'[scales.cpu]\ntarget = "{target}"\n[scales.paper]\ntarget = "{target}"\n')
+    folder = run_experiment(str(spec), "smoke", root=root, data=str(data), progress=False, log=lambda s: None)
+    found = json.loads((root / "smoke-tiny" / "runs" / "tiny-transformer-s1" / "evaluations" /
+                        "out_of_domain.json").read_text())
+    assert found["search"]["tokens"] <= 152 and found["out_of_domain"]["static"]["tokens"] == 200
+    assert found["changed"]["tokens"] == len(target.read_text())  # char level: every character is in the alphabet
+    report = write_report([folder]).read_text()
+    assert "### Out of domain" in report
+    row = next(r for r in _rows(report, "Transformer") if "->" in r)  # its row of the out-of-domain table
+    assert row.rstrip(" |").endswith(("yes", "no"))

@@ -1,6 +1,7 @@
 """Dynamic evaluation (Krause thesis ch. 4-5): adapt a language model to the text it is scoring.
 
-* :mod:`.update_rules` the five update rules (SGD, decay, global RMS, RMS decay; eq. 4.3-4.7)
+* :mod:`.update_rules` the update rules (SGD, decay, global RMS, RMS decay; eq. 4.3-4.7) and the
+  deep-learning optimisers the thesis compares them with (momentum, RMSprop; 5.4, eq. 5.10-5.12)
 * :mod:`.statistics` global RMS gradient statistics from the training split, cached (eq. 4.4)
 * :mod:`.sparse` sparse dynamic evaluation: an adaptation matrix inside the recurrence (4.6, eq. 4.8)
 * :mod:`.evaluate` segments, updates, episodic mode, the divergence guard (4.3, eq. 4.2)

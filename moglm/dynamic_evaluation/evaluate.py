@@ -21,9 +21,10 @@ each song, "decay rate to zero"); every sequence is predicted from a leading bou
 Divergence guard: a segment with a non-finite loss, or after which the dynamic loss has exceeded the
 static model's loss on the same tokens by more than ``margin`` = 3 nats per token over the recent text
 (an exponential window of ``WINDOW`` = 200 positions), rolls the weights back to a snapshot at least
-``SNAPSHOT_EVERY`` good updates old, halves the step size for the rest of the pass, and skips that
-segment's update; the carried state is recomputed with the restored weights. The static losses come
-from the static pass the result is compared with anyway (no extra forward pass). Why these numbers:
+``SNAPSHOT_EVERY`` good updates old, halves the step size for the rest of the pass, zeroes the update
+rule's running state (momentum, RMSprop), and skips that segment's update; the carried state is
+recomputed with the restored weights. The static losses come from the static pass the result is
+compared with anyway (no extra forward pass). Why these numbers:
 healthy runs have sharp transients. On the PTB test set a well-tuned run (lr 1e-3, n 20) that adapted
 to the money-market tables ("N days N N N to N days ...") paid up to 24 nats more than static on
 single tokens and 5.5 nats per token over a 20-token segment, and recovered; its excess reached 3.0
@@ -216,17 +217,20 @@ class DynamicEvaluator:
 
     @torch.no_grad()
     def rollback(self) -> None:
-        """Restore the older snapshot and halve the step size."""
+        """Restore the older snapshot, halve the step size and zero the rule's running state (momentum's
+        velocity, RMSprop's mean square: they were built on the discarded path)."""
         self.rollbacks += 1
         self.rule.lr_scale *= 0.5
+        self.rule.reset_state()
         self._excess = 0.0
         torch._foreach_copy_(self.params, self._snapshots[0])
         self._snapshots = self._snapshots[:1]
 
     @torch.no_grad()
     def reset(self, keep_lr_scale: bool = False) -> None:
-        """Back to the starting weights (the trained ones, or zero matrices)."""
+        """Back to the starting weights (the trained ones, or zero matrices), the rule's state zeroed."""
         torch._foreach_copy_(self.params, self.adapted.initial)
+        self.rule.reset_state()
         self._snapshots = [self.adapted.initial]
         self._excess = 0.0
         if not keep_lr_scale:

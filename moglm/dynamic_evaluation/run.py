@@ -144,7 +144,7 @@ def dyneval_run(
     model, _, vocab = run.load_model(which, data_parallel.rank_device(resolve_device(device or cfg.train.device),
                                                                       group))
     corpus = load_corpus_for(run, "dynamic evaluation")
-    factor = temperature if temperature is not None else _run_temperature(run)
+    factor = temperature if temperature is not None else run_temperature(run)
     boundary_id = None
     if episodic:
         if boundary is None:
@@ -241,7 +241,7 @@ def _cache_rows(result: DynamicResult, ids: np.ndarray, streams: int, tuned: Cac
     return {"static": static.as_dict(), "dynamic": dynamic.as_dict()}
 
 
-def _run_temperature(run: LanguageModelRun) -> float:
+def run_temperature(run: LanguageModelRun) -> float:
     if run.results_path.is_file():
         try:
             return float(json.loads(run.results_path.read_text()).get("temperature", 1.0))

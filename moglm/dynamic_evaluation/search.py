@@ -15,7 +15,11 @@ allows; the time is set by the segment length (one update per segment), so such 
 from the longest segment and settles the segment length first (:data:`ORDER_WITH_BUDGET`).
 
 The SGD rules have no RMS normalisation, so their step is in the gradient's units; their learning
-rates come from a separate grid (about 0.03 was best on a small PTB word model).
+rates come from a separate grid (about 0.03 was best on a small PTB word model); ``sgd-momentum`` uses
+it too (its best lr shrinks as mu grows, Krause thesis 5.4.1). ``rmsprop``'s step is in units of its
+running RMS, like the ``rms`` rules', but with a large ``eps`` it turns into SGD at ``lr / eps``, so its
+lr grid reaches SGD's values and its eps grid spans table 5.5's range, 1e-8 to 1 (thesis 5.4.3).
+The momentum mu and RMSprop's alpha are not searched: they stay at the start's values.
 """
 
 from __future__ import annotations
@@ -23,13 +27,15 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from .update_rules import Hyperparameters, uses_decay, uses_rms
+from .update_rules import Hyperparameters, lr_family, uses_decay, uses_rms
 
 GRIDS: dict[str, tuple] = {
     "lr": (1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2),
     "lr_sgd": (1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0),
     "decay": (1e-6, 1e-5, 1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1),
     "eps": (1e-8, 1e-6, 1e-4, 1e-3, 1e-2),
+    "lr_rmsprop": (1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0),
+    "eps_rmsprop": (1e-8, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1.0),
     "segment_length": (1, 2, 5, 10, 20, 50),
 }
 ORDER = ("lr", "segment_length", "lr", "decay", "eps")
@@ -40,11 +46,11 @@ ORDER_WITH_BUDGET = ("segment_length", "lr", "segment_length", "lr", "decay", "e
 def grid_for(name: str, hp: Hyperparameters, max_segment_length: int = 20) -> tuple:
     """The grid of coordinate ``name`` for ``hp``'s rule (empty when the rule does not use it)."""
     if name == "lr":
-        return GRIDS["lr"] if uses_rms(hp.rule) else GRIDS["lr_sgd"]
+        return {"rms": GRIDS["lr"], "sgd": GRIDS["lr_sgd"], "rmsprop": GRIDS["lr_rmsprop"]}[lr_family(hp.rule)]
     if name == "decay":
         return GRIDS["decay"] if uses_decay(hp.rule) else ()
     if name == "eps":
-        return GRIDS["eps"] if uses_rms(hp.rule) else ()
+        return GRIDS["eps"] if uses_rms(hp.rule) else GRIDS["eps_rmsprop"] if hp.rule == "rmsprop" else ()
     return tuple(n for n in GRIDS["segment_length"] if n <= max_segment_length)
 
 

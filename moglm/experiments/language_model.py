@@ -13,6 +13,7 @@ from typing import Any, Callable
 import torch
 
 from ..atomic import atomic_write_text
+from ..errors import MoglmError
 from ..train.config import apply_overrides, locate, read_mapping, validate
 from .runner import EVALUATION_FILES, save_token_losses
 from .spec import RunSpec, Scale
@@ -69,6 +70,17 @@ def _evaluate(name: str, run, scale: Scale, folder: Path, path: Path, progress: 
     elif name == "mc_dynamic":
         report = _dynamic(run, scale, scale.mc_dynamic_samples, ("valid", "test"), progress, log)
         atomic_write_text(path, json.dumps(report, indent=1))
+    elif name == "out_of_domain":
+        from .out_of_domain import out_of_domain
+
+        if scale.target is None:
+            raise MoglmError("the out_of_domain evaluation needs the scale's target corpus (target = ...)")
+        report = out_of_domain(run, scale.target, scale.eval_tokens, scale.search_tokens, progress, log)
+        atomic_write_text(path, json.dumps(report, indent=1))
+    elif name == "optimisers":  # Krause thesis 5.4: every optimiser tuned and scored on the same prefixes
+        from .optimisers import compare_optimisers
+
+        atomic_write_text(path, json.dumps(compare_optimisers(run, scale, progress, log), indent=1))
     elif name in ("cache", "dynamic_cache"):  # one static and one dynamic pass give both, and dynamic.json
         cache_evaluations(run, scale, folder, progress, log)
     elif name in ("dynamic", "token_losses"):  # the dynamic pass over test gives the token losses too
@@ -126,7 +138,7 @@ def _dynamic(run, scale: Scale, mc_samples: int, splits: tuple[str, ...], progre
     from ..dynamic_evaluation.run import dyneval_run
 
     report = dyneval_run(run, splits, eval_tokens=scale.eval_tokens, mc_samples=mc_samples, on_result=on_result,
-                         cache=cache, search_tokens=scale.cache_search_tokens, progress=progress, log=log,
+                         cache=cache, search_tokens=scale.search_tokens, progress=progress, log=log,
                          write=False)
     for split in report["splits"].values():
         split.pop("profile", None)

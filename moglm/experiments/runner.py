@@ -16,6 +16,8 @@ rerun skips what is done: ``static.json`` (the final evaluation: best checkpoint
 searched on validation), ``mc_dropout.json``, ``dynamic.json``, ``mc_dynamic.json`` and
 ``token_losses.safetensors`` (per-token test losses, static and dynamic, for the surprise analysis; the
 dynamic evaluation's pass over test writes them too). Runs go to ``workers`` processes at once, the cores shared among them.
+An analysis adds only its own evaluations to the runs it uses (such as ``optimisers.json``, Krause thesis
+5.4), sized by its own scale (``eval_tokens`` ...); the runs are trained at the used experiment's.
 """
 
 from __future__ import annotations
@@ -32,11 +34,12 @@ from typing import Any, Callable
 from ..atomic import atomic_write_bytes, atomic_write_text
 from ..device import usable_cores
 from ..errors import MoglmError
-from .spec import Experiment, RunSpec, load_experiment, runs, scale_of
+from .spec import Experiment, RunSpec, Scale, load_experiment, runs, scale_of
 
 EVALUATION_FILES = {"static": "static.json", "mc_dropout": "mc_dropout.json", "dynamic": "dynamic.json",
                     "mc_dynamic": "mc_dynamic.json", "token_losses": "token_losses.safetensors",
-                    "cache": "cache.json", "dynamic_cache": "dynamic_cache.json"}
+                    "cache": "cache.json", "dynamic_cache": "dynamic_cache.json", "out_of_domain": "out_of_domain.json",
+                    "optimisers": "optimisers.json"}
 
 
 def scale_dir(root: str | Path, scale: str, data: str | None = None) -> Path:
@@ -138,7 +141,8 @@ def run_experiment(
     _write_manifest(folder, exp, trained, scale, data, data_format, root, specs, dirs, evaluations)
     threads = max(1, usable_cores() // workers)
     unique = {str(dirs[s.name]): s for s in specs}  # a run shared by two variants trains once
-    jobs = [(trained.model_dump(), scale, asdict(s), path, evaluations, threads, progress and workers == 1)
+    sizes = scale_of(exp, scale).model_dump()  # an analysis's evaluations are sized by its own scale
+    jobs = [(trained.model_dump(), scale, asdict(s), path, evaluations, threads, progress and workers == 1, sizes)
             for path, s in unique.items()]
     log(f"{exp.name} at scale {scale}: {len(jobs)} runs in {folder}, {workers} worker{'s' * (workers > 1)} x "
         f"{threads} thread{'s' * (threads > 1)}; evaluations: {', '.join(evaluations)}")
@@ -189,8 +193,10 @@ def _run_job_star(args) -> str | None:
 
 
 def _run_job(exp_data: dict, scale: str, spec_data: dict, run_dir: str, evaluations: list[str], threads: int,
-             progress: bool, log: Callable[[str], None] = print) -> str | None:
-    """One run in this process: train, then each evaluation not yet on disk. Returns an error line, or None."""
+             progress: bool, sizes: dict | None = None, log: Callable[[str], None] = print) -> str | None:
+    """One run in this process: train, then each evaluation not yet on disk (``sizes``: the scale of the
+    experiment that asked for them, an analysis's own; default the trained experiment's). Returns an error
+    line, or None."""
     import torch
 
     from ..progress import above_bars
@@ -209,7 +215,8 @@ def _run_job(exp_data: dict, scale: str, spec_data: dict, run_dir: str, evaluati
             from .language_model import evaluate_run_spec, train_run_spec
 
             train_run_spec(spec, Path(run_dir), progress, say)
-            evaluate_run_spec(scale_of(exp, scale), Path(run_dir), evaluations, progress, say)
+            evaluate_run_spec(scale_of(exp, scale) if sizes is None else Scale.model_validate(sizes), Path(run_dir),
+                              evaluations, progress, say)
     except MoglmError as e:
         return f"[{spec.name}] failed: {e}"
     except KeyboardInterrupt:

@@ -30,7 +30,8 @@ else:  # pragma: no cover - Python 3.10
 FORMAT_VERSION = 1
 SHIPPED = Path(__file__).resolve().parent / "definitions"
 SCALES = ("smoke", "cpu", "paper")
-EVALUATIONS = ("static", "mc_dropout", "dynamic", "mc_dynamic", "token_losses", "cache", "dynamic_cache")
+EVALUATIONS = ("static", "mc_dropout", "dynamic", "mc_dynamic", "token_losses", "cache", "dynamic_cache",
+               "out_of_domain", "optimisers")
 
 
 class _Strict(BaseModel):
@@ -47,9 +48,12 @@ class Scale(_Strict):
     mc_dynamic_samples: int = Field(10, ge=1, description="MC-dropout samples with dynamic evaluation.")
     eval_tokens: int | None = Field(None, ge=1, description="MC dropout and dynamic evaluation score this prefix "
                                     "of each split (static evaluation always scores the whole split).")
-    cache_search_tokens: int = Field(10_000, ge=1, description="Validation tokens the neural cache's theta and "
-                                     "lambda are searched on.")
-    tune_trials: int = Field(20, ge=1, description="Tuning trials per variant (experiments that tune).")
+    search_tokens: int = Field(10_000, ge=1, description="Validation tokens that the neural cache's theta and "
+                               "lambda, and an out-of-domain experiment's dynamic-evaluation settings, are searched on.")
+    target: str | None = Field(None, description="Out of domain: the corpus whose test text every run scores (a "
+                               "data path as configs take it), read into each run's vocabulary.")
+    tune_trials: int = Field(20, ge=1, description="Tuning trials per variant (experiments that tune; the "
+                             "optimisers analysis: learning rates, and eps values, tried per optimiser).")
     lengths: list[int] = Field(default_factory=list, description="Reverse copy: one model per sequence length "
                                "(the paper's protocol), each tuned and trained on its own.")
 
@@ -76,7 +80,7 @@ class Table(_Strict):
 
 
 class Figure(_Strict):
-    kind: Literal["learning_curves", "sweep", "length", "surprise"]
+    kind: Literal["learning_curves", "sweep", "length", "surprise", "unseen_words", "optimisers"]
     title: str = ""
     evaluation: str = "static"
     split: Literal["valid", "test"] = "valid"

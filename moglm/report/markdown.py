@@ -11,6 +11,8 @@ from typing import Any
 from ..atomic import atomic_write_text
 from ..errors import MoglmError
 from . import plots
+from .optimisers import optimisers_lines
+from .out_of_domain import out_of_domain_lines
 from .runs import EVALUATION_LABELS, Run, read_experiment, read_run, score, unit
 
 #: evaluations that may score a prefix of each split, each beside the static score of the same tokens
@@ -58,9 +60,12 @@ def write_report(paths: list[Path], out: Path | None = None) -> Path:
                                  out, command)
             if any(e in PREFIX_EVALUATIONS for e in table["evaluations"]):
                 lines += same_tokens_lines(table, group, out, command)
+    lines += out_of_domain_lines(runs, out, command)
     if runs[0].task == "reverse_copy":
         lines += reverse_copy_lines(runs, out, command)
     for figure in spec.get("figures", []):
+        if figure["kind"] == "optimisers":  # one table over every corpus and model, then a figure per corpus
+            lines += optimisers_lines(runs, corpora, out, command)
         for corpus in dict.fromkeys(r.corpus for r in runs):
             group = [r for r in runs if r.corpus == corpus]
             made = plots.draw(figure, group, out / f"{figure['kind']}-{corpus}.png", corpora.get(corpus, corpus))
@@ -69,6 +74,9 @@ def write_report(paths: list[Path], out: Path | None = None) -> Path:
                           f"![{figure['kind']}]({made.name})", ""]
                 if figure["kind"] == "surprise":
                     lines += surprise_lines(made.with_suffix(".json"))
+            if figure["kind"] == "unseen_words":  # its table, with or without a figure
+                lines += plots.unseen_words.markdown_lines(out / f"unseen_words-{corpus}.json",
+                                                           corpora.get(corpus, corpus))
     lines += ["## Runs", "", "| run | directory | parameters | hidden | config |", "| --- | --- | --- | --- | --- |"]
     for r in runs:
         rel = _rel(r.path, out)

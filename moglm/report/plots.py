@@ -1,6 +1,7 @@
 """The report's figures, each read from run directories: learning curves, a sweep (score against a
 variant's value: the rounds of Mogrifier paper figure 3), cross-entropy against sequence length
-(reverse copy, figure 4) and recovery after surprise (Krause thesis figure 3.3)."""
+(reverse copy, figure 4), recovery after surprise (Krause thesis figure 3.3) and loss by occurrence of
+words unseen in training (thesis section 5.3, :mod:`.unseen_words`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from ..atomic import atomic_write_text
 from ..figures import new_figure, save_figure
 from .runs import Run, score, unit
+from . import optimisers, unseen_words
 from .surprise import analyse
 
 HORIZON = 20
@@ -25,6 +27,10 @@ def draw(figure: dict, runs: list[Run], path: Path, corpus_label: str) -> Path |
         return sweep(runs, path, corpus_label, figure.get("evaluation", "static"), figure.get("split", "valid"))
     if kind == "surprise":
         return surprise(runs, path, corpus_label)
+    if kind == "unseen_words":
+        return unseen_words.figure(runs, path, corpus_label)
+    if kind == "optimisers":
+        return optimisers.plot(runs, path, corpus_label)
     if kind == "length":
         return by_length(runs, path)
     raise ValueError(f"unknown figure kind {kind!r}")

@@ -17,6 +17,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+#: evaluations an analysis writes beside the score tables' (read into ``Run.evaluations`` too)
+ANALYSIS_FILES = ("out_of_domain", "optimisers")
 EVALUATION_LABELS = {"static": "static", "mc_dropout": "MC dropout", "dynamic": "dynamic evaluation",
                      "mc_dynamic": "MC dropout + dynamic", "cache": "neural cache",
                      "dynamic_cache": "dynamic + cache"}
@@ -87,7 +89,7 @@ def read_run(path: Path, label: str | None = None, corpus: str | None = None, va
     except tomllib.TOMLDecodeError as e:
         raise MoglmError(f"{path / 'config.toml'}: {e}") from None
     evaluations: dict[str, dict[str, Any]] = {}
-    for name in EVALUATION_LABELS:
+    for name in (*EVALUATION_LABELS, *ANALYSIS_FILES):
         found = _json(path / "evaluations" / f"{name}.json")
         if found is not None:
             evaluations[name] = found
