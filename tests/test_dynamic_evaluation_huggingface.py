@@ -16,6 +16,7 @@ from moglm.cli import main  # noqa: E402
 from moglm.dynamic_evaluation import Hyperparameters  # noqa: E402
 from moglm.dynamic_evaluation.adapted import ParameterSelection, adapted_tensors  # noqa: E402
 from moglm.dynamic_evaluation.huggingface import dyneval_hf, encode_text, load_causal_lm  # noqa: E402
+from moglm.errors import MoglmError  # noqa: E402
 from moglm.evaluation.context_window import ContextWindowLM  # noqa: E402
 from moglm.evaluation.stream import evaluate_stream  # noqa: E402
 
@@ -152,3 +153,72 @@ def test_a_missing_model_or_text_is_a_one_line_error(tmp_path, capsys):
     assert main(["dyneval", "--no-progress"]) == 1
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 3 and "cannot load" in errors[0] and "--text" in errors[1] and "--hf" in errors[2]
+
+
+class _Bidirectional(torch.nn.Module):
+    """Logits from the mean of the whole window's embeddings: every position reads the tokens after it."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(8, 8)
+
+    def forward(self, ids):  # [B, L] -> [B, L, 8]
+        return self.embedding(ids).mean(1, keepdim=True).expand(-1, ids.shape[1], -1)
+
+
+@pytest.mark.parametrize("model, message", [
+    (torch.nn.Linear(4, 4), "has no causal-LM interface: calling it on token ids"),
+    (torch.nn.Embedding(8, 1), "must give logits [1, 6, V]"),
+    (_Bidirectional(), "is not a causal LM: changing the last token changed the logits at earlier positions"),
+])
+def test_a_model_without_a_causal_interface_is_a_one_line_error(model, message):
+    with pytest.raises(MoglmError) as error:
+        ContextWindowLM(model, 8)
+    assert message in str(error.value) and len(str(error.value).splitlines()) == 1
+
+
+def test_an_encoder_saved_as_a_causal_lm_is_refused_by_the_command(tmp_path, gpt2_dir, capsys):
+    """A BERT directory loads through AutoModelForCausalLM (as BertLMHeadModel, attending both ways): it is
+    refused because it is not causal, not scored."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=300, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=64)
+    path = tmp_path / "bert"
+    BertForMaskedLM(config).save_pretrained(path)
+    _, tokenizer = load_causal_lm(str(gpt2_dir))
+    tokenizer.save_pretrained(path)
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT)
+    assert main(["dyneval", "--hf", str(path), "--text", str(text), "-n", "8", "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "is not a causal LM" in err and len(err.splitlines()) == 1
+
+
+def test_a_tokenizer_that_cannot_encode_the_text_is_a_one_line_error(gpt2_dir, tmp_path, capsys):
+    """A word-level tokenizer maps an unseen word to its unknown token: scoring that would score "[UNK]", not
+    the text, so the command names the word and where it starts instead."""
+    import shutil
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = sorted(set(CORPUS.split()))
+    vocab = {"[UNK]": 0, "<s>": 1, **{w: i + 2 for i, w in enumerate(words)}}
+    word_level = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    word_level.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=word_level, unk_token="[UNK]", bos_token="<s>")
+    with pytest.raises(MoglmError, match=r"cannot encode the text: 'zebra' at character 8 becomes its unknown"):
+        encode_text(tokenizer, "the cat zebra sat")
+    assert len(encode_text(tokenizer, "the cat sat").ids) == 4  # <s> and three known words
+    path = tmp_path / "word-level"
+    shutil.copytree(gpt2_dir, path)
+    for name in ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        (path / name).unlink(missing_ok=True)
+    tokenizer.save_pretrained(path)
+    text = tmp_path / "text.txt"
+    text.write_text("the dog sat on the zebra.")
+    assert main(["dyneval", "--hf", str(path), "--text", str(text), "-n", "8", "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "cannot encode the text: 'zebra.' at character 19" in err and len(err.splitlines()) == 1

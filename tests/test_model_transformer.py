@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -91,6 +92,27 @@ def test_bad_options_are_errors():
         Transformer(8, 8, 1, state_dropout=0.1)
     with pytest.raises(ValueError):
         Transformer(8, 8, 1, heads=0)
+
+
+def test_dynamic_evaluation_recalls_a_passage_repeated_beyond_the_memory():
+    """The repeated-passage check (thesis 4.4): a passage of 30 tokens recurs every 50 tokens, farther back
+    than the memory (8) and a segment (5) reach, so static evaluation scores every copy alike; dynamic
+    evaluation has learnt it in its weights and scores the later copies well below the first and below
+    the random tokens between them."""
+    model = lm(memory=8, hidden=16, heads=2, dtype=torch.float32)
+    rng = np.random.RandomState(0)
+    passage = rng.randint(0, 23, 30)
+    ids = np.concatenate([part for _ in range(4) for part in (passage, rng.randint(0, 23, 20))])  # [200]
+    result = dynamic_evaluate(model, ids, Hyperparameters(rule="sgd", lr=0.1, segment_length=5))
+    static, dynamic = result.static_losses.flatten(), result.losses.flatten()  # [199]: loss of ids[t + 1]
+    copies = [slice(50 * k, 50 * k + 29) for k in range(4)]  # predicting the 2nd-30th token of each copy
+    fillers = [slice(50 * k + 30, 50 * k + 49) for k in range(4)]
+    assert all(abs(float(static[c].mean() - static[copies[0]].mean())) < 0.02 for c in copies)
+    first, later = float(dynamic[copies[0]].mean()), [float(dynamic[c].mean()) for c in copies[1:]]
+    assert all(x < first - 0.4 for x in later), (first, later)
+    recalled = torch.cat([dynamic[c] for c in copies[1:]]).mean()
+    unseen = torch.cat([dynamic[f] for f in fillers[1:]]).mean()
+    assert recalled < unseen - 0.15, (recalled, unseen)
 
 
 def test_the_shipped_transformer_configs_sit_beside_the_recurrent_ones_at_equal_budget():

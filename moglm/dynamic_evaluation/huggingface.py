@@ -82,6 +82,7 @@ def encode_text(tokenizer, text: str, what: str = "text") -> EncodedText:
     if not text:
         raise MoglmError(f"the {what} is empty")
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    _check_encodable(tokenizer, text, ids, what)
     start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     if start is not None:
         predicted = text
@@ -91,6 +92,26 @@ def encode_text(tokenizer, text: str, what: str = "text") -> EncodedText:
     if len(ids) < 2:
         raise MoglmError(f"the {what} is too short: it encodes to {len(ids)} token(s)")
     return EncodedText(np.asarray(ids, dtype=np.int64), len(predicted), len(predicted.encode("utf-8")))
+
+
+def _check_encodable(tokenizer, text: str, ids: list[int], what: str) -> None:
+    """A one-line error when the tokenizer has no token for part of ``text`` (it becomes the unknown token,
+    which a model cannot be scored on), naming the first such piece and where it starts."""
+    if not ids:
+        raise MoglmError(f"the tokenizer cannot encode the {what}: it gives no tokens for {text[:20]!r}")
+    unk = tokenizer.unk_token_id
+    if unk is None or unk not in ids:
+        return
+    where = ids.index(unk)
+    piece = tokenizer.convert_ids_to_tokens(unk)
+    try:
+        start, end = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"][where]
+        piece = text[start:end]
+        at = f" at character {start}"
+    except (NotImplementedError, KeyError, IndexError, TypeError, ValueError):  # a slow tokenizer has no offsets
+        at = f" (token {where})"
+    raise MoglmError(f"the tokenizer cannot encode the {what}: {piece!r}{at} becomes its unknown token "
+                     f"{tokenizer.unk_token!r}")
 
 
 def read_text(path: str | Path, what: str) -> str:

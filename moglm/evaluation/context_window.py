@@ -13,6 +13,10 @@ for Transformer-XL in the thesis (6.2.2) and for the recurrent models here: dyna
 costs the static pass plus a backward pass over the segment only. A model without a cache (any module
 mapping ids ``[B, L]`` to logits ``[B, L, V]``) reads context and segment in one pass, and the segment's
 loss backpropagates through the context's activations too.
+
+Every model is probed before it is read (:func:`check_causal`): it must map ids to logits, and changing
+the last token must leave the earlier positions' logits alone, so an encoder or a bidirectional model is
+a one-line error instead of a score that has seen the tokens it predicts.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from ..errors import MoglmError
 
 
 def is_huggingface(model: nn.Module) -> bool:
@@ -57,6 +63,8 @@ class ContextWindowLM(nn.Module):
         self.cached = is_huggingface(model)
         # transformers 5 names the key/value cache ``cache``; earlier releases ``past_key_values``
         self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        check_causal(model)
+
 
     def check_window(self, segment_length: int) -> None:
         """A one-line error when ``context + segment_length`` exceeds the model's positions."""
@@ -102,6 +110,43 @@ class ContextWindowLM(nn.Module):
                 hidden = out.hidden_states[-1].transpose(0, 1)[-t:]
         joined = tokens if context is None else torch.cat([context, tokens])  # [C+T, B]
         return logits, hidden, joined[max(0, joined.shape[0] - self.context):]
+
+
+def check_causal(model: nn.Module, length: int = 6) -> None:
+    """A one-line :class:`MoglmError` unless ``model`` maps ids ``[B, L]`` to logits ``[B, L, V]`` and each
+    position's logits ignore the tokens after it (changing the last token must leave the others' logits as
+    they were): a bidirectional or encoder model would score each token after reading it."""
+    name = type(model).__name__
+    ids = torch.tensor([[i % 2 for i in range(length)]])  # [1, L]: ids 0 and 1 exist in any vocabulary
+    changed = ids.clone()
+    changed[0, -1] = 1 - changed[0, -1]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            logits = [_logits(model, x) for x in (ids, changed)]  # 2 x [1, L, V]
+    except Exception as e:  # anything the model raises on plain ids means it has no such interface
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise MoglmError(f"{name} has no causal-LM interface: calling it on token ids [1, {length}] raised "
+                         f"{type(e).__name__}: {first}") from None
+    finally:
+        model.train(was_training)
+    for out in logits:
+        if not (isinstance(out, Tensor) and out.dim() == 3 and out.shape[:2] == (1, length) and out.shape[2] > 1
+                and out.is_floating_point()):
+            got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+            raise MoglmError(f"{name} has no causal-LM interface: token ids [1, {length}] must give logits "
+                             f"[1, {length}, V] (or an output with .logits), got {got}")
+    before, after = (out[0, :-1].double() for out in logits)  # [L-1, V]
+    if not torch.allclose(before, after, rtol=1e-4, atol=1e-4 * float(before.abs().max()) + 1e-6):
+        raise MoglmError(f"{name} is not a causal LM: changing the last token changed the logits at earlier "
+                         "positions (a bidirectional or encoder model cannot score a text left to right)")
+
+
+def _logits(model: nn.Module, ids: Tensor) -> Any:
+    """What ``model`` gives for ``ids`` ``[B, L]``: its logits tensor, or whatever else it returned."""
+    out = model(input_ids=ids) if is_huggingface(model) else model(ids)
+    return getattr(out, "logits", out)
 
 
 def _nll(logits: Tensor, targets: Tensor, factor: float) -> Tensor:
