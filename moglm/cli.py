@@ -329,6 +329,10 @@ def _build_app():
                     cache_size=cache_size, which=checkpoint, device=device, progress=progress, log=typer.echo,
                     **extra)
 
+    from .compression.cli import register as compression_commands
+
+    compression_commands(app)
+
     from .experiments.cli import experiment_app, report_command
 
     app.add_typer(experiment_app(), name="experiment", help="The papers' experiments: list, run, status.")

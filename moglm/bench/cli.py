@@ -16,7 +16,7 @@ from typing import Optional
 
 import typer
 
-from ..cli_common import DEVICE_HELP, ThroughputModel, deprecated, new_app, renamed, values
+from ..cli_common import DEVICE_HELP, ThroughputModel, UpdateRule, deprecated, new_app, renamed, values
 from ..errors import MoglmError
 from . import default_out
 
@@ -178,6 +178,30 @@ def bench_app() -> typer.Typer:
         report["command"] = command_line()
         write_report(report, out)
         typer.echo(markdown_table(report))
+        typer.echo(f"written to {out}")
+
+    @app.command()
+    def compress(
+        run_dir: Path = typer.Argument(..., help="A character- or byte-level run made by `moglm train`."),
+        file: Path = typer.Argument(..., help="The file to compress (e.g. a test split)."),
+        dynamic: bool = typer.Option(False, help="Also compress with dynamic evaluation (a second row)."),
+        rule: Optional[UpdateRule] = typer.Option(None, help="Update rule of the adaptation."),
+        adapt_learning_rate: Optional[float] = typer.Option(None, help="Learning rate of the adaptation."),
+        progress: bool = typer.Option(True, help="Show progress bars."),
+        out: Path = typer.Option(default_out("compression.json"), help=OUT_HELP, show_default=False),
+    ) -> None:
+        """Compress and decompress a file with a run: size against the model's cross-entropy, gzip -9, bzip2 -9
+        and xz -9, and the speed in KB/s."""
+        from ..compression.run import dynamic_settings
+        from . import command_line, write_report
+        from .compression import markdown_table, run_compression
+
+        rows = [run_compression(run_dir, file, None, progress=progress, log=typer.echo)]
+        if dynamic or rule is not None or adapt_learning_rate is not None:
+            settings = dynamic_settings(run_dir, rule, adapt_learning_rate)
+            rows.append(run_compression(run_dir, file, settings, progress=progress, log=typer.echo))
+        write_report({"command": command_line(), "rows": rows}, out)
+        typer.echo(markdown_table(rows))
         typer.echo(f"written to {out}")
 
     return app

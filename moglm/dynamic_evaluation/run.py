@@ -85,11 +85,18 @@ def sampling_adapter(run: LanguageModelRun, model, which: str = "best", lr: floa
     hp, statistics = saved_settings(run) or (Hyperparameters(), StatisticsSettings())
     if lr is not None:
         hp = hp.with_(lr=lr)
+    return run_adapter(run, model, hp, statistics, which)
+
+
+def run_adapter(run: LanguageModelRun, model, hp: Hyperparameters, statistics: StatisticsSettings,
+                which: str = "best", factor: float = 1.0, purpose: str = "adapting while sampling") -> DynamicEvaluator:
+    """A :class:`DynamicEvaluator` of a run's ``model`` with ``hp`` and, for the RMS rules, the run's global
+    RMS statistics under ``statistics`` (from the cache in ``dyneval/``, else collected from its training data)."""
     rms = None
     if uses_rms(hp.rule):
-        train = load_corpus_for(run, "adapting while sampling")["train"]
+        train = load_corpus_for(run, purpose)["train"]
         rms = run_statistics(run, which, model, train, None, statistics, False, lambda m: print(m, file=sys.stderr))
-    return DynamicEvaluator(model, hp, rms)
+    return DynamicEvaluator(model, hp, rms, factor=factor)
 
 
 def dyneval_run(

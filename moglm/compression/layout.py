@@ -1,0 +1,84 @@
+"""A file as the model's tokens and the gaps between them, losslessly.
+
+A character- or byte-level run predicts tokens; a file is bytes. The file is read as characters (UTF-8,
+with bytes that are not UTF-8 kept as escape characters, so every file reads back to itself: Python's
+``surrogateescape``), or as bytes (latin-1) for a byte-level run. Each character that is a token of the
+vocabulary is coded by the model; every other character (a space between PTB-char symbols, a letter the
+training text never had, a stray byte) goes into the *gap* before the next token, coded by a small
+adaptive model (:mod:`.coder`). So::
+
+    file = gaps[0] token[0] gaps[1] token[1] ... token[N-1] gaps[N]
+
+For ``ptb_char`` runs (Mikolov's format: symbols separated by spaces, ``_`` between words) the newline is
+the ``<eos>`` token and the separating spaces are the gaps; for plain ``char`` runs the gaps are almost
+always empty. Word-level runs are refused: a word's spelling is not recoverable from its id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..data.vocabulary import Vocabulary
+from ..errors import MoglmError
+
+LEVELS = ("char", "ptb_char", "byte")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which character each token spells, for one vocabulary; :meth:`split` and :meth:`join` invert each other."""
+
+    ids: dict[str, int]  # character -> token id
+    chars: dict[int, str]  # token id -> character
+    start: int  # the token the model reads before the first one (the line separator training lines end with)
+    encoding: str  # how bytes read as characters: utf-8 with surrogateescape, or latin-1 (byte runs)
+
+    @classmethod
+    def of(cls, vocab: Vocabulary) -> "Layout":
+        if vocab.level not in LEVELS:
+            raise MoglmError(f"compression needs a character- or byte-level run ({', '.join(LEVELS)}); this run's "
+                             f"vocabulary is {vocab.level}-level, whose tokens do not spell the text")
+        ids = {t: i for t, i in vocab.stoi.items() if len(t) == 1 and t != vocab.unk}
+        if vocab.eos is not None and "\n" not in ids:
+            ids["\n"] = vocab.stoi[vocab.eos]
+        if vocab.level == "ptb_char":
+            ids.pop(" ", None)  # never a token of that format: spaces only separate symbols
+        start = vocab.stoi.get(vocab.eos) if vocab.eos is not None else ids.get("\n", 0)
+        return cls(ids, {i: c for c, i in ids.items()}, start,
+                   "latin-1" if vocab.level == "byte" else "utf-8")
+
+    def text(self, data: bytes) -> str:
+        return data.decode(self.encoding, errors="surrogateescape" if self.encoding == "utf-8" else "strict")
+
+    def data(self, text: str) -> bytes:
+        return text.encode(self.encoding, errors="surrogateescape" if self.encoding == "utf-8" else "strict")
+
+    def gap_bytes(self, gap: str) -> bytes:
+        """A gap as bytes (how a new gap is spelled out), always UTF-8 with escapes."""
+        return gap.encode("utf-8", errors="surrogateescape")
+
+    def gap_text(self, data: bytes) -> str:
+        return data.decode("utf-8", errors="surrogateescape")
+
+    def split(self, data: bytes) -> tuple[list[int], list[str]]:
+        """``(tokens, gaps)`` of a file, ``len(gaps) == len(tokens) + 1``."""
+        tokens, gaps, gap = [], [], []
+        ids = self.ids
+        for c in self.text(data):
+            i = ids.get(c)
+            if i is None:
+                gap.append(c)
+            else:
+                tokens.append(i)
+                gaps.append("".join(gap))
+                gap = []
+        gaps.append("".join(gap))
+        return tokens, gaps
+
+    def join(self, tokens: list[int], gaps: list[str]) -> bytes:
+        """The file that :meth:`split` read (``gaps`` has one more entry than ``tokens``)."""
+        parts = [gaps[0]]
+        for token, gap in zip(tokens, gaps[1:]):
+            parts.append(self.chars[token])
+            parts.append(gap)
+        return self.data("".join(parts))
