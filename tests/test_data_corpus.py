@@ -132,3 +132,50 @@ def test_benchmark_corpora_match_their_published_statistics(name, fmt, sizes, vo
     c = load_corpus(str(SHARED / name), fmt)
     assert tuple(len(c[s]) for s in ("train", "valid", "test")) == sizes
     assert len(c.vocab) == vocab
+
+
+def _enwik8_like(path: Path, size: int) -> None:
+    """Wikipedia XML as UTF-8 bytes (markup, multi-byte characters), like enwik8's first bytes."""
+    page = ('<page>\n  <title>Café in Zürich</title>\n  <text xml:space="preserve">[[Sprache|Deutsch]] '
+            "naïve – ‘quoted’ &amp; 中文 {{cite}}</text>\n</page>\n").encode()
+    path.write_bytes((page * (size // len(page) + 1))[:size])
+
+
+def _text8_like(path: Path, size: int) -> None:
+    """Lower-case words and single spaces, one line, no newline: text8's 27 symbols."""
+    import random
+
+    rng = random.Random(0)
+    words = ["anarchism", "originated", "as", "a", "term", "of", "abuse", "first", "used", "against", "early",
+             "working", "class", "radicals", "quiz", "jumps", "vex", "zebra", "by", "king"]
+    text = " ".join(rng.choice(words) for _ in range(size))
+    path.write_text(text[:size])
+
+
+@pytest.mark.parametrize("config, make, fmt, vocab", [
+    ("enwik8-mlstm-cpu", _enwik8_like, "byte", 256),
+    ("enwik8-mlstm-paper", _enwik8_like, "byte", 256),
+    ("text8-mlstm-cpu", _text8_like, "char", 27),
+    ("text8-mlstm-paper", _text8_like, "char", 27),
+])
+def test_enwik8_and_text8_configs_read_one_file_at_the_standard_90_5_5_split(tmp_path, monkeypatch, config, make, fmt,
+                                                                              vocab):
+    """The shipped configs read $MOGLM_DATA/enwik8 (bytes) and $MOGLM_DATA/text8 (characters) as one file cut
+    at 90% / 5% / 5%, which for the real 100,000,000-symbol files is the standard 90M / 5M / 5M split."""
+    from moglm.train.build import load_data
+    from moglm.train.config import load_config, shipped_configs
+
+    name = config.split("-")[0]
+    make(tmp_path / name, 20_000)
+    monkeypatch.setenv("MOGLM_DATA", str(tmp_path))
+    monkeypatch.chdir(tmp_path / "..")
+    cfg = load_config(shipped_configs()[config])
+    assert cfg.data.format == fmt and tuple(cfg.data.split_fractions) == (0.9, 0.05, 0.05)
+    corpus = load_data(cfg.data)
+    assert [len(corpus[s]) for s in ("train", "valid", "test")] == [18_000, 1_000, 1_000]
+    assert len(corpus.vocab) == vocab
+    if fmt == "byte":
+        assert bytes(corpus["train"][:40].tolist()) == (tmp_path / name).read_bytes()[:40]
+    else:
+        assert set(corpus.vocab.itos) == set("abcdefghijklmnopqrstuvwxyz ")
+        assert corpus.vocab.decode(corpus["test"]) == (tmp_path / name).read_text()[19_000:]

@@ -22,7 +22,7 @@ from moglm.experiments.runner import run_experiment, status  # noqa: E402
 from moglm.report import write_report  # noqa: E402
 
 EXPECTED = {"ablation", "rounds", "headline", "reverse-copy", "surprise", "budget", "transformer-dyneval",
-            "unseen-words", "optimisers"}
+            "unseen-words", "optimisers", "mlstm-size"}
 
 
 def _tiny_text(path: Path) -> Path:
@@ -262,6 +262,22 @@ def test_rounds_and_budget_at_smoke_scale(smoke):
     assert (folder / "sweep-tiny.png").is_file()
     budget = run_experiment("budget", "smoke", root=root, data=str(data), progress=False, log=lambda s: None)
     assert _rows(write_report([budget]).read_text(), "Mogrifier")
+
+
+def test_mlstm_size_sweeps_three_budgets_of_three_models_and_draws_one_line_each(smoke):
+    specs = runs(load_experiment("mlstm-size"), "cpu")
+    budgets = {(s.variant, run_config(s).model.num_params, s.x, s.series) for s in specs}
+    assert ("mlstm-half", 1_000_000, 1_000_000, "mLSTM") in budgets and ("lstm-double", 4_000_000, 4_000_000, "LSTM") in budgets
+    assert {run_config(s).model.architecture for s in specs} == {"multiplicative_lstm", "lstm", "mogrifier"}
+    assert len({run_config(s).train.model_dump_json() for s in specs}) == 1  # the same training for every run
+    root, data = smoke
+    folder = run_experiment("mlstm-size", "smoke", root=root, data=str(data), progress=False, log=lambda s: None)
+    report = write_report([folder]).read_text()
+    for model in ("mLSTM", "LSTM", "Mogrifier"):
+        assert _rows(report, model) and _rows(report, f"{model}, 1/2 budget") and _rows(report, f"{model}, 2x budget")
+    assert (folder / "sweep-tiny.png").is_file()
+    manifest = json.loads((folder / "experiment.json").read_text())
+    assert sorted({r["x"] for r in manifest["runs"]}) == [50_000, 100_000, 200_000]
 
 
 def test_reverse_copy_tunes_then_trains_each_model_and_length(tmp_path):

@@ -13,7 +13,7 @@ from moglm.train.build import build_model, resolve_hidden_size
 from moglm.train.config import apply_overrides, describe, load_config, shipped_configs, validate
 
 # vocabulary sizes of the corpora the shipped configs name (so they build without reading the data)
-VOCAB = {"ptb": 10_000, "ptb-char": 50, "wikitext-2": 33_278, None: 103}
+VOCAB = {"ptb": 10_000, "ptb-char": 50, "wikitext-2": 33_278, "enwik8": 256, "text8": 27, None: 103}
 
 
 @pytest.mark.parametrize("name", sorted(shipped_configs()))

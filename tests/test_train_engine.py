@@ -66,6 +66,30 @@ def test_adam_takes_beta2_and_eps_from_the_settings_for_every_task(tmp_path):
     assert group["betas"] == (0.0, 0.9) and group["eps"] == 1e-3
 
 
+def test_the_linear_schedule_decays_to_the_minimum_and_resumes_exactly(tmp_path):
+    """Thesis 3.5.1's recipe: Adam (beta1 0.9) from learning_rate at step 1 down to min_learning_rate at the
+    last step, each step's rate a function of the step, so a killed run resumes on the same schedule."""
+    settings = dict(schedule="linear", learning_rate=0.4, min_learning_rate=0.1, adam_beta1=0.9)
+    engine, straight = _fit(tmp_path / "a", **settings)
+    assert [engine.settings.learning_rate_at(s) for s in (1, 6, 11, 16)] == pytest.approx([0.4, 0.3, 0.2, 0.1])
+    assert engine.optimizer.param_groups[0]["betas"] == (0.9, 0.999)
+    assert engine.optimizer.param_groups[0]["lr"] == pytest.approx(0.1)  # the last step's
+
+    def kill(step):
+        if step == 6:
+            raise Killed
+
+    with pytest.raises(Killed):
+        _fit(tmp_path / "b", on_step=kill, **settings)
+    _, resumed = _fit(tmp_path / "b", **settings)
+    records = [RunDirectory(tmp_path / d).read_metrics() for d in ("a", "b")]
+    assert [(r["step"], r["xent"], r.get("learning_rate")) for r in records[0]] == [
+        (r["step"], r["xent"], r.get("learning_rate")) for r in records[1]]
+    assert resumed.best_xent == straight.best_xent
+    constant = _fit(tmp_path / "c")[0]
+    assert constant.settings.learning_rate_at(16) == 0.4
+
+
 def test_the_checkpoint_stores_adam_state_by_parameter_name(tmp_path):
     _fit(tmp_path / "run", steps=4)
     pointer = RunDirectory(tmp_path / "run").checkpoints.pointer("last")
@@ -92,3 +116,7 @@ def test_bad_settings_are_one_line_errors():
 
     with pytest.raises(MoglmError, match="eval_every must be >= 1"):
         Settings(steps=3, learning_rate=0.1, eval_every=0)
+    with pytest.raises(MoglmError, match="schedule must be one of"):
+        Settings(steps=3, learning_rate=0.1, eval_every=1, schedule="cosine")
+    with pytest.raises(MoglmError, match=r"min_learning_rate must be in \[0, learning_rate\]"):
+        Settings(steps=3, learning_rate=0.1, eval_every=1, schedule="linear", min_learning_rate=0.2)

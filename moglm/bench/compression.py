@@ -18,15 +18,19 @@ from ..errors import MoglmError
 
 def run_compression(run_dir: Path, file: Path, settings: dict | None, checkpoint: str = "best",
                     progress: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """The report of one compression and decompression of ``file`` with the run (``settings``: adapt while
-    coding, as ``moglm compress --dynamic`` records them; None: static)."""
+    """The report of one compression and decompression of ``file`` (a path, or one relative to ``$MOGLM_DATA``)
+    with the run (``settings``: adapt while coding, as ``moglm compress --dynamic`` records them; None: static)."""
     from ..compression import compress, decompress
     from ..compression.run import adapter_from_settings
     from ..recurrence.compiled import info
     from ..trained_run import load_run
 
-    if not file.is_file():
-        raise MoglmError(f"{file}: no such file")
+    if not file.is_file():  # a corpus file named as the configs name them, looked up under $MOGLM_DATA too
+        from ..data.corpus import resolve_path
+
+        file = resolve_path(file)
+        if not file.is_file():
+            raise MoglmError(f"{file}: not a file")
     data = file.read_bytes()
     run = load_run(run_dir, checkpoint, "cpu")
     adapter = None

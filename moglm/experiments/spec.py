@@ -68,6 +68,9 @@ class Variant(_Strict):
     config: str | None = Field(None, description="Config template for this variant (default: the experiment's).")
     set: dict[str, Any] = Field(default_factory=dict)
     x: float | None = Field(None, description="This variant's position on a sweep figure's axis.")
+    series: str | None = Field(None, description="The sweep figure's line this variant belongs to (default: one line).")
+    params_factor: float | None = Field(
+        None, gt=0, description="Multiplies the scale's model.num_params (a size sweep); the budget is then the x.")
     tune: str | None = Field(None, description="Search space tuned for this variant (experiments that tune).")
 
 
@@ -84,6 +87,8 @@ class Figure(_Strict):
     title: str = ""
     evaluation: str = "static"
     split: Literal["valid", "test"] = "valid"
+    x_label: str = Field("rounds r", description="A sweep's x-axis label.")
+    log_x: bool = Field(False, description="A sweep's x-axis on a log scale.")
 
 
 class Experiment(_Strict):
@@ -134,6 +139,7 @@ class RunSpec:
     overrides: dict[str, Any]  # dotted keys, applied in order
     x: float | None = None
     tune: str | None = None
+    series: str | None = None
 
 
 def shipped() -> dict[str, Path]:
@@ -194,8 +200,14 @@ def runs(exp: Experiment, scale: str, data: str | None = None, data_format: str 
                     overrides["train.seed"] = seed
                 else:
                     overrides["seed"] = seed
+                x = variant.x
+                if variant.params_factor is not None:
+                    if "model.num_params" not in overrides:
+                        raise MoglmError(f"{exp.name}: variant {variant_name} scales model.num_params, which the "
+                                         f"scale does not set")
+                    x = overrides["model.num_params"] = int(round(overrides["model.num_params"] * variant.params_factor))
                 out.append(RunSpec(f"{corpus_name}-{variant_name}-s{seed}", corpus_name, variant_name, seed, config,
-                                   overrides, variant.x, variant.tune))
+                                   overrides, x, variant.tune, variant.series))
     return out
 
 

@@ -24,7 +24,8 @@ def draw(figure: dict, runs: list[Run], path: Path, corpus_label: str) -> Path |
     if kind == "learning_curves":
         return learning_curves(runs, path, corpus_label)
     if kind == "sweep":
-        return sweep(runs, path, corpus_label, figure.get("evaluation", "static"), figure.get("split", "valid"))
+        return sweep(runs, path, corpus_label, figure.get("evaluation", "static"), figure.get("split", "valid"),
+                     figure.get("x_label", "rounds r"), figure.get("log_x", False))
     if kind == "surprise":
         return surprise(runs, path, corpus_label)
     if kind == "unseen_words":
@@ -67,17 +68,27 @@ def learning_curves(runs: list[Run], path: Path, corpus_label: str) -> Path | No
     return save_figure(fig, path)
 
 
-def sweep(runs: list[Run], path: Path, corpus_label: str, evaluation: str, split: str) -> Path | None:
-    points = sorted((r.x, found[0]) for r in runs if r.x is not None
-                    and (found := score(r, evaluation, split)) is not None)
-    if not points:
+def sweep(runs: list[Run], path: Path, corpus_label: str, evaluation: str, split: str, x_label: str = "rounds r",
+          log_x: bool = False) -> Path | None:
+    """Score against each run's x, one line per series (the variants' ``series``; one line when none)."""
+    lines: dict[str | None, list[tuple[float, float]]] = {}
+    for r in runs:
+        if r.x is not None and (found := score(r, evaluation, split)) is not None:
+            lines.setdefault(r.series, []).append((r.x, found[0]))
+    if not lines:
         return None
     fig = new_figure((6, 4))
     if fig is None:
         return None
     ax = fig.subplots()
-    ax.plot([p[0] for p in points], [p[1] for p in points], "o-")
-    ax.set_xlabel("rounds r")
+    for series, points in lines.items():
+        points.sort()
+        ax.plot([p[0] for p in points], [p[1] for p in points], "o-", label=series)
+    if any(series is not None for series in lines):
+        ax.legend()
+    if log_x:
+        ax.set_xscale("log")
+    ax.set_xlabel(x_label)
     ax.set_ylabel(f"{split} {unit(runs[0].level)}")
     ax.set_title(corpus_label)
     ax.grid(alpha=0.3)

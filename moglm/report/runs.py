@@ -37,6 +37,7 @@ class Run:
     config: dict[str, Any] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     evaluations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    series: str | None = None  # the line of a sweep figure this run is on (the variant's series)
 
     @property
     def level(self) -> str:
@@ -144,5 +145,7 @@ def read_experiment(folder: Path) -> tuple[dict[str, Any], list[Run]]:
     for row in manifest.get("runs", []):
         path = (folder / row["path"]).resolve()
         if (path / "config.toml").is_file():
-            out.append(read_run(path, row.get("label"), row.get("corpus"), row.get("variant", ""), row.get("x")))
+            run = read_run(path, row.get("label"), row.get("corpus"), row.get("variant", ""), row.get("x"))
+            run.series = row.get("series")
+            out.append(run)
     return manifest, out

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..data.corpus import Corpus, load_corpus
 from ..errors import MoglmError
 from ..model.language_model import LanguageModel
+from ..model.mlstm_recipe import apply_recipe
 from ..model.sizing import largest_hidden_size
 from .config import DataConfig, ModelConfig
 
@@ -23,7 +24,7 @@ def build_model(cfg: ModelConfig, vocab_size: int, hidden_size: int | None = Non
 
 
 def _language_model(cfg: ModelConfig, vocab_size: int, hidden_size: int) -> LanguageModel:
-    return LanguageModel(
+    model = LanguageModel(
         vocab_size,
         hidden_size,
         num_layers=cfg.num_layers,
@@ -40,6 +41,9 @@ def _language_model(cfg: ModelConfig, vocab_size: int, hidden_size: int) -> Lang
         backend=cfg.backend,
         init=cfg.init,
     )
+    if cfg.orthogonal_init is not None or cfg.forget_bias is not None or cfg.weight_norm:
+        apply_recipe(model.rnn, cfg.orthogonal_init, cfg.forget_bias, cfg.weight_norm)
+    return model
 
 
 def resolve_hidden_size(cfg: ModelConfig, vocab_size: int) -> int:

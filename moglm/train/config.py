@@ -87,6 +87,12 @@ class ModelConfig(Section):
     init: Literal["torch", "paper"] = Field(
         "torch", description="Initialisation: torch (torch.nn.LSTM's uniform, as the modules default to) or paper "
         "(the original experiments' truncated normals; the shipped configs select it).")
+    orthogonal_init: float | None = Field(
+        None, gt=0.0, description="The mLSTM recipe (thesis 3.5.1): initialise each gate's block of the hidden "
+        "weights (weight_hh, the mLSTM's weight_mh) as a random orthogonal matrix times this scale (null: off).")
+    forget_bias: float | None = Field(
+        None, description="The mLSTM recipe: the forget gate's initial bias, LSTM-gated architectures (null: the init's).")
+    weight_norm: bool = Field(False, description="The mLSTM recipe: weight normalisation of the hidden weights.")
     input_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the embeddings into layer 1.")
     inter_layer_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the inputs of layers >= 2.")
     state_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Variational dropout on h_prev, one mask per sequence.")
@@ -121,8 +127,14 @@ class TrainConfig(Section):
     max_tokens: int | None = Field(
         None, ge=1, description="If set, training tokens in total (overrides max_steps: steps = tokens / (batch*bptt))."
     )
-    learning_rate: float = Field(0.003, gt=0.0, description="Adam learning rate (constant).")
-    adam_beta2: float = Field(0.999, gt=0.0, lt=1.0, description="Adam beta2 (beta1 is 0, as in the paper).")
+    learning_rate: float = Field(0.003, gt=0.0, description="Adam learning rate (the initial one under a schedule).")
+    learning_rate_schedule: Literal["constant", "linear"] = Field(
+        "constant", description="constant (the Mogrifier paper's), or linear: decays from learning_rate at the first "
+        "step to min_learning_rate at the last (the thesis's mLSTM recipe, 3.5.1).")
+    min_learning_rate: float = Field(0.0, ge=0.0, description="The linear schedule's learning rate at the last step.")
+    adam_beta1: float = Field(0.0, ge=0.0, lt=1.0, description="Adam beta1 (0 in the Mogrifier paper; the thesis's "
+                              "mLSTM used Adam's default 0.9).")
+    adam_beta2: float = Field(0.999, gt=0.0, lt=1.0, description="Adam beta2.")
     adam_eps: float = Field(1e-8, gt=0.0, description="Adam epsilon.")
     l2_penalty: float = Field(0.0, ge=0.0, description="l2_penalty * 0.5 * sum(w^2) added to the window's summed loss.")
     clip_norm: float = Field(10.0, gt=0.0, description="Global gradient-norm clip of the summed loss's gradient.")

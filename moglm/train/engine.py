@@ -1,7 +1,8 @@
 """The training engine: one loop for every model moglm trains (language models, the synthetic tasks,
 tuning trials), with the Mogrifier paper's recipe (section 3.3; docs/method.md, "Training recipe").
 
-* Adam with beta1 = 0 and a constant learning rate; the loss is a step's summed cross-entropy divided by
+* Adam with beta1 = 0 and a constant learning rate (or the thesis's mLSTM recipe: beta1 0.9, a learning rate
+  decaying linearly, thesis 3.5.1); the loss is a step's summed cross-entropy divided by
   its sequences, plus ``l2_penalty * 0.5 * sum(w^2)``; global-norm clipping.
 * Evaluation every ``eval_every`` steps on validation; weight averaging after ``averaging_patience``
   evaluations without improvement or at ``averaging_start`` of training; best and last checkpoints;
@@ -44,6 +45,9 @@ from .learning_curve import plot_learning_curve
 from .weight_averaging import WeightAverage
 
 
+SCHEDULES = ("constant", "linear")
+
+
 class TrainingDiverged(MoglmError):
     """The loss or the gradient became NaN or infinite."""
 
@@ -59,6 +63,9 @@ class Settings:
     steps: int
     learning_rate: float
     eval_every: int
+    schedule: str = "constant"  # or "linear": learning_rate at step 0 down to min_learning_rate at the last step
+    min_learning_rate: float = 0.0
+    adam_beta1: float = 0.0
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
     clip_norm: float = 10.0
@@ -75,6 +82,17 @@ class Settings:
                 raise MoglmError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.learning_rate > 0:
             raise MoglmError(f"the learning rate must be > 0, got {self.learning_rate}")
+        if self.schedule not in SCHEDULES:
+            raise MoglmError(f"the learning-rate schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if not 0 <= self.min_learning_rate <= self.learning_rate:
+            raise MoglmError(f"min_learning_rate must be in [0, learning_rate], got {self.min_learning_rate}")
+
+    def learning_rate_at(self, step: int) -> float:
+        """The learning rate of step ``step`` (1 to ``steps``): a function of the step alone, so a resumed
+        run follows the schedule exactly."""
+        if self.schedule == "constant" or self.steps == 1:
+            return self.learning_rate
+        return self.learning_rate + (self.min_learning_rate - self.learning_rate) * (step - 1) / (self.steps - 1)
 
 
 @dataclass
@@ -219,7 +237,7 @@ class Engine:
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.names = [n for n, p in self.model.named_parameters() if p.requires_grad]
         self.optimizer = torch.optim.Adam(self.parameters, lr=settings.learning_rate,
-                                          betas=(0.0, settings.adam_beta2), eps=settings.adam_eps)
+                                          betas=(settings.adam_beta1, settings.adam_beta2), eps=settings.adam_eps)
         self.average = WeightAverage(self.model)
         self.progress = Progress()
         self.writer = None
@@ -333,6 +351,8 @@ class Engine:
         norm = torch.nn.utils.clip_grad_norm_(self.parameters, s.clip_norm)
         if not torch.isfinite(norm):
             raise self._diverged(step, "gradient")
+        for group in self.optimizer.param_groups:
+            group["lr"] = s.learning_rate_at(step)
         self.optimizer.step()
         self.average.update()
         return summed, tokens, float(norm)

@@ -52,7 +52,8 @@ def engine_settings(cfg: RunConfig) -> Settings:
     """The engine's settings from a run config's ``[train]`` section."""
     t = cfg.train
     return Settings(steps=total_steps(cfg), learning_rate=t.learning_rate, eval_every=t.eval_every,
-                    adam_beta2=t.adam_beta2, adam_eps=t.adam_eps, clip_norm=t.clip_norm, l2_penalty=t.l2_penalty,
+                    schedule=t.learning_rate_schedule, min_learning_rate=t.min_learning_rate,
+                    adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, adam_eps=t.adam_eps, clip_norm=t.clip_norm, l2_penalty=t.l2_penalty,
                     averaging_patience=t.averaging_patience, averaging_start=t.averaging_start,
                     early_stopping_patience=t.early_stopping_patience, tokens_per_step=t.batch_size * t.bptt)
 
