@@ -25,7 +25,7 @@ Sampler = Literal["gp", "tpe", "random"]  # tune.search_space.StudySettings.samp
 Checkpoint = Literal["best", "last"]
 DyckObjective = Literal["closing", "lm"]  # tasks.dyck_training.OBJECTIVES
 DyckPositions = Literal["closing", "open_stack"]  # tasks.wcpa.POSITIONS
-Architecture = Literal["lstm", "mogrifier", "multiplicative_lstm", "rnn", "multiplicative_rnn", "mmrnn", "mmlstm",
+Architecture = Literal["lstm", "mogrifier", "multiplicative_lstm", "mi_lstm", "rnn", "multiplicative_rnn", "mmrnn", "mmlstm",
                        "dyck_rnn", "gru", "mogrifier_gru", "mogrifier_rnn"]  # modules.ARCHITECTURES
 ThroughputModel = enum.Enum("ThroughputModel", {name: name for name in (  # bench.throughput.MODELS and GRAPHED
     "torch.nn.LSTM", "moglm LSTM", "moglm LSTM + state dropout", "moglm Mogrifier r=5 k=64",

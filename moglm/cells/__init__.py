@@ -7,6 +7,7 @@ from .lstm import LSTMCell
 from .mogrifier import MogrifierLSTMCell, mogrify
 from .mogrifier_variants import MogrifierGRUCell, MogrifierRNNCell
 from .multi_matrix import MultiMatrixLSTMCell, MultiMatrixRNNCell
+from .multiplicative_integration import MultiplicativeIntegrationLSTMCell
 from .multiplicative_lstm import MultiplicativeLSTMCell
 from .rnn import MultiplicativeRNNCell, RNNCell
 
@@ -20,6 +21,7 @@ __all__ = [
     "MogrifierRNNCell",
     "MultiMatrixLSTMCell",
     "MultiMatrixRNNCell",
+    "MultiplicativeIntegrationLSTMCell",
     "MultiplicativeLSTMCell",
     "MultiplicativeRNNCell",
     "RNNCell",

@@ -149,6 +149,7 @@ class MultiMatrixLSTMCell(MultiMatrixTransitions, LSTMCell):
     Under ``init="paper"`` every W_j is initialised like an LSTM W_hh and the forget bias has mean 1."""
 
     state_names = ("h", "c", "key")
+    reference_only = True  # an LSTM by inheritance, but no fused window fits its K matrices: the loop is its path
     gates = 4
 
     def __init__(

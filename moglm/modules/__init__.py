@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .base import RecurrentModule
 from .gru import GRU
-from .lstm import LSTM, MultiMatrixLSTM, MultiplicativeLSTM
+from .lstm import LSTM, MultiMatrixLSTM, MultiplicativeIntegrationLSTM, MultiplicativeLSTM
 from .mogrifier import MogrifierGRU, MogrifierLSTM, MogrifierRNN
 from .rnn import RNN, DyckRNN, MultiMatrixRNN, MultiplicativeRNN
 from .stack import RecurrentStack, StackState
@@ -26,6 +26,7 @@ ARCHITECTURES: dict[str, type[RecurrentModule]] = {
     "lstm": LSTM,
     "mogrifier": MogrifierLSTM,
     "multiplicative_lstm": MultiplicativeLSTM,
+    "mi_lstm": MultiplicativeIntegrationLSTM,
     "rnn": RNN,
     "multiplicative_rnn": MultiplicativeRNN,
     "mmrnn": MultiMatrixRNN,
@@ -47,6 +48,7 @@ __all__ = [
     "MogrifierRNN",
     "MultiMatrixLSTM",
     "MultiMatrixRNN",
+    "MultiplicativeIntegrationLSTM",
     "MultiplicativeLSTM",
     "MultiplicativeRNN",
     "RecurrentModule",

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..cells.lstm import LSTMCell
 from ..cells.multi_matrix import MultiMatrixLSTMCell
+from ..cells.multiplicative_integration import MultiplicativeIntegrationLSTMCell
 from ..cells.multiplicative_lstm import MultiplicativeLSTMCell
 from .base import RecurrentModule
 from .options import CappedInputGateOption, MultiMatrixOption
@@ -37,6 +38,18 @@ class MultiplicativeLSTM(RecurrentModule):
         """Options of :class:`MultiplicativeLSTM`."""
 
     cell_class = MultiplicativeLSTMCell
+
+
+class MultiplicativeIntegrationLSTM(RecurrentModule):
+    """Multi-layer multiplicative-integration LSTM (MI-LSTM; Wu et al. 2016; Krause's thesis 2.4.3): each gate's
+    pre-activation is ``alpha * (W_ih x) * (W_hh h) + beta_h * (W_hh h) + beta_x * (W_ih x) + b``, with learnt
+    gating vectors (``mi_alpha_l0`` ...). Its time loop is the reference loop (no fused window)."""
+
+    @dataclass
+    class Options(CappedInputGateOption):
+        """Options of :class:`MultiplicativeIntegrationLSTM`."""
+
+    cell_class = MultiplicativeIntegrationLSTMCell
 
 
 class MultiMatrixLSTM(RecurrentModule):

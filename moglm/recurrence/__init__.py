@@ -49,7 +49,7 @@ def has_fast_path(cell: Cell) -> bool:
     sparse dynamic evaluation's wrapper around one); for the others the reference loop is their
     implementation, and running it is no fallback worth a warning."""
     inner = getattr(cell, "output_adaptation", (cell, None))[0]
-    return isinstance(inner, tuple(FUSED))
+    return isinstance(inner, tuple(FUSED)) and not getattr(inner, "reference_only", False)
 
 
 def unsupported_reason(cell: Cell, params: Params, xs: Tensor, state: State, h_mask: Tensor | None) -> str | None:
