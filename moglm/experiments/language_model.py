@@ -138,8 +138,8 @@ def _dynamic(run, scale: Scale, mc_samples: int, splits: tuple[str, ...], progre
     from ..dynamic_evaluation.run import dyneval_run
 
     report = dyneval_run(run, splits, eval_tokens=scale.eval_tokens, mc_samples=mc_samples, on_result=on_result,
-                         cache=cache, search_tokens=scale.search_tokens, progress=progress, log=log,
-                         write=False)
+                         cache=cache, search=scale.dynamic_search, max_cost=scale.dynamic_max_cost,
+                         search_tokens=scale.search_tokens, progress=progress, log=log, write=False)
     for split in report["splits"].values():
         split.pop("profile", None)
     return report

@@ -50,6 +50,10 @@ class Scale(_Strict):
                                     "of each split (static evaluation always scores the whole split).")
     search_tokens: int = Field(10_000, ge=1, description="Validation tokens that the neural cache's theta and "
                                "lambda, and an out-of-domain experiment's dynamic-evaluation settings, are searched on.")
+    dynamic_search: bool = Field(False, description="Tune the dynamic-evaluation settings (the coordinate search "
+                                 "of thesis 4.5) on search_tokens validation tokens before scoring (else the defaults).")
+    dynamic_max_cost: float | None = Field(None, gt=0, description="The search's time budget: settings costing "
+                                           "more than this many times a static pass are ruled out (null: none).")
     target: str | None = Field(None, description="Out of domain: the corpus whose test text every run scores (a "
                                "data path as configs take it), read into each run's vocabulary.")
     tune_trials: int = Field(20, ge=1, description="Tuning trials per variant (experiments that tune; the "
