@@ -73,6 +73,19 @@ def test_equal_budget_variants_differ_only_where_the_paper_says():
     assert configs["lstm"].model.architecture == "lstm" and "rounds" not in configs["lstm"].model.cell
 
 
+def test_config_fields_added_later_leave_the_digest_of_configs_at_their_defaults_alone():
+    """Runs are found by their config's digest: a release that adds a config field with a default must not make
+    every existing experiment retrain; a config that sets such a field gets a digest of its own."""
+    from moglm.experiments.runner import ADDED_FIELDS, config_digest, _resolved
+
+    exp = load_experiment("ablation")
+    config = _resolved(exp, runs(exp, "cpu")[0])
+    before = {section: {k: v for k, v in config[section].items() if k not in ADDED_FIELDS[section]}
+              for section in ADDED_FIELDS}
+    assert config_digest(config) == config_digest(config | before)
+    assert config_digest(config) != config_digest(config | {"train": config["train"] | {"adam_beta1": 0.9}})
+
+
 def test_a_bad_experiment_file_is_a_one_line_error_naming_the_key(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('format_version = 1\nname = "x"\ndescription = "d"\nsource = "s"\nevaluations = ["magic"]\n'
