@@ -88,7 +88,8 @@ def sample(
             if adapt_output:
                 if len(segment) == adapter.hp.segment_length:  # a segment is complete: update on it
                     targets = torch.tensor(segment[1:] + [token], device=device).view(-1, 1)  # [n, 1]
-                    adapter.step(torch.tensor(segment, device=device).view(-1, 1), targets, before)
+                    # carry on from the update's own pass (after a rollback, the rescored one: never non-finite)
+                    _, state = adapter.step(torch.tensor(segment, device=device).view(-1, 1), targets, before)
                     segment, before = [], state
                 segment.append(token)
             log_p, state = net.log_probs(torch.tensor([[token]], device=device), state)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -61,7 +62,10 @@ def _round_trip(run, data, adapter=None):
     return blob, report, restored
 
 
-@pytest.mark.parametrize("data", [b"", b"t", bytes(range(256)) * 3, os.urandom(700), TEXT,
+RANDOM = bytes(np.random.default_rng(0).integers(0, 256, 700, dtype=np.uint8))
+
+
+@pytest.mark.parametrize("data", [b"", b"t", bytes(range(256)) * 3, RANDOM, TEXT,
                                   "naïve café: ünïcödé ☃ and 中文\n".encode() * 3 + b"\xff\xfe broken utf-8 \xc3"],
                          ids=["empty", "one-byte", "all-bytes", "random", "text", "unicode-and-bad-utf8"])
 def test_any_file_round_trips_exactly(char_run, data):
@@ -91,6 +95,26 @@ def test_dynamic_evaluation_round_trips_and_compresses_repeated_text_better(char
     _, static, _ = _round_trip(char_run, long)
     assert adapted.compressed_bytes < static.compressed_bytes
     assert read_header(blob)[0]["adapt"] == {"hyperparameters": hp.as_dict()}
+
+
+def test_an_adaptation_that_diverges_is_rolled_back_identically_on_both_sides(char_run):
+    """SGD at a learning rate that makes the weights non-finite: the divergence guard rolls back (and halves the
+    rate) on both sides alike, the state carries on from the rescored pass, and the file comes back exactly."""
+    trained = load_run(char_run)
+    hp = Hyperparameters(rule="sgd", lr=1e30, segment_length=3)
+    adapter = DynamicEvaluator(trained.model, hp, factor=trained.temperature)
+    _, report, restored = _round_trip(char_run, TEXT, adapter)
+    assert restored == TEXT and adapter.rollbacks > 0
+
+
+def test_a_file_that_is_mostly_gaps_keeps_the_gap_table_bounded(char_run):
+    """Every character outside the vocabulary is a gap; distinct gaps beyond the table's size are spelled out
+    each time, on both sides alike."""
+    from moglm.compression import coder
+
+    data = "".join(f"t{chr(0x4E00 + i)}" for i in range(coder.MAX_GAPS + 40)).encode()  # distinct unseen gaps
+    _, report, restored = _round_trip(char_run, data)
+    assert restored == data and report.tokens == coder.MAX_GAPS + 40
 
 
 def test_ptb_char_spaces_are_gaps_and_cost_almost_nothing(ptb_char_run):

@@ -76,7 +76,8 @@ def test_equal_budget_variants_differ_only_where_the_paper_says():
 def test_config_fields_added_later_leave_the_digest_of_configs_at_their_defaults_alone():
     """Runs are found by their config's digest: a release that adds a config field with a default must not make
     every existing experiment retrain; a config that sets such a field gets a digest of its own."""
-    from moglm.experiments.runner import ADDED_FIELDS, config_digest, _resolved
+    from moglm.experiments.runner import config_digest, _resolved
+    from moglm.train.config import ADDED_FIELDS
 
     exp = load_experiment("ablation")
     config = _resolved(exp, runs(exp, "cpu")[0])

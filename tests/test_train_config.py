@@ -58,6 +58,7 @@ def test_overrides_use_dotted_keys_and_yaml_values():
         (["model.num_params=1000"], "set exactly one of hidden_size and num_params"),
         (["format_version=99"], "format_version 99 is not supported"),
         (["nonsense"], "expected key=value"),
+        (["train.learning_rate_schedule=linear", "train.min_learning_rate=1"], "min_learning_rate 1.0 is above"),
     ],
 )
 def test_bad_config_values_give_one_line_errors_naming_the_key(overrides, message):

@@ -140,6 +140,48 @@ def test_weight_averaging_averages_every_step_since_it_started_and_is_what_best_
         torch.testing.assert_close(value, expected)
 
 
+def test_the_mlstm_recipe_trains_resumes_exactly_after_a_kill_and_loads(tiny_corpus, tmp_path):
+    """Weight normalisation, orthogonal init, the forget bias and the linear schedule through the whole run:
+    a killed run continues bit for bit (weights, averaged weights, schedule), and the run loads and scores."""
+    import tomllib
+
+    from moglm.trained_run import load_run
+
+    cfg = tiny_config(tiny_corpus, model={"architecture": "multiplicative_lstm", "cell": {}, "weight_norm": True,
+                                          "orthogonal_init": 1.0, "forget_bias": 3.0},
+                      train={"max_steps": 14, "eval_every": 4, "averaging_patience": 1, "adam_beta1": 0.9,
+                             "learning_rate_schedule": "linear", "min_learning_rate": 0.001})
+    _train(cfg, tmp_path / "straight")
+
+    def kill_at_7(step):
+        if step == 7:
+            raise Killed
+
+    with pytest.raises(Killed):
+        _train(cfg, tmp_path / "killed", on_step=kill_at_7)
+    _train(cfg, tmp_path / "killed")
+    assert _losses(tmp_path / "killed") == _losses(tmp_path / "straight")
+    for which in ("last", "best"):
+        a, b = _weights(tmp_path / "straight", which), _weights(tmp_path / "killed", which)
+        assert any("parametrizations" in k for k in a) and all(torch.equal(a[k], b[k]) for k in a)
+    rates = [r["learning_rate"] for r in LanguageModelRun(tmp_path / "killed").read_metrics() if r["kind"] == "train"]
+    assert rates == sorted(rates, reverse=True) and rates[-1] == pytest.approx(0.001)
+    saved = tomllib.loads((tmp_path / "killed" / "config.toml").read_text())
+    assert saved["model"]["weight_norm"] is True and saved["train"]["learning_rate_schedule"] == "linear"
+    run = load_run(tmp_path / "killed")
+    assert run.score("the cat sees the dog .\n").tokens > 0
+
+
+def test_a_run_saved_before_the_recipe_fields_existed_still_resumes(tiny_corpus, tmp_path):
+    """Fields added with defaults (the mLSTM recipe's) are not written while they hold them, so a run directory
+    made by an earlier release, whose config.toml lacks them, matches the config that resumes it."""
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 4})
+    _train(cfg, tmp_path / "run")
+    text = (tmp_path / "run" / "config.toml").read_text()
+    assert "weight_norm" not in text and "adam_beta1" not in text and "learning_rate_schedule" not in text
+    _train(cfg, tmp_path / "run")  # no "different config" error: it finds the run finished
+
+
 def test_a_run_directory_with_a_different_config_is_refused(tiny_corpus, tmp_path):
     _train(tiny_config(tiny_corpus, train={"max_steps": 4}), tmp_path / "run")
     with pytest.raises(MoglmError, match="different config .*train.learning_rate"):

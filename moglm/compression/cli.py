@@ -55,12 +55,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Compress a file losslessly with a trained run's predictions (range coding; thesis 2.1.2)."""
         from . import container
+        from .layout import Layout
         from .run import adapter_from_settings, dynamic_settings
 
         data = _read(file)
         target = container.output_path(file, output, compressing=True)
         _check_free(target, force)
         run = _load(run_dir, checkpoint)
+        Layout.of(run.vocab)  # a word-level run is refused before any statistics are collected
         adapter = settings = None
         if dynamic or rule is not None or adapt_learning_rate is not None:
             settings = dynamic_settings(run_dir, rule, adapt_learning_rate)

@@ -22,6 +22,7 @@ from ..errors import MoglmError
 from ..progress import progress_bar
 
 LITERAL_END = 256  # a new gap is spelled as bytes 0-255, then this symbol
+MAX_GAPS = 1024  # distinct gaps the table keeps
 TINY = np.finfo(np.float64).tiny  # the ideal code length of a probability that underflowed is counted from here
 
 
@@ -64,7 +65,9 @@ class Predictor:
             if len(self.segment) == adapter.hp.segment_length:
                 inputs = torch.tensor(self.segment).view(-1, 1)  # [n, 1]
                 targets = torch.tensor(self.segment[1:] + [token]).view(-1, 1)  # [n, 1]
-                adapter.step(inputs, targets, self.before)
+                # the state the update's own pass ends in (rescored with the restored weights after a rollback,
+                # so a diverged update cannot carry a non-finite state on): both sides compute the same
+                _, self.state = adapter.step(inputs, targets, self.before)
                 self.segment, self.before = [], self.state
             self.segment.append(token)
         self.log_p, self.state = self._read(token, self.state)
@@ -72,23 +75,28 @@ class Predictor:
 
 class GapModel:
     """An adaptive frequency table over the gaps seen so far (starting with the empty gap) and an escape
-    symbol; an escaped gap is spelled out byte by byte (uniform over 257 symbols) and joins the table."""
+    symbol; an escaped gap is spelled out byte by byte (uniform over 257 symbols) and joins the table, up to
+    ``MAX_GAPS`` of them (beyond, new gaps are spelled out every time: the table's cost per symbol stays
+    bounded on a file that is mostly gaps). ``limit``: the most bytes a decoded gap can have (the file's
+    length), so that damaged data cannot spell forever."""
 
-    def __init__(self, to_bytes: Callable[[str], bytes], from_bytes: Callable[[bytes], str]) -> None:
-        self.gaps, self.counts, self.index = [""], [1.0], {"": 0}
-        self.to_bytes, self.from_bytes = to_bytes, from_bytes
+    def __init__(self, to_bytes: Callable[[str], bytes], from_bytes: Callable[[bytes], str],
+                 limit: int | None = None) -> None:
+        self.gaps, self.index = [""], {"": 0}
+        self.counts = np.ones(MAX_GAPS + 1)  # [G_max + 1]: counts of the table's gaps, then the escape's 1
+        self.to_bytes, self.from_bytes, self.limit = to_bytes, from_bytes, limit
         self.bits = 0.0  # the ideal code length of what was coded, in bits
 
     def _probabilities(self) -> np.ndarray:
-        return np.asarray(self.counts + [1.0])  # [G + 1]: the last is the escape
+        g = len(self.gaps)
+        return np.concatenate([self.counts[:g], self.counts[-1:]])  # [G + 1]: the last is the escape
 
     def _learn(self, symbol: int, gap: str) -> None:
         if symbol < len(self.gaps):
             self.counts[symbol] += 1
-        else:
+        elif len(self.gaps) < MAX_GAPS:
             self.index[gap] = len(self.gaps)
             self.gaps.append(gap)
-            self.counts.append(1.0)
 
     def encode(self, coder: "Coder", gap: str) -> None:
         p = self._probabilities()
@@ -107,6 +115,8 @@ class GapModel:
             spelled = bytearray()
             while (b := coder.decode(coder.uniform)) != LITERAL_END:
                 spelled.append(b)
+                if self.limit is not None and len(spelled) > self.limit:
+                    raise MoglmError("the compressed data is damaged (a gap longer than the whole file)")
             gap = self.from_bytes(bytes(spelled))
         self._learn(symbol, gap)
         return gap

@@ -112,9 +112,14 @@ class Report:
 
 
 def _environment() -> dict[str, Any]:
-    from .. import __version__
+    """What the probabilities' rounding depends on besides the weights (named in a mismatch's error)."""
+    from importlib.metadata import version
 
-    return {"moglm": __version__, "torch": torch.__version__, "threads": THREADS}
+    from .. import __version__
+    from ..recurrence import compiled
+
+    return {"moglm": __version__, "torch": torch.__version__, "constriction": version("constriction"),
+            "threads": THREADS, "recurrence": compiled.info().get("gemm_route") if compiled.available() else "python"}
 
 
 def compress(data: bytes, model, vocab, *, factor: float = 1.0, adapter=None, settings: dict | None = None,
@@ -159,8 +164,10 @@ def read_header(blob: bytes, name: str = "the file") -> tuple[dict[str, Any], np
         header = json.loads(blob[_PREFIX.size : _PREFIX.size + length])
     except ValueError:
         header = None
-    needed = ("run", "factor", "adapt", "adapt_digest", "tokens", "bytes", "sha256")
-    if not isinstance(header, dict) or any(key not in header for key in needed):
+    types = {"run": str, "factor": (int, float), "adapt": (dict, type(None)), "adapt_digest": (str, type(None)),
+             "tokens": int, "bytes": int, "sha256": str}
+    if not isinstance(header, dict) or any(not isinstance(header.get(k, ...), t) for k, t in types.items()) \
+            or not 0 <= header["tokens"] <= header["bytes"]:  # every token spells at least one byte
         raise MoglmError(f"{name} has a damaged header")
     words = np.frombuffer(blob[_PREFIX.size + length : payload_end], dtype="<u4").astype(np.uint32)
     return header, words
@@ -175,8 +182,8 @@ def decompress(blob: bytes, model, vocab, *, adapter_for: Callable[[dict], Any] 
     _check_model(model)
     digest = run_digest(model, vocab)
     if header["run"] != digest:
-        raise MoglmError(f"{name} was compressed with another run (model digest {header['run']}; this run's is "
-                         f"{digest}): decompress it with the run that compressed it")
+        raise MoglmError(f"{name} was compressed with another run or checkpoint (model digest {header['run']}; "
+                         f"this one's is {digest}): decompress it with the run and --checkpoint that compressed it")
     adapter = None
     if header["adapt"] is not None:
         if adapter_for is None:
@@ -185,7 +192,7 @@ def decompress(blob: bytes, model, vocab, *, adapter_for: Callable[[dict], Any] 
         if adapter_digest(adapter) != header["adapt_digest"]:
             raise MoglmError(f"{name} was compressed with other RMS statistics than this run's "
                              "(dyneval/rms-*.safetensors changed or was recollected)")
-    gaps = GapModel(layout.gap_bytes, layout.gap_text)
+    gaps = GapModel(layout.gap_bytes, layout.gap_text, limit=header["bytes"])
     with fixed_threads():
         predictor = Predictor(model, layout.start, float(header["factor"]), adapter)
         tokens, gap_list = decode(predictor, gaps, words, int(header["tokens"]), progress)
@@ -194,7 +201,7 @@ def decompress(blob: bytes, model, vocab, *, adapter_for: Callable[[dict], Any] 
     except (KeyError, UnicodeError):
         data = None
     if data is None or len(data) != header["bytes"] or hashlib.sha256(data).hexdigest() != header["sha256"]:
-        env = {k: header.get(k) for k in ("moglm", "torch", "threads")}
+        env = {k: header.get(k) for k in _environment()}
         raise MoglmError(f"{name}: the decoded output does not match the original's SHA-256, so nothing was "
                          f"written (compressed with {env}, decoded with {_environment()}: another CPU or library "
                          "can round the model's probabilities differently)")

@@ -100,8 +100,8 @@ def _check_encodable(tokenizer, text: str, ids: list[int], what: str) -> None:
     if not ids:
         raise MoglmError(f"the tokenizer cannot encode the {what}: it gives no tokens for {text[:20]!r}")
     unk = tokenizer.unk_token_id
-    if unk is None or unk not in ids:
-        return
+    if unk is None or unk in (tokenizer.eos_token_id, tokenizer.bos_token_id) or unk not in ids:
+        return  # GPT-2's unknown token is its <|endoftext|>: a byte-level tokenizer encodes everything
     where = ids.index(unk)
     piece = tokenizer.convert_ids_to_tokens(unk)
     try:

@@ -65,7 +65,6 @@ class ContextWindowLM(nn.Module):
         self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         check_causal(model)
 
-
     def check_window(self, segment_length: int) -> None:
         """A one-line error when ``context + segment_length`` exceeds the model's positions."""
         limit = max_positions(self.model)
@@ -117,7 +116,8 @@ def check_causal(model: nn.Module, length: int = 6) -> None:
     position's logits ignore the tokens after it (changing the last token must leave the others' logits as
     they were): a bidirectional or encoder model would score each token after reading it."""
     name = type(model).__name__
-    ids = torch.tensor([[i % 2 for i in range(length)]])  # [1, L]: ids 0 and 1 exist in any vocabulary
+    device = next(model.parameters(), torch.empty(0)).device
+    ids = torch.tensor([[i % 2 for i in range(length)]], device=device)  # [1, L]: ids 0 and 1 exist in any vocabulary
     changed = ids.clone()
     changed[0, -1] = 1 - changed[0, -1]
     was_training = model.training

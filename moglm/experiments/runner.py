@@ -52,21 +52,14 @@ def experiment_dir(root: str | Path, exp: Experiment, scale: str, data: str | No
     return scale_dir(root, scale, data) / exp.name
 
 
-#: config fields added after experiments first recorded digests, with their defaults: a config that leaves
-#: them at these values has the digest it had before they existed, so its runs are found, not retrained
-ADDED_FIELDS = {"model": {"orthogonal_init": None, "forget_bias": None, "weight_norm": False},
-                "train": {"learning_rate_schedule": "constant", "min_learning_rate": 0.0, "adam_beta1": 0.0}}
-
-
 def config_digest(config: dict[str, Any]) -> str:
-    """SHA-256 of a run's resolved config without its name and description (and without the fields of
-    :data:`ADDED_FIELDS` where they hold their defaults)."""
+    """SHA-256 of a run's resolved config without its name and description (and without the fields added
+    since digests were first recorded where they hold their defaults: :func:`without_added_defaults`)."""
     import hashlib
 
-    body = {k: v for k, v in config.items() if k not in ("name", "description")}
-    for section, fields in ADDED_FIELDS.items():
-        if isinstance(body.get(section), dict):
-            body[section] = {k: v for k, v in body[section].items() if k not in fields or fields[k] != v}
+    from ..train.config import without_added_defaults
+
+    body = without_added_defaults({k: v for k, v in config.items() if k not in ("name", "description")})
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -159,6 +159,12 @@ class TrainConfig(Section):
     device: str = Field("auto", description="auto (CUDA when available), cpu, cuda or cuda:N.")
     threads: int | None = Field(None, ge=1, description="CPU threads for torch (null: torch's default).")
 
+    @model_validator(mode="after")
+    def _check_schedule(self) -> "TrainConfig":
+        if self.learning_rate_schedule == "linear" and self.min_learning_rate > self.learning_rate:
+            raise ValueError(f"min_learning_rate {self.min_learning_rate} is above learning_rate {self.learning_rate}")
+        return self
+
 
 class EvaluationConfig(Section):
     temperature_search: bool = Field(True, description="Search the softmax temperature factor on validation.")
@@ -176,6 +182,24 @@ class SampleConfig(Section):
     temperature: float = Field(1.0, gt=0.0, description="Sampling temperature.")
     top_k: int | None = Field(None, ge=1, description="Sample among the k most likely tokens only.")
     prompt: str = Field("", description="Text the sample continues.")
+
+
+#: config fields added after run directories and experiment digests first recorded configs, with their
+#: defaults: a config that leaves them there is saved and digested as it was before they existed, so runs
+#: made by an earlier release resume (their config.toml matches) and experiments find them (same digest)
+ADDED_FIELDS: dict[str, dict[str, Any]] = {
+    "model": {"orthogonal_init": None, "forget_bias": None, "weight_norm": False},
+    "train": {"learning_rate_schedule": "constant", "min_learning_rate": 0.0, "adam_beta1": 0.0},
+}
+
+
+def without_added_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """A config mapping without the :data:`ADDED_FIELDS` that hold their defaults."""
+    out = dict(config)
+    for section, fields in ADDED_FIELDS.items():
+        if isinstance(out.get(section), dict):
+            out[section] = {k: v for k, v in out[section].items() if k not in fields or fields[k] != v}
+    return out
 
 
 class RunConfig(Section):

@@ -63,7 +63,7 @@ class Settings:
     steps: int
     learning_rate: float
     eval_every: int
-    schedule: str = "constant"  # or "linear": learning_rate at step 0 down to min_learning_rate at the last step
+    schedule: str = "constant"  # or "linear": learning_rate at step 1 down to min_learning_rate at the last step
     min_learning_rate: float = 0.0
     adam_beta1: float = 0.0
     adam_beta2: float = 0.999
@@ -84,7 +84,7 @@ class Settings:
             raise MoglmError(f"the learning rate must be > 0, got {self.learning_rate}")
         if self.schedule not in SCHEDULES:
             raise MoglmError(f"the learning-rate schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if not 0 <= self.min_learning_rate <= self.learning_rate:
+        if self.schedule == "linear" and not 0 <= self.min_learning_rate <= self.learning_rate:
             raise MoglmError(f"min_learning_rate must be in [0, learning_rate], got {self.min_learning_rate}")
 
     def learning_rate_at(self, step: int) -> float:

@@ -32,7 +32,7 @@ from ..evaluation.stream import evaluate_episodes, evaluate_stream
 from ..model.language_model import LanguageModel, count_parameters
 from ..sampling import encode_prompt
 from .build import build_model, load_data, resolve_hidden_size
-from .config import RunConfig
+from .config import RunConfig, without_added_defaults
 from .learning_curve import unit_for
 from . import data_parallel
 from .data_parallel import SINGLE, Group
@@ -205,7 +205,8 @@ class Trainer:
         self.model: LanguageModel = build_model(cfg.model, vocab_size, hidden).to(self.device)
         if cfg.sample.num_tokens:  # a sample the run cannot start fails now, not after training
             group.on_main(lambda: encode_prompt(self.corpus.vocab, cfg.sample.prompt) and None)
-        group.on_main(lambda: self.run.prepare(json.loads(cfg.model_dump_json(exclude_none=True)), "language-model"))
+        saved = without_added_defaults(json.loads(cfg.model_dump_json(exclude_none=True)))
+        group.on_main(lambda: self.run.prepare(saved, "language-model"))
         self.log(self.corpus.summary())
         if group.is_main and not self.run.vocab_path.is_file():
             atomic_write_text(self.run.vocab_path, self.corpus.vocab.to_json())
