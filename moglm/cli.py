@@ -115,7 +115,7 @@ def _build_app():
     def sample(
         run_dir: Path = typer.Argument(..., help="A run directory made by `moglm train`."),
         prompt: str = typer.Option("", help="Text to continue."),
-        num_tokens: int = typer.Option(200, min=0, help="Tokens to sample."),
+        num_tokens: int = typer.Option(200, min=0, help="Tokens to sample (a music run: frames)."),
         tokens: Optional[int] = deprecated("--tokens", min=0),
         temperature: float = typer.Option(1.0, help="Sampling temperature (> 0)."),
         top_k: Optional[int] = typer.Option(None, help="Sample among the k most likely tokens."),
@@ -127,9 +127,24 @@ def _build_app():
         adapt_learning_rate: Optional[float] = typer.Option(
             None, help="Learning rate of the adaptation (default: dyneval/full.json's, else moglm dyneval's)."),
         adapt_lr: Optional[float] = deprecated("--adapt-lr"),
+        output: Optional[Path] = typer.Option(
+            None, help="A music run: the MIDI file to write (default: <run>/sample.mid; the piano roll's PNG beside "
+            "it)."),
     ) -> None:
-        """Sample text from a trained run (optionally adapting to the prompt and the output, thesis 5.2)."""
+        """Sample text from a trained run (optionally adapting to the prompt and the output, thesis 5.2); from a
+        music run, frames written as a MIDI file and a piano-roll PNG."""
         from .train.language_model_run import LanguageModelRun
+
+        if _is_music_run(run_dir):
+            from .music.run import music_run, sample_music_run
+
+            if prompt or prompt_file or adapt or adapt_output or top_k is not None:
+                raise MoglmError("a music run samples from silence: --prompt, --prompt-file, --adapt and --top-k "
+                                 "apply to language models")
+            sample_music_run(music_run(run_dir), num_tokens, temperature, seed, checkpoint, output, typer.echo)
+            return
+        if output is not None:
+            raise MoglmError("--output applies to music runs; a language model's sample is printed")
 
         if prompt_file is not None:
             if prompt:
@@ -342,6 +357,10 @@ def _build_app():
 
     app.add_typer(task_app(), name="task", help="Synthetic tasks: Dyck-k (WCPA), reverse copy, partial sentences.")
 
+    from .music.cli import music_app
+
+    app.add_typer(music_app(), name="music", help="Polyphonic music: RNN-NADE / LSTM-NADE / Mogrifier-NADE (thesis 4.8).")
+
     from .bench.cli import bench_app
 
     app.add_typer(bench_app(), name="bench", help="Benchmarks: throughput against nn.LSTM; equal-budget comparisons.")
@@ -409,6 +428,15 @@ def _info(as_json: bool) -> str:
         lines["mkl_thread_control"] = "yes" if details["mkl_thread_control"] else "no"
     lines["build_dir"] = details["build_dir"] or "-"
     return "\n".join(f"{key}: {value}" for key, value in lines.items())
+
+
+def _is_music_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a music run (its saved config says ``kind = "music"``)."""
+    from .music.config import is_music_config
+    from .runs import RunDirectory
+
+    run = RunDirectory(run_dir)
+    return run.config_path.is_file() and is_music_config(run.read_config())
 
 
 def _sample(run, prompt, tokens, temperature, top_k, seed, checkpoint: str = "best", adapt: bool = False,

@@ -22,7 +22,7 @@ from moglm.experiments.runner import run_experiment, status  # noqa: E402
 from moglm.report import write_report  # noqa: E402
 
 EXPECTED = {"ablation", "rounds", "headline", "reverse-copy", "surprise", "budget", "transformer-dyneval",
-            "unseen-words", "optimisers", "mlstm-size"}
+            "unseen-words", "optimisers", "mlstm-size", "music"}
 
 
 def _tiny_text(path: Path) -> Path:
@@ -57,6 +57,11 @@ def test_every_shipped_experiment_loads_and_its_configs_validate(name, scale):
         if trained.kind == "language_model":
             cfg = run_config(spec)
             assert cfg.train.seed == spec.seed
+        elif trained.kind == "music":
+            from moglm.experiments.music import music_config
+
+            cfg = music_config(spec)
+            assert cfg.train.seed == spec.seed and cfg.name == spec.name
         else:
             from moglm.tasks.reverse_copy import ReverseCopyConfig
 
@@ -363,3 +368,34 @@ def test_out_of_domain_tunes_on_the_training_domain_and_scores_another_text(smok
     assert "### Out of domain" in report
     row = next(r for r in _rows(report, "Transformer") if "->" in r)  # its row of the out-of-domain table
     assert row.rstrip(" |").endswith(("yes", "no"))
+
+
+def test_music_trains_both_nades_scores_static_sgd_and_rms_and_reports_table_4_6(tmp_path):
+    """Thesis table 4.6's protocol at smoke scale on generated songs: every run scores static, SGD and global-RMS
+    dynamic evaluation (searched on valid), the report lays them out with the thesis's numbers and gains."""
+    import random
+
+    rng = random.Random(0)
+    data = {split: [[sorted(rng.sample(range(48, 72), 3)) for _ in range(rng.randint(8, 16))] for _ in range(n)]
+            for split, n in (("train", 8), ("valid", 3), ("test", 3))}
+    corpus = tmp_path / "chorales.json"
+    corpus.write_text(json.dumps(data))
+    folder = run_experiment("music", "smoke", root=tmp_path / "root", data=str(corpus), progress=False,
+                            log=lambda s: None)
+    for variant in ("lstm-nade", "mogrifier-nade"):
+        evaluations = tmp_path / "root" / "smoke-chorales" / "runs" / f"chorales-{variant}-s1" / "evaluations"
+        static = json.loads((evaluations / "static.json").read_text())
+        for rule in ("sgd", "rms"):
+            dynamic = json.loads((evaluations / f"dynamic_{rule}.json").read_text())
+            assert dynamic["rule"] == rule and dynamic["search"]  # searched on valid
+            test = dynamic["splits"]["test"]
+            assert test["static"]["log_likelihood_per_frame"] == pytest.approx(
+                static["splits"]["test"]["log_likelihood_per_frame"], abs=1e-4)
+            assert test["dynamic"]["frames"] == static["splits"]["test"]["frames"]
+    report = write_report([folder]).read_text()
+    assert "Log-likelihood per frame (table 4.6" in report and "log-likelihood per frame (nats)" in report
+    assert "| LSTM-NADE |" in report and "| Mogrifier-NADE |" in report
+    assert "Gain from dynamic evaluation" in report
+    gains = [line for line in report.splitlines() if line.startswith("| chorales | ")]
+    assert len(gains) == 2 and all("lr=" in line for line in gains)  # each row names its searched settings
+    assert "learning_curves-chorales.png" in report

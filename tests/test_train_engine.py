@@ -44,17 +44,24 @@ class Killed(Exception):
     pass
 
 
-def test_any_task_trains_and_resumes_exactly_after_a_kill(tmp_path):
-    _, straight = _fit(tmp_path / "a")
+def straight_and_resumed(tmp_path, **settings):
+    """A run straight through (``a``) and one killed after step 6 and resumed (``b``): their final progress and
+    metric records."""
+    _, straight = _fit(tmp_path / "a", **settings)
 
     def kill(step):
         if step == 6:
             raise Killed
 
     with pytest.raises(Killed):
-        _fit(tmp_path / "b", on_step=kill)
-    _, resumed = _fit(tmp_path / "b")
+        _fit(tmp_path / "b", on_step=kill, **settings)
+    _, resumed = _fit(tmp_path / "b", **settings)
     records = [RunDirectory(tmp_path / d).read_metrics() for d in ("a", "b")]
+    return straight, resumed, records
+
+
+def test_any_task_trains_and_resumes_exactly_after_a_kill(tmp_path):
+    straight, resumed, records = straight_and_resumed(tmp_path)
     assert [(r["kind"], r["step"], r["xent"]) for r in records[0]] == [(r["kind"], r["step"], r["xent"]) for r in records[1]]
     assert resumed.best_xent == straight.best_xent < 0.1  # it learned w = 3
     assert {"grad_norm", "tokens_per_s", "learning_rate"} <= set(records[0][0])
@@ -70,24 +77,37 @@ def test_the_linear_schedule_decays_to_the_minimum_and_resumes_exactly(tmp_path)
     """Thesis 3.5.1's recipe: Adam (beta1 0.9) from learning_rate at step 1 down to min_learning_rate at the
     last step, each step's rate a function of the step, so a killed run resumes on the same schedule."""
     settings = dict(schedule="linear", learning_rate=0.4, min_learning_rate=0.1, adam_beta1=0.9)
-    engine, straight = _fit(tmp_path / "a", **settings)
+    engine, _ = _fit(tmp_path / "full", **settings)
     assert [engine.settings.learning_rate_at(s) for s in (1, 6, 11, 16)] == pytest.approx([0.4, 0.3, 0.2, 0.1])
     assert engine.optimizer.param_groups[0]["betas"] == (0.9, 0.999)
     assert engine.optimizer.param_groups[0]["lr"] == pytest.approx(0.1)  # the last step's
-
-    def kill(step):
-        if step == 6:
-            raise Killed
-
-    with pytest.raises(Killed):
-        _fit(tmp_path / "b", on_step=kill, **settings)
-    _, resumed = _fit(tmp_path / "b", **settings)
-    records = [RunDirectory(tmp_path / d).read_metrics() for d in ("a", "b")]
+    straight, resumed, records = straight_and_resumed(tmp_path, **settings)
     assert [(r["step"], r["xent"], r.get("learning_rate")) for r in records[0]] == [
         (r["step"], r["xent"], r.get("learning_rate")) for r in records[1]]
     assert resumed.best_xent == straight.best_xent
     constant = _fit(tmp_path / "c")[0]
     assert constant.settings.learning_rate_at(16) == 0.4
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_sgd_with_clipping_trains_and_resumes_exactly_with_its_momentum_buffer(tmp_path, momentum):
+    """The thesis's music recipe (4.8): SGD with gradient-norm clipping, optionally with momentum, whose buffer
+    is checkpointed so a killed run resumes exactly."""
+    settings = dict(optimizer="sgd", momentum=momentum, learning_rate=0.1)
+    straight, resumed, records = straight_and_resumed(tmp_path, **settings)
+    engine, _ = _fit(tmp_path / "c", steps=1, eval_every=1, **settings)
+    assert isinstance(engine.optimizer, torch.optim.SGD) and engine.optimizer.param_groups[0]["momentum"] == momentum
+    assert [(r["step"], r["xent"]) for r in records[0]] == [(r["step"], r["xent"]) for r in records[1]]
+    assert resumed.best_xent == straight.best_xent < 0.5
+    training = load_group(RunDirectory(tmp_path / "a").checkpoints.pointer("last")["path"], "training")
+    assert ("adam.weight.momentum_buffer" in training) == (momentum > 0)
+
+
+def test_an_unknown_optimizer_is_a_one_line_error():
+    from moglm.errors import MoglmError
+
+    with pytest.raises(MoglmError, match="optimizer must be one of"):
+        Settings(steps=1, learning_rate=0.1, eval_every=1, optimizer="lbfgs")
 
 
 def test_the_checkpoint_stores_adam_state_by_parameter_name(tmp_path):

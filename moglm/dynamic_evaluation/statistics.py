@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -73,22 +73,39 @@ def gradient_rms(
     adapted = adapted_tensors(model, sparse, selection=selection)  # sparse: one [H, H] matrix shared by the rows
     batches = StreamBatches(ids, settings.batch_size, settings.bptt)
     device = adapted.params[0].device
-    squares = [torch.zeros_like(p, dtype=torch.float64) for p in adapted.params]
-    state = None
-    bar = progress_bar(len(batches), "RMS statistics", settings.batch_size * settings.bptt, enabled=progress)
-    try:
+
+    def losses(stream_model):
+        state = None
         for batch in batches:
             batch = batch.to(device)
-            with torch.enable_grad():
-                nll, state = adapted.model.nll(batch.inputs, batch.targets, state)  # [T, B]
-                grads = torch.autograd.grad(nll.mean(), adapted.params)
-            for sq, g in zip(squares, grads):
-                sq.add_(g.double().square())
+            nll, state = stream_model.nll(batch.inputs, batch.targets, state)  # [T, B]
+            yield nll.mean()
             state = detach_state(state)
-            bar.update(1)
+
+    bar = progress_bar(len(batches), "RMS statistics", settings.batch_size * settings.bptt, enabled=progress)
+    try:
+        return rms_of_gradients(adapted, losses, bar.update)
     finally:
         bar.close()
-    rms = {n: (sq / len(batches)).sqrt().to(p.dtype) for n, sq, p in zip(adapted.names, squares, adapted.params)}
+
+
+def rms_of_gradients(adapted, losses: Callable[[Any], Iterator[Tensor]],
+                     on_batch: Callable[[], None] = lambda: None) -> dict[str, Tensor]:
+    """``sqrt(mean_k g_k^2)`` by name over the losses ``losses(model)`` yields, one per batch, each the gradient of
+    a batch's mean loss with respect to ``adapted``'s tensors (eq. 4.4): the one accumulation every kind of data
+    (a token stream, songs) shares."""
+    squares = [torch.zeros_like(p, dtype=torch.float64) for p in adapted.params]
+    count = 0
+    with torch.enable_grad():  # the forward passes run inside the loop, as the generator is drawn
+        for loss in losses(adapted.model):
+            grads = torch.autograd.grad(loss, adapted.params)
+            for sq, g in zip(squares, grads):
+                sq.add_(g.double().square())
+            count += 1
+            on_batch()
+    if not count:
+        raise MoglmError("RMS statistics: no training batches")
+    rms = {n: (sq / count).sqrt().to(p.dtype) for n, sq, p in zip(adapted.names, squares, adapted.params)}
     if not all(torch.isfinite(r).all() for r in rms.values()):
         raise MoglmError("RMS statistics: the training loss has a non-finite gradient under these weights")
     return rms

@@ -39,7 +39,8 @@ from .spec import Experiment, RunSpec, Scale, load_experiment, runs, scale_of
 EVALUATION_FILES = {"static": "static.json", "mc_dropout": "mc_dropout.json", "dynamic": "dynamic.json",
                     "mc_dynamic": "mc_dynamic.json", "token_losses": "token_losses.safetensors",
                     "cache": "cache.json", "dynamic_cache": "dynamic_cache.json", "out_of_domain": "out_of_domain.json",
-                    "optimisers": "optimisers.json"}
+                    "optimisers": "optimisers.json", "dynamic_sgd": "dynamic_sgd.json",
+                    "dynamic_rms": "dynamic_rms.json"}
 
 
 def scale_dir(root: str | Path, scale: str, data: str | None = None) -> Path:
@@ -89,6 +90,10 @@ def read_index(pool: Path) -> dict[str, str]:
 def _resolved(exp: Experiment, spec: RunSpec) -> dict[str, Any]:
     if exp.kind == "reverse_copy":
         return {"task": "reverse_copy", "config": spec.config, "overrides": spec.overrides, "tune": spec.tune}
+    if exp.kind == "music":
+        from .music import music_config
+
+        return music_config(spec).model_dump(mode="json")
     from .language_model import run_config
 
     return run_config(spec).model_dump(mode="json")
@@ -214,6 +219,10 @@ def _run_job(exp_data: dict, scale: str, spec_data: dict, run_dir: str, evaluati
             from .reverse_copy import run_reverse_copy_spec
 
             run_reverse_copy_spec(exp, scale, spec, Path(run_dir), progress, say)
+        elif exp.kind == "music":
+            from .music import run_music_spec
+
+            run_music_spec(spec, Path(run_dir), evaluations, progress, say)
         else:
             from .language_model import evaluate_run_spec, train_run_spec
 

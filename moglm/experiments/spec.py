@@ -31,7 +31,9 @@ FORMAT_VERSION = 1
 SHIPPED = Path(__file__).resolve().parent / "definitions"
 SCALES = ("smoke", "cpu", "paper")
 EVALUATIONS = ("static", "mc_dropout", "dynamic", "mc_dynamic", "token_losses", "cache", "dynamic_cache",
-               "out_of_domain", "optimisers")
+               "out_of_domain", "optimisers", "dynamic_sgd", "dynamic_rms")
+#: the evaluations of a music experiment (thesis table 4.6): static, and dynamic with SGD or global RMS
+MUSIC_EVALUATIONS = ("static", "dynamic_sgd", "dynamic_rms")
 
 
 class _Strict(BaseModel):
@@ -100,7 +102,7 @@ class Experiment(_Strict):
     name: str
     description: str
     source: str = Field(description="The paper's table, figure or section it reproduces.")
-    kind: Literal["language_model", "reverse_copy", "analysis"] = "language_model"
+    kind: Literal["language_model", "reverse_copy", "analysis", "music"] = "language_model"
     uses: str | None = Field(None, description="analysis: the experiment whose runs it analyses.")
     config: str = Field("{corpus}-mogrifier-{size}", description="Config template (shipped name or path).")
     corpora: dict[str, Corpus] = Field(default_factory=dict)
@@ -126,6 +128,8 @@ class Experiment(_Strict):
             raise ValueError(f"unknown evaluation {unknown[0]!r} (choose from {', '.join(EVALUATIONS)})")
         if self.kind == "analysis" and self.uses is None:
             raise ValueError("an analysis names the experiment whose runs it uses (uses = ...)")
+        if self.kind == "music" and any(e not in MUSIC_EVALUATIONS for e in self.evaluations):
+            raise ValueError(f"a music experiment's evaluations are {', '.join(MUSIC_EVALUATIONS)}")
         if self.kind != "analysis" and not self.variants:
             raise ValueError("an experiment needs at least one variant")
         return self
@@ -184,7 +188,8 @@ def runs(exp: Experiment, scale: str, data: str | None = None, data_format: str 
         first = next(iter(corpora), None)
         base_corpus = first if first is not None else "custom"
         name = Path(data).stem or "custom"
-        corpora = {name: Corpus(label=name, set={"data.path": str(data), "data.format": data_format})}
+        data_set = {"data.path": str(data)} if exp.kind == "music" else {"data.path": str(data), "data.format": data_format}
+        corpora = {name: Corpus(label=name, set=data_set)}
         template_corpus = base_corpus
     else:
         template_corpus = None
@@ -200,7 +205,7 @@ def runs(exp: Experiment, scale: str, data: str | None = None, data_format: str 
                 config = template.format(corpus=template_corpus or corpus_name, size=sc.size)
                 overrides = (copy.deepcopy(sc.set) | copy.deepcopy(sc.corpora.get(template_corpus or corpus_name, {}))
                              | copy.deepcopy(corpus.set) | copy.deepcopy(variant.set))
-                if exp.kind == "language_model":
+                if exp.kind in ("language_model", "music"):
                     overrides["train.seed"] = seed
                 else:
                     overrides["seed"] = seed

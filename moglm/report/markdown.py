@@ -11,6 +11,7 @@ from typing import Any
 from ..atomic import atomic_write_text
 from ..errors import MoglmError
 from . import plots
+from .music import music_gain_lines
 from .optimisers import optimisers_lines
 from .out_of_domain import out_of_domain_lines
 from .runs import EVALUATION_LABELS, Run, read_experiment, read_run, score, unit
@@ -61,6 +62,8 @@ def write_report(paths: list[Path], out: Path | None = None) -> Path:
             if any(e in PREFIX_EVALUATIONS for e in table["evaluations"]):
                 lines += same_tokens_lines(table, group, out, command)
     lines += out_of_domain_lines(runs, out, command)
+    if runs[0].task == "music":
+        lines += music_gain_lines(runs, spec.get("reference", {}), corpora)
     if runs[0].task == "reverse_copy":
         lines += reverse_copy_lines(runs, out, command)
     for figure in spec.get("figures", []):
@@ -121,7 +124,8 @@ def table_lines(table: dict, runs: list[Run], corpus_label: str, reference: dict
     head = ["model"] + [f"{EVALUATION_LABELS[e]} {s}" for e in evaluations for s in splits]
     ordering = table.get("ordering") or []
     if ordering:
-        head.append("source's order on test: " + " < ".join(EVALUATION_LABELS[e] for e in ordering))
+        better = " > " if level == "music" else " < "  # best first: log-likelihoods higher, the others lower
+        head.append("source's order on test: " + better.join(EVALUATION_LABELS[e] for e in ordering))
     if has_reference:
         head += [f"paper {EVALUATION_LABELS[e]} {'/'.join(splits)}" for e in evaluations]
     lines = [f"### {table['title']}: {corpus_label}, {unit(level)}", "", "| " + " | ".join(head) + " |",
@@ -138,8 +142,9 @@ def table_lines(table: dict, runs: list[Run], corpus_label: str, reference: dict
 
 
 def ordering_cell(run: Run, ordering: list[str], split: str = "test") -> str:
-    """Whether ``run``'s ``split`` scores keep ``ordering`` (best first; lower is better); static is read on
-    the tokens the others scored when they scored a prefix."""
+    """Whether ``run``'s ``split`` scores keep ``ordering`` (best first; lower is better, higher for a music run's
+    log-likelihoods); static is read on the tokens the others scored when they scored a prefix."""
+    sign = -1.0 if run.level == "music" else 1.0
     values = []
     for e in ordering:
         found = None
@@ -149,12 +154,12 @@ def ordering_cell(run: Run, ordering: list[str], split: str = "test") -> str:
         found = found or score(run, e, split)
         if found is None:
             return "-"
-        values.append(found[0])
+        values.append(sign * found[0])
     if all(a < b for a, b in zip(values, values[1:])):
         return "yes"
     broken = next(i for i, (a, b) in enumerate(zip(values, values[1:])) if not a < b)
-    return f"no: {EVALUATION_LABELS[ordering[broken]]} {values[broken]:.4g} >= " \
-           f"{EVALUATION_LABELS[ordering[broken + 1]]} {values[broken + 1]:.4g}"
+    return f"no: {EVALUATION_LABELS[ordering[broken]]} {sign * values[broken]:.4g} {'<=' if sign < 0 else '>='} " \
+           f"{EVALUATION_LABELS[ordering[broken + 1]]} {sign * values[broken + 1]:.4g}"
 
 
 def same_tokens_lines(table: dict, runs: list[Run], out: Path, command: str) -> list[str]:

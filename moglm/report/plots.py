@@ -41,6 +41,8 @@ def _valid_curve(run: Run) -> tuple[list[float], list[float]]:
     rows = [r for r in run.metrics() if r.get("kind") == "valid"]
     word = run.level == "word"
     xs = [r.get("tokens", r.get("step", 0)) for r in rows]
+    if run.level == "music":
+        return xs, [-r["xent"] for r in rows]
     ys = [r.get("perplexity", math.exp(r["xent"])) if word else r.get("bits_per_token", r["xent"] / math.log(2))
           for r in rows]
     return xs, ys
@@ -57,7 +59,7 @@ def learning_curves(runs: list[Run], path: Path, corpus_label: str) -> Path | No
     for name, (xs, ys) in curves.items():
         if xs:
             ax.plot(xs, ys, "o-", ms=3, label=name)
-    ax.set_xlabel("training tokens")
+    ax.set_xlabel("training frames" if runs[0].level == "music" else "training tokens")
     ax.set_ylabel(f"validation {unit(runs[0].level)}")
     if runs[0].level == "word":
         ax.set_yscale("log")

@@ -21,7 +21,8 @@ else:  # pragma: no cover - Python 3.10
 ANALYSIS_FILES = ("out_of_domain", "optimisers")
 EVALUATION_LABELS = {"static": "static", "mc_dropout": "MC dropout", "dynamic": "dynamic evaluation",
                      "mc_dynamic": "MC dropout + dynamic", "cache": "neural cache",
-                     "dynamic_cache": "dynamic + cache"}
+                     "dynamic_cache": "dynamic + cache", "dynamic_sgd": "dynamic (SGD)",
+                     "dynamic_rms": "dynamic (global RMS)"}
 
 
 @dataclass
@@ -41,11 +42,15 @@ class Run:
 
     @property
     def level(self) -> str:
+        if self.task == "music":
+            return "music"
         static = self.evaluations.get("static", {})
         return static.get("level") or self.config.get("data", {}).get("format", "char")
 
     @property
     def task(self) -> str:
+        if self.config.get("kind") == "music":
+            return "music"
         return "reverse_copy" if "length" in self.config or "min_length" in self.config else "language_model"
 
     def metrics(self) -> list[dict[str, Any]]:
@@ -114,6 +119,12 @@ def score(run: Run, evaluation: str, split: str, same_tokens: bool = False) -> t
     if run.task == "reverse_copy":
         block = found.get("splits", {}).get(split)
         return (block["xent"], "results.json") if block else None
+    if run.task == "music":  # log-likelihood per frame (thesis table 4.6)
+        block = found.get("splits", {}).get(split)
+        if block and "dynamic" in block:
+            block = block["static" if same_tokens else "dynamic"]
+        file = f"evaluations/{evaluation}.json"
+        return (float(block["log_likelihood_per_frame"]), file) if block else None
     if same_tokens:
         block = found.get("static", {}).get(split) if evaluation == "mc_dropout" else \
             found.get("splits", {}).get(split, {}).get("static")
@@ -133,7 +144,8 @@ def score(run: Run, evaluation: str, split: str, same_tokens: bool = False) -> t
 
 
 def unit(level: str) -> str:
-    return {"word": "perplexity", "byte": "bits per byte"}.get(level, "bits per character")
+    return {"word": "perplexity", "byte": "bits per byte",
+            "music": "log-likelihood per frame (nats)"}.get(level, "bits per character")
 
 
 def read_experiment(folder: Path) -> tuple[dict[str, Any], list[Run]]:

@@ -202,8 +202,22 @@ def without_added_defaults(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class RunConfig(Section):
+class VersionedConfig(Section):
+    """A config file's top level: its format version, checked, and its TOML form."""
+
     format_version: int = Field(FORMAT_VERSION, description="Config format version.")
+
+    @model_validator(mode="after")
+    def _check_version(self) -> "VersionedConfig":
+        if self.format_version != FORMAT_VERSION:
+            raise ValueError(f"format_version {self.format_version} is not supported (this moglm reads {FORMAT_VERSION})")
+        return self
+
+    def to_toml(self) -> str:
+        return to_toml(self.model_dump(mode="json", exclude_none=True))
+
+
+class RunConfig(VersionedConfig):
     name: str | None = Field(None, description="Run name (default: the config file's name).")
     description: str | None = Field(None, description="What this config is for (shown by `moglm configs`).")
     data: DataConfig = Field(default_factory=DataConfig)
@@ -211,15 +225,6 @@ class RunConfig(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     sample: SampleConfig = Field(default_factory=SampleConfig)
-
-    @model_validator(mode="after")
-    def _check_version(self) -> "RunConfig":
-        if self.format_version != FORMAT_VERSION:
-            raise ValueError(f"format_version {self.format_version} is not supported (this moglm reads {FORMAT_VERSION})")
-        return self
-
-    def to_toml(self) -> str:
-        return to_toml(self.model_dump(mode="json", exclude_none=True))
 
 
 def cell_options_class(architecture: str) -> type:
@@ -322,10 +327,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def validate(data: dict[str, Any], source: str = "config") -> RunConfig:
-    """Validate a mapping; the first problem becomes a one-line :class:`MoglmError` naming the key."""
+def validate(data: dict[str, Any], source: str = "config", schema: type[BaseModel] | None = None) -> Any:
+    """Validate a mapping against ``schema`` (default :class:`RunConfig`); the first problem becomes a one-line
+    :class:`MoglmError` naming the key."""
     try:
-        return RunConfig.model_validate(data)
+        return (schema or RunConfig).model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(x) for x in err["loc"]) or "(top level)"

@@ -2,7 +2,7 @@
 tuning trials), with the Mogrifier paper's recipe (section 3.3; docs/method.md, "Training recipe").
 
 * Adam with beta1 = 0 and a constant learning rate (or the thesis's mLSTM recipe: beta1 0.9, a learning rate
-  decaying linearly, thesis 3.5.1); the loss is a step's summed cross-entropy divided by
+  decaying linearly, thesis 3.5.1; or SGD, the thesis's music models, 4.8); the loss is a step's summed cross-entropy divided by
   its sequences, plus ``l2_penalty * 0.5 * sum(w^2)``; global-norm clipping.
 * Evaluation every ``eval_every`` steps on validation; weight averaging after ``averaging_patience``
   evaluations without improvement or at ``averaging_start`` of training; best and last checkpoints;
@@ -46,6 +46,7 @@ from .weight_averaging import WeightAverage
 
 
 SCHEDULES = ("constant", "linear")
+OPTIMIZERS = ("adam", "sgd")
 
 
 class TrainingDiverged(MoglmError):
@@ -68,6 +69,8 @@ class Settings:
     adam_beta1: float = 0.0
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
+    optimizer: str = "adam"  # or "sgd": plain SGD with clipping (the thesis's music models, 4.8), momentum below
+    momentum: float = 0.0  # SGD's momentum (0: none)
     clip_norm: float = 10.0
     l2_penalty: float = 0.0
     averaging_patience: int | None = None
@@ -84,6 +87,10 @@ class Settings:
             raise MoglmError(f"the learning rate must be > 0, got {self.learning_rate}")
         if self.schedule not in SCHEDULES:
             raise MoglmError(f"the learning-rate schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise MoglmError(f"the optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if not 0 <= self.momentum < 1:
+            raise MoglmError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.schedule == "linear" and not 0 <= self.min_learning_rate <= self.learning_rate:
             raise MoglmError(f"min_learning_rate must be in [0, learning_rate], got {self.min_learning_rate}")
 
@@ -236,8 +243,12 @@ class Engine:
         self.hparams = flat_hparams(hparams or {})
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.names = [n for n, p in self.model.named_parameters() if p.requires_grad]
-        self.optimizer = torch.optim.Adam(self.parameters, lr=settings.learning_rate,
-                                          betas=(settings.adam_beta1, settings.adam_beta2), eps=settings.adam_eps)
+        if settings.optimizer == "sgd":
+            self.optimizer: torch.optim.Optimizer = torch.optim.SGD(self.parameters, lr=settings.learning_rate,
+                                                                    momentum=settings.momentum)
+        else:
+            self.optimizer = torch.optim.Adam(self.parameters, lr=settings.learning_rate,
+                                              betas=(settings.adam_beta1, settings.adam_beta2), eps=settings.adam_eps)
         self.average = WeightAverage(self.model)
         self.progress = Progress()
         self.writer = None
@@ -271,8 +282,9 @@ class Engine:
         for rank, generators in enumerate(rngs):  # rank 0's as a one-process run names them
             tensors.update({f"rng.{kind}{f'.rank{rank}' if rank else ''}": v for kind, v in generators.items()})
         for name, p in zip(self.names, self.parameters):
-            for key, value in self.optimizer.state.get(p, {}).items():
-                tensors[f"adam.{name}.{key}"] = torch.as_tensor(value)
+            for key, value in self.optimizer.state.get(p, {}).items():  # Adam's moments, SGD's momentum buffer
+                if value is not None:
+                    tensors[f"adam.{name}.{key}"] = torch.as_tensor(value)
         tensors.update({f"task.{k}": v for k, v in task_tensors.items()})
         groups = {"model": self.model.state_dict(), "training": tensors}
         if self.average.active:

@@ -1,0 +1,44 @@
+"""One run of a music experiment (Krause thesis 4.8, table 4.6): train an RNN-NADE from a shipped music config,
+score the best checkpoint's log-likelihood per frame, then dynamic evaluation with SGD and with global RMS, each
+searched on validation and scored on test, the weights and state reset at every song."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+from ..atomic import atomic_write_text
+from .runner import EVALUATION_FILES
+from .spec import RunSpec
+
+RULES = {"dynamic_sgd": "sgd", "dynamic_rms": "rms"}
+
+
+def music_config(spec: RunSpec, name: str | None = None):
+    """The run's music config: the shipped config the template names, then the experiment's overrides."""
+    from ..music.config import load_music_config
+
+    overrides = [f"{key}={json.dumps(value)}" for key, value in spec.overrides.items()]
+    cfg = load_music_config(spec.config, overrides)
+    return cfg.model_copy(update={"name": name or spec.name})
+
+
+def run_music_spec(spec: RunSpec, run_dir: Path, evaluations: list[str], progress: bool,
+                   log: Callable[[str], None]) -> None:
+    """Train (or resume), then each evaluation not yet in ``run_dir/evaluations``."""
+    from ..music.run import dyneval_music_run
+    from ..music.training import MusicRun, train_music
+
+    folder = run_dir / "evaluations"
+    static = folder / EVALUATION_FILES["static"]
+    if not static.is_file():
+        _, results = train_music(music_config(spec), run_dir, progress=progress, log=log)
+        atomic_write_text(static, json.dumps(results | {"level": "music"}, indent=1))
+    for evaluation in evaluations:
+        path = folder / EVALUATION_FILES[evaluation]
+        if evaluation not in RULES or path.is_file():
+            continue
+        found = dyneval_music_run(MusicRun(run_dir), RULES[evaluation], ("valid", "test"), search=True,
+                                  progress=progress, log=log)
+        atomic_write_text(path, json.dumps(found | {"level": "music"}, indent=1))

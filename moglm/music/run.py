@@ -1,0 +1,99 @@
+"""A trained music run end to end (``moglm music evaluate`` / ``moglm music dyneval``): static log-likelihood per
+frame, and dynamic evaluation with SGD or global RMS, its settings searched on validation (thesis 4.8, table 4.6).
+Results go to the run directory: ``results.json`` (static) and ``dyneval/music-<rule>.json``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..dynamic_evaluation import Hyperparameters
+from ..dynamic_evaluation.statistics import load_or_collect
+from ..errors import MoglmError
+from .dynamic_evaluation import dynamic_evaluate_songs, search_songs, song_gradient_rms, start_for
+from .evaluation import evaluate_songs
+from .training import MusicRun, load_music_corpus
+
+SPLITS = ("train", "valid", "test")
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise MoglmError(f"split must be one of {SPLITS}, got {split!r}")
+
+
+def evaluate_music_run(run: MusicRun, splits: list[str] | None = None, checkpoint: str = "best",
+                       progress: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Static log-likelihood per frame of each split under checkpoint ``checkpoint``."""
+    model, cfg = run.load_model(checkpoint)
+    corpus = load_music_corpus(cfg.data.path)
+    out = {}
+    for split in splits or cfg.evaluation.splits:
+        _check_split(split)
+        scores = evaluate_songs(model, corpus[split], cfg.evaluation.batch_size, progress, split)
+        out[split] = scores.as_dict()
+        log(f"{split}: log-likelihood {scores.log_likelihood:.4f} per frame ({scores.frames:,} frames, "
+            f"{scores.songs} songs)")
+    return out
+
+
+def dyneval_music_run(run: MusicRun, rule: str = "rms", splits: tuple[str, ...] = ("test",), search: bool = True,
+                      lr: float | None = None, segment_length: int | None = None, checkpoint: str = "best",
+                      progress: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Dynamic evaluation of ``splits`` with ``rule`` (``sgd`` or ``rms``), songs reset one by one. ``search``:
+    tune the learning rate and segment length (and eps) on validation first, once for every split; ``lr`` /
+    ``segment_length`` fix them instead (or start the search there). Writes and returns
+    ``dyneval/music-<rule>.json``: ``{"rule", "hyperparameters", "search", "splits": {split: scores}}``."""
+    for split in splits:
+        _check_split(split)
+    model, cfg = run.load_model(checkpoint)
+    corpus = load_music_corpus(cfg.data.path)
+    hp = start_for(rule)
+    hp = hp.with_(**{k: v for k, v in (("lr", lr), ("segment_length", segment_length)) if v is not None})
+    rms = None
+    if rule == "rms":
+        names = [n for n, _ in model.named_parameters()]
+        pointer = run.checkpoints.pointer(checkpoint) or {}
+        path = run.path / "dyneval" / f"music-rms-{pointer.get('step', 0)}.safetensors"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rms = load_or_collect(path, names, lambda: song_gradient_rms(model, corpus["train"], progress=progress),
+                              {"checkpoint": checkpoint, "step": pointer.get("step")}, log)
+    trials: list[dict] = []
+    if search:
+        log(f"searching the {rule} settings on validation ({len(corpus['valid'])} songs)")
+        hp, trials = search_songs(model, corpus["valid"], rule, rms, log=log, start=hp)
+    out: dict[str, Any] = {"rule": rule, "checkpoint": checkpoint, "hyperparameters": hp.as_dict(),
+                           "searched": search, "search": trials, "splits": {}}
+    for split in splits:
+        result = dynamic_evaluate_songs(model, corpus[split], hp, rms, progress=progress, desc=f"dyneval {split}")
+        log(f"{split}: static {result.static.log_likelihood:.4f}, dynamic ({rule}, {hp.label()}) "
+            f"{result.dynamic.log_likelihood:.4f} per frame ({result.gain:+.4f})")
+        out["splits"][split] = result.as_dict()
+    run.write_json(run.path / "dyneval" / f"music-{rule}.json", out)
+    return out
+
+
+def music_run(path: str | Path) -> MusicRun:
+    """The music run in ``path`` (a one-line error when it is not one)."""
+    from .config import is_music_config
+
+    run = MusicRun(path)
+    if not is_music_config(run.read_config()):
+        raise MoglmError(f"{path}: not a music run (train one with `moglm music train`)")
+    return run
+
+
+def sample_music_run(run: MusicRun, num_frames: int, temperature: float, seed: int | None, checkpoint: str,
+                     output: Path | None, log: Callable[[str], None] = print):
+    from .training import write_sample
+
+    model, cfg = run.load_model(checkpoint)
+    torch.manual_seed(seed if seed is not None else 0)
+    written = write_sample(run, model, cfg, seed, output, num_frames, temperature, log)
+    if written is None:
+        raise MoglmError("the sample could not be written (see above)")
+    return written

@@ -1,0 +1,174 @@
+"""Training an RNN-NADE on a music corpus through the one training engine (:mod:`moglm.train.engine`), the
+thesis's way (4.8): songs as episodes (each from a zero state), SGD with gradient-norm clipping, dropout in the
+recurrent stack and on the NADE's units, validation log-likelihood per frame picking the best checkpoint.
+
+The songs of step s come from a permutation of the training songs drawn for its epoch from a generator seeded by
+the epoch (and ``train.seed``), so a step depends on the step number alone and a killed run resumes exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..data.corpus import resolve_path
+from ..device import resolve_device
+from ..errors import MoglmError
+from ..model.language_model import count_parameters
+from ..runs import RunDirectory, load_group
+from ..train.engine import Engine, Evaluation, Progress, Settings, StatelessTask, StepLoss
+from .config import MusicConfig, MusicModelConfig, validate_music
+from .corpus import MusicCorpus, read_music
+from .evaluation import evaluate_songs, song_batch
+from .model import NadeSequenceModel
+
+
+def build_music_model(cfg: MusicModelConfig, visible: int = 88) -> NadeSequenceModel:
+    """The RNN-NADE a config describes."""
+    return NadeSequenceModel(
+        cfg.hidden_size, cfg.num_layers, cfg.architecture, cfg.cell, visible, cfg.embedding_size, cfg.nade_hidden,
+        cfg.activation, cfg.input_dropout, cfg.inter_layer_dropout, cfg.state_dropout, cfg.output_dropout,
+        cfg.nade_dropout, cfg.backend, cfg.init)
+
+
+def pieces(songs: list[Tensor], max_frames: int | None) -> list[Tensor]:
+    """``songs`` cut into consecutive pieces of at most ``max_frames`` frames (``None``: the songs as they are)."""
+    if max_frames is None:
+        return list(songs)
+    return [piece for song in songs for piece in song.split(max_frames)]
+
+
+def load_music_corpus(path: str) -> MusicCorpus:
+    """The corpus of a config's ``data.path`` (relative paths also looked up in ``$MOGLM_DATA``)."""
+    return read_music(resolve_path(path))
+
+
+class MusicTask(StatelessTask):
+    """The engine's view of a music run: the summed nll of a batch of songs, and validation per frame."""
+
+    def __init__(self, cfg: MusicConfig, corpus: MusicCorpus, model: NadeSequenceModel, device: torch.device) -> None:
+        self.cfg, self.model, self.device = cfg, model, device
+        self.train_songs = pieces(corpus["train"], cfg.data.max_frames)
+        self.valid_songs = corpus["valid"]
+        self.per_epoch = math.ceil(len(self.train_songs) / cfg.train.batch_size)
+
+    def songs_of_step(self, step: int) -> list[int]:
+        """The training songs of step ``step`` (1-based): its slice of its epoch's permutation."""
+        epoch, index = divmod(step - 1, self.per_epoch)
+        generator = torch.Generator().manual_seed(self.cfg.train.seed * 1_000_003 + epoch)
+        order = torch.randperm(len(self.train_songs), generator=generator)
+        b = self.cfg.train.batch_size
+        return order[index * b : (index + 1) * b].tolist()
+
+    def loss(self, step: int) -> StepLoss:
+        rows = self.songs_of_step(step)
+        inputs, targets, mask = song_batch([self.train_songs[r] for r in rows], self.device)
+        nll, _ = self.model.nll(inputs, targets)  # [T, B]
+        return StepLoss((nll * mask).sum(), int(mask.sum()), len(rows))
+
+    def validate(self, model: nn.Module) -> dict[str, float]:
+        scores = evaluate_songs(model, self.valid_songs, self.cfg.evaluation.batch_size)
+        return {"xent": -scores.log_likelihood, "log_likelihood": scores.log_likelihood}
+
+    def describe(self, scores: dict[str, float]) -> str:
+        return f"log-likelihood {scores['log_likelihood']:.4f} per frame"
+
+
+class MusicRun(RunDirectory):
+    """The run directory of a music model (``moglm music train``)."""
+
+    midi_path_name, roll_path_name = "sample.mid", "sample.png"
+
+    def load_config(self) -> MusicConfig:
+        return validate_music(self.read_config(), str(self.config_path))
+
+    def load_model(self, which: str = "best", device: torch.device | str = "cpu") -> tuple[NadeSequenceModel,
+                                                                                          MusicConfig]:
+        """The model of checkpoint ``which`` (best on validation, or the last)."""
+        config = self.load_config()
+        pointer = self.checkpoints.open(which)
+        if pointer is None:
+            raise MoglmError(f"{self.path}: no {which} checkpoint yet")
+        model = build_music_model(config.model)
+        missing, unexpected = model.load_state_dict(load_group(pointer["path"], pointer.get("weights", "model")),
+                                                    strict=False)
+        if missing or unexpected:
+            raise MoglmError(f"{pointer['path']}: weights do not fit the model ({(missing or unexpected)[0]})")
+        return model.to(device).eval(), config
+
+
+def engine_settings(cfg: MusicConfig) -> Settings:
+    t = cfg.train
+    return Settings(steps=t.max_steps, learning_rate=t.learning_rate, eval_every=t.eval_every,
+                    schedule=t.learning_rate_schedule, min_learning_rate=t.min_learning_rate, optimizer=t.optimizer,
+                    momentum=t.momentum, adam_beta1=0.9, clip_norm=t.clip_norm, l2_penalty=t.l2_penalty,
+                    averaging_patience=t.averaging_patience, averaging_start=None,
+                    early_stopping_patience=t.early_stopping_patience, tokens_per_step=t.batch_size)
+
+
+def train_music(cfg: MusicConfig, run_dir: str | Path, *, progress: bool = True, log: Callable[[str], None] = print,
+                on_step: Callable[[int], None] | None = None,
+                on_evaluation: Callable[[Evaluation], None] | None = None) -> tuple[Progress, dict[str, Any]]:
+    """Train ``cfg`` in ``run_dir`` (resuming it), evaluate its best checkpoint on ``evaluation.splits``, write
+    ``results.json`` and a sample (MIDI and piano roll, with the music extra). Returns the progress and results."""
+    run = MusicRun(run_dir)
+    with run.lock():
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        torch.manual_seed(cfg.train.seed)
+        device = resolve_device(cfg.train.device)
+        corpus = load_music_corpus(cfg.data.path)  # checked before the run directory is made
+        model = build_music_model(cfg.model).to(device)
+        model.init_output_bias(torch.cat(corpus["train"]).mean(0))  # a resumed run then loads its own weights
+        run.prepare(cfg.model_dump(mode="json", exclude_none=True), "a music run")
+        info = {"num_params": count_parameters(model), "hidden_size": cfg.model.hidden_size,
+                "nade_hidden": cfg.model.nade_hidden}
+        run.write_json(run.model_info_path, info)
+        log(corpus.summary() if hasattr(corpus, "summary") else f"corpus: {corpus.source}")
+        log(f"model: {cfg.model.architecture}-NADE, {cfg.model.num_layers} x {cfg.model.hidden_size}, NADE "
+            f"{cfg.model.nade_hidden}: {info['num_params']:,} parameters")
+        task = MusicTask(cfg, corpus, model, device)
+        engine = Engine(task, engine_settings(cfg), run, device=device, title=cfg.name or run.path.name, unit="nats",
+                        progress=progress, desc="music", log=log, on_step=on_step, on_evaluation=on_evaluation,
+                        hparams=cfg.model_dump(mode="json", exclude={"description"}))
+        trained = engine.fit()
+        model.load_state_dict(engine.best_weights())
+        results: dict[str, Any] = {"num_params": info["num_params"], "best_step": trained.best_step,
+                                   "train_seconds": trained.seconds, "splits": {}}
+        for split in cfg.evaluation.splits:
+            scores = evaluate_songs(model, corpus[split], cfg.evaluation.batch_size, progress, split)
+            results["splits"][split] = scores.as_dict()
+            log(f"{split}: log-likelihood {scores.log_likelihood:.4f} per frame ({scores.frames:,} frames, "
+                f"{scores.songs} songs)")
+        run.write_json(run.results_path, results)
+        if cfg.sample.num_frames:
+            write_sample(run, model, cfg, cfg.train.seed, log=log)
+        return trained, results
+
+
+def write_sample(run: MusicRun, model: NadeSequenceModel, cfg: MusicConfig, seed: int | None,
+                 output: Path | None = None, num_frames: int | None = None, temperature: float | None = None,
+                 log: Callable[[str], None] = print) -> tuple[Path, Path] | None:
+    """Sample frames and write them as a MIDI file and a piano-roll PNG (``output``: the MIDI path, default the
+    run's ``sample.mid``; the PNG goes beside it). Without the music extra, says so and writes nothing."""
+    from .midi import write_midi
+    from .piano_roll import plot_piano_roll
+
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    frames = num_frames if num_frames is not None else cfg.sample.num_frames
+    roll = model.sample(frames, generator=generator, temperature=temperature or cfg.sample.temperature).cpu()
+    midi = Path(output) if output is not None else run.path / run.midi_path_name
+    png = midi.with_suffix(".png")
+    try:
+        write_midi(roll, midi, seconds_per_frame=cfg.sample.seconds_per_frame)
+    except MoglmError as e:
+        log(f"sample not written: {e}")
+        return None
+    plot_piano_roll(roll, png, title=f"{cfg.name or run.path.name}: {frames} sampled frames")
+    log(f"sample: {midi} and {png} ({int(roll.sum())} notes over {frames} frames)")
+    return midi, png
