@@ -135,12 +135,14 @@ def _build_app():
         music run, frames written as a MIDI file and a piano-roll PNG."""
         from .train.language_model_run import LanguageModelRun
 
+        num_tokens = renamed(num_tokens, tokens, "--tokens", "--num-tokens")
+        adapt_learning_rate = renamed(adapt_learning_rate, adapt_lr, "--adapt-lr", "--adapt-learning-rate")
         if _is_music_run(run_dir):
             from .music.run import music_run, sample_music_run
 
-            if prompt or prompt_file or adapt or adapt_output or top_k is not None:
-                raise MoglmError("a music run samples from silence: --prompt, --prompt-file, --adapt and --top-k "
-                                 "apply to language models")
+            if prompt or prompt_file or adapt or adapt_output or top_k is not None or adapt_learning_rate is not None:
+                raise MoglmError("a music run samples from silence: --prompt, --prompt-file, --adapt, "
+                                 "--adapt-learning-rate and --top-k apply to language models")
             sample_music_run(music_run(run_dir), num_tokens, temperature, seed, checkpoint, output, typer.echo)
             return
         if output is not None:
@@ -152,8 +154,6 @@ def _build_app():
             if not prompt_file.is_file():
                 raise MoglmError(f"{prompt_file}: no such prompt file")
             prompt = prompt_file.read_text().rstrip("\n")
-        num_tokens = renamed(num_tokens, tokens, "--tokens", "--num-tokens")
-        adapt_learning_rate = renamed(adapt_learning_rate, adapt_lr, "--adapt-lr", "--adapt-learning-rate")
         typer.echo(_sample(LanguageModelRun(run_dir), prompt, num_tokens, temperature, top_k, seed, checkpoint,
                            adapt or adapt_output, adapt_output, adapt_learning_rate))
 

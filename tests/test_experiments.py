@@ -395,6 +395,7 @@ def test_music_trains_both_nades_scores_static_sgd_and_rms_and_reports_table_4_6
     report = write_report([folder]).read_text()
     assert "Log-likelihood per frame (table 4.6" in report and "log-likelihood per frame (nats)" in report
     assert "| LSTM-NADE |" in report and "| Mogrifier-NADE |" in report
+    assert "source's order on test: dynamic (global RMS) > dynamic (SGD) > static" in report  # higher is better
     assert "Gain from dynamic evaluation" in report
     gains = [line for line in report.splitlines() if line.startswith("| chorales | ")]
     assert len(gains) == 2 and all("lr=" in line for line in gains)  # each row names its searched settings

@@ -78,6 +78,14 @@ def test_nade_dropout_masks_each_frames_hidden_units_and_is_off_in_eval():
     assert torch.equal(nade.log_prob(x, b_h, b_y), nade.log_prob(x, b_h, b_y))
     nade.train()
     assert not torch.equal(nade.log_prob(x, b_h, b_y), nade.log_prob(x, b_h, b_y))
+    torch.manual_seed(1)
+    logits = nade.logits(x, b_h, b_y)  # [2, 6]
+    torch.manual_seed(1)
+    mask = nade._mask(torch.empty(2, 6, 50))  # [2, 1, 50]: the mask the call above drew
+    assert mask.shape == (2, 1, 50) and (mask == 0).any()
+    contributions = x.unsqueeze(-1) * nade.weight_in.t()  # [2, 6, 50]
+    h = torch.sigmoid(b_h.unsqueeze(1) + contributions.cumsum(1) - contributions) * mask  # one mask per frame
+    torch.testing.assert_close(logits, (h * nade.weight_out).sum(-1) + b_y)
 
 
 @pytest.mark.parametrize("architecture", ["lstm", "mogrifier", "rnn"])

@@ -123,6 +123,9 @@ def test_song_by_song_dynamic_evaluation_resets_and_adapts_with_sgd_and_global_r
     alone = dynamic_evaluate_songs(model, corpus["test"][2:3], Hyperparameters(rule="sgd", lr=0.3, segment_length=2))
     assert alone.dynamic_per_song[0] == pytest.approx(sgd.dynamic_per_song[2], rel=1e-5)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the model is left unchanged
+    # a song no longer than one segment is scored before any update: whatever the learning rate, its score is static
+    whole = dynamic_evaluate_songs(model, corpus["test"], Hyperparameters(rule="sgd", lr=50.0, segment_length=64))
+    assert whole.dynamic_per_song == pytest.approx(whole.static_per_song, rel=1e-6)
     with pytest.raises(MoglmError, match="RMS statistics"):
         dynamic_evaluate_songs(model, corpus["test"], Hyperparameters(rule="rms"))
 
@@ -149,6 +152,9 @@ def test_the_cli_trains_evaluates_adapts_and_samples_midi_and_a_piano_roll(tmp_p
     assert read_midi(out).shape[1] == 88 and out.with_suffix(".png").is_file()
     assert main(["sample", str(run), "--prompt", "x"]) == 1
     assert "samples from silence" in capsys.readouterr().err
+    assert main(["sample", str(run), "--temperature", "-1"]) == 1
+    assert "temperature must be a finite number > 0" in capsys.readouterr().err
+    assert main(["evaluate", str(run)]) == 1 and "is a music run: use `moglm music evaluate`" in capsys.readouterr().err
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):

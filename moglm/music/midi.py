@@ -32,7 +32,7 @@ def _pretty_midi():
     try:
         import pretty_midi
     except ImportError:
-        raise MoglmError("reading MIDI needs the music extra: pip install 'moglm[music]'") from None
+        raise MoglmError("MIDI files need the music extra: pip install 'moglm[music]'") from None
     return pretty_midi
 
 

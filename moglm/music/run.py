@@ -5,6 +5,8 @@ Results go to the run directory: ``results.json`` (static) and ``dyneval/music-<
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -58,10 +60,13 @@ def dyneval_music_run(run: MusicRun, rule: str = "rms", splits: tuple[str, ...] 
     if rule == "rms":
         names = [n for n, _ in model.named_parameters()]
         pointer = run.checkpoints.pointer(checkpoint) or {}
-        path = run.path / "dyneval" / f"music-rms-{pointer.get('step', 0)}.safetensors"
+        which = {"dir": str(pointer.get("dir", pointer.get("path", ""))), "step": pointer.get("step"),
+                 "weights": pointer.get("weights", "model")}  # best's averaged weights and last's raw ones differ
+        key = hashlib.sha256(json.dumps(which, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        path = run.path / "dyneval" / f"music-rms-{key}.safetensors"
         path.parent.mkdir(parents=True, exist_ok=True)
         rms = load_or_collect(path, names, lambda: song_gradient_rms(model, corpus["train"], progress=progress),
-                              {"checkpoint": checkpoint, "step": pointer.get("step")}, log)
+                              which, log)
     trials: list[dict] = []
     if search:
         log(f"searching the {rule} settings on validation ({len(corpus['valid'])} songs)")
@@ -92,7 +97,6 @@ def sample_music_run(run: MusicRun, num_frames: int, temperature: float, seed: i
     from .training import write_sample
 
     model, cfg = run.load_model(checkpoint)
-    torch.manual_seed(seed if seed is not None else 0)
     written = write_sample(run, model, cfg, seed, output, num_frames, temperature, log)
     if written is None:
         raise MoglmError("the sample could not be written (see above)")

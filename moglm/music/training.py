@@ -125,11 +125,11 @@ def train_music(cfg: MusicConfig, run_dir: str | Path, *, progress: bool = True,
         corpus = load_music_corpus(cfg.data.path)  # checked before the run directory is made
         model = build_music_model(cfg.model).to(device)
         model.init_output_bias(torch.cat(corpus["train"]).mean(0))  # a resumed run then loads its own weights
-        run.prepare(cfg.model_dump(mode="json", exclude_none=True), "a music run")
+        run.prepare(cfg.model_dump(mode="json", exclude_none=True), "music")
         info = {"num_params": count_parameters(model), "hidden_size": cfg.model.hidden_size,
                 "nade_hidden": cfg.model.nade_hidden}
         run.write_json(run.model_info_path, info)
-        log(corpus.summary() if hasattr(corpus, "summary") else f"corpus: {corpus.source}")
+        log(corpus.summary())
         log(f"model: {cfg.model.architecture}-NADE, {cfg.model.num_layers} x {cfg.model.hidden_size}, NADE "
             f"{cfg.model.nade_hidden}: {info['num_params']:,} parameters")
         task = MusicTask(cfg, corpus, model, device)
@@ -159,16 +159,19 @@ def write_sample(run: MusicRun, model: NadeSequenceModel, cfg: MusicConfig, seed
     from .midi import write_midi
     from .piano_roll import plot_piano_roll
 
+    temperature = cfg.sample.temperature if temperature is None else temperature
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise MoglmError(f"temperature must be a finite number > 0, got {temperature}")
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     frames = num_frames if num_frames is not None else cfg.sample.num_frames
-    roll = model.sample(frames, generator=generator, temperature=temperature or cfg.sample.temperature).cpu()
+    roll = model.sample(frames, generator=generator, temperature=temperature).cpu()
     midi = Path(output) if output is not None else run.path / run.midi_path_name
     png = midi.with_suffix(".png")
     try:
         write_midi(roll, midi, seconds_per_frame=cfg.sample.seconds_per_frame)
+        plot_piano_roll(roll, png, title=f"{cfg.name or run.path.name}: {frames} sampled frames")
     except MoglmError as e:
         log(f"sample not written: {e}")
         return None
-    plot_piano_roll(roll, png, title=f"{cfg.name or run.path.name}: {frames} sampled frames")
     log(f"sample: {midi} and {png} ({int(roll.sum())} notes over {frames} frames)")
     return midi, png

@@ -123,7 +123,8 @@ def score(run: Run, evaluation: str, split: str, same_tokens: bool = False) -> t
         block = found.get("splits", {}).get(split)
         if block and "dynamic" in block:
             block = block["static" if same_tokens else "dynamic"]
-        file = f"evaluations/{evaluation}.json"
+        file = f"evaluations/{evaluation}.json" if (run.path / "evaluations" / f"{evaluation}.json").is_file() \
+            else "results.json"
         return (float(block["log_likelihood_per_frame"]), file) if block else None
     if same_tokens:
         block = found.get("static", {}).get(split) if evaluation == "mc_dropout" else \

@@ -16,7 +16,11 @@ class LanguageModelRun(RunDirectory):
     """A :class:`~moglm.runs.RunDirectory` whose config is a :class:`RunConfig`."""
 
     def load_config(self) -> RunConfig:
-        return validate(self.read_config(), str(self.config_path))
+        config = self.read_config()
+        if config.get("kind") == "music":
+            raise MoglmError(f"{self.path} is a music run: use `moglm music evaluate`, `moglm music dyneval` or "
+                             "`moglm sample`")
+        return validate(config, str(self.config_path))
 
     def load_model(
         self, which: str = "best", device: torch.device | str = "cpu"
