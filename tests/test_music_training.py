@@ -145,6 +145,11 @@ def test_the_cli_trains_evaluates_adapts_and_samples_midi_and_a_piano_roll(tmp_p
                  "--segment-length", "4", "--no-progress"]) == 0
     saved = json.loads((run / "dyneval" / "music-sgd.json").read_text())
     assert saved["hyperparameters"]["lr"] == 0.1 and list(saved["splits"]) == ["test"]
+    assert main(["report", str(run), "--out", str(tmp_path / "report")]) == 0
+    report = (tmp_path / "report" / "report.md").read_text()
+    row = next(line for line in report.splitlines() if line.startswith("| run |"))
+    dynamic = f"{saved['splits']['test']['dynamic']['log_likelihood_per_frame']:.3f}"
+    assert f"[{dynamic}](" in row and "dyneval/music-sgd.json" in row  # the dyneval file, linked
     out = tmp_path / "out" / "tune.mid"
     assert main(["sample", str(run), "--num-tokens", "6", "--seed", "3", "--output", str(out)]) == 0
     from moglm.music.midi import read_midi

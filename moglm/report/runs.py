@@ -105,6 +105,11 @@ def read_run(path: Path, label: str | None = None, corpus: str | None = None, va
             evaluations["static"] = results
             if "mc_dropout" in results:
                 evaluations["mc_dropout"] = results["mc_dropout"] | {"level": results.get("level")}
+    if config.get("kind") == "music":  # a plain `moglm music dyneval`'s files, where no experiment wrote its own
+        for rule in ("sgd", "rms"):
+            found = _json(path / "dyneval" / f"music-{rule}.json")
+            if found is not None:
+                evaluations.setdefault(f"dynamic_{rule}", found)
     data_path = config.get("data", {}).get("path") if isinstance(config.get("data"), dict) else None
     return Run(path, path.name, label or path.name, corpus or (Path(data_path).stem if data_path else "default"),
                variant, x, config, _json(path / "model.json") or {}, evaluations)
@@ -123,8 +128,8 @@ def score(run: Run, evaluation: str, split: str, same_tokens: bool = False) -> t
         block = found.get("splits", {}).get(split)
         if block and "dynamic" in block:
             block = block["static" if same_tokens else "dynamic"]
-        file = f"evaluations/{evaluation}.json" if (run.path / "evaluations" / f"{evaluation}.json").is_file() \
-            else "results.json"
+        files = [f"evaluations/{evaluation}.json", f"dyneval/music-{evaluation.removeprefix('dynamic_')}.json"]
+        file = next((f for f in files if (run.path / f).is_file()), "results.json")
         return (float(block["log_likelihood_per_frame"]), file) if block else None
     if same_tokens:
         block = found.get("static", {}).get(split) if evaluation == "mc_dropout" else \
