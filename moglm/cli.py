@@ -159,11 +159,12 @@ def _build_app():
 
     @app.command()
     def configs() -> None:
-        """List the configs that ship with moglm."""
+        """List the language-model configs that ship with moglm (music: `moglm music configs`)."""
         from .train.config import read_mapping, shipped_configs
 
         for name, path in shipped_configs().items():
             typer.echo(f"{name:32s} {read_mapping(path).get('description', '')}")
+        typer.echo("(music configs, for `moglm music train`: `moglm music configs`)")
 
     @app.command()
     def info(

@@ -102,7 +102,7 @@ def test_help_config_documents_every_field(capsys):
 def test_configs_lists_the_shipped_configs(capsys):
     assert main(["configs"]) == 0
     out = capsys.readouterr().out
-    assert "default" in out and "ptb-word-mogrifier-paper" in out
+    assert "default" in out and "ptb-word-mogrifier-paper" in out and "moglm music configs" in out
 
 
 def test_info_prints_the_compiled_recurrence_and_its_gemm_route_as_json_and_as_lines(capsys):
