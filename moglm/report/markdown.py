@@ -61,7 +61,8 @@ def write_report(paths: list[Path], out: Path | None = None) -> Path:
                                  out, command)
             if any(e in PREFIX_EVALUATIONS for e in table["evaluations"]):
                 lines += same_tokens_lines(table, group, out, command)
-    lines += out_of_domain_lines(runs, out, command)
+    if not manifest or "out_of_domain" in spec.get("evaluations", []):  # not another experiment's shared runs'
+        lines += out_of_domain_lines(runs, out, command)
     if runs[0].task == "music":
         lines += music_gain_lines(runs, spec.get("reference", {}), corpora)
     if runs[0].task == "reverse_copy":
