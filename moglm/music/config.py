@@ -11,12 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, field_validator
 
 from ..errors import MoglmError
 from ..model.architectures import is_recurrent
 from ..modules import ARCHITECTURES
-from ..train.config import Section, VersionedConfig, apply_overrides, read_mapping, validate, validate_cell_options
+from ..train.config import Section, VersionedConfig, WithCellOptions, apply_overrides, read_mapping, validate
 from .nade import ACTIVATIONS
 
 SHIPPED = Path(__file__).resolve().parent / "configs"
@@ -31,7 +31,7 @@ class MusicDataConfig(Section):
                                    "Evaluation always reads whole songs.")
 
 
-class MusicModelConfig(Section):
+class MusicModelConfig(WithCellOptions):
     architecture: str = Field("lstm", description=f"The recurrent part: one of {sorted(ARCHITECTURES)}.")
     num_layers: int = Field(2, ge=1, description="Recurrent layers.")
     hidden_size: int = Field(300, ge=1, description="Hidden units per layer.")
@@ -55,12 +55,6 @@ class MusicModelConfig(Section):
         if not is_recurrent(architecture):
             raise ValueError(f"architecture must be one of {sorted(ARCHITECTURES)}, got {architecture!r}")
         return architecture
-
-    @field_validator("cell")
-    @classmethod
-    def _check_cell(cls, cell: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        architecture = info.data.get("architecture")
-        return validate_cell_options(architecture, cell) if architecture in ARCHITECTURES else cell
 
 
 class MusicTrainConfig(Section):

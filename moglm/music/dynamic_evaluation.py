@@ -30,7 +30,7 @@ from .evaluation import SongScores, song_batch
 from .model import NadeSequenceModel
 
 #: the thesis's two rules for music (table 4.6): SGD, and global RMS (the decay is zero)
-MUSIC_RULES = {"sgd": "sgd", "rms": "rms"}
+MUSIC_RULES = ("sgd", "rms")
 
 
 @dataclass
@@ -123,7 +123,7 @@ def start_for(rule: str) -> Hyperparameters:
     """Where the search starts for ``rule`` (``sgd`` or ``rms``), segments of 5 frames."""
     if rule not in MUSIC_RULES:
         raise MoglmError(f"music dynamic evaluation uses rule sgd or rms, got {rule!r}")
-    return Hyperparameters(rule=MUSIC_RULES[rule], segment_length=5, decay=0.0)
+    return Hyperparameters(rule=rule, segment_length=5, decay=0.0)
 
 
 def search_songs(model: NadeSequenceModel, songs: list[Tensor], rule: str, rms: dict[str, Tensor] | None = None,

@@ -18,7 +18,8 @@ from ..dynamic_evaluation.statistics import load_or_collect
 from ..errors import MoglmError
 from .dynamic_evaluation import dynamic_evaluate_songs, search_songs, song_gradient_rms, start_for
 from .evaluation import evaluate_songs
-from .training import MusicRun, load_music_corpus
+from .corpus import read_music
+from .training import MusicRun
 
 SPLITS = ("train", "valid", "test")
 
@@ -32,7 +33,7 @@ def evaluate_music_run(run: MusicRun, splits: list[str] | None = None, checkpoin
                        progress: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Static log-likelihood per frame of each split under checkpoint ``checkpoint``."""
     model, cfg = run.load_model(checkpoint)
-    corpus = load_music_corpus(cfg.data.path)
+    corpus = read_music(cfg.data.path)
     out = {}
     for split in splits or cfg.evaluation.splits:
         _check_split(split)
@@ -53,7 +54,7 @@ def dyneval_music_run(run: MusicRun, rule: str = "rms", splits: tuple[str, ...] 
     for split in splits:
         _check_split(split)
     model, cfg = run.load_model(checkpoint)
-    corpus = load_music_corpus(cfg.data.path)
+    corpus = read_music(cfg.data.path)
     hp = start_for(rule)
     hp = hp.with_(**{k: v for k, v in (("lr", lr), ("segment_length", segment_length)) if v is not None})
     rms = None

@@ -16,11 +16,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..data.corpus import resolve_path
 from ..device import resolve_device
 from ..errors import MoglmError
 from ..model.language_model import count_parameters
-from ..runs import RunDirectory, load_group
+from ..runs import RunDirectory
 from ..train.engine import Engine, Evaluation, Progress, Settings, StatelessTask, StepLoss
 from .config import MusicConfig, MusicModelConfig, validate_music
 from .corpus import MusicCorpus, read_music
@@ -41,11 +40,6 @@ def pieces(songs: list[Tensor], max_frames: int | None) -> list[Tensor]:
     if max_frames is None:
         return list(songs)
     return [piece for song in songs for piece in song.split(max_frames)]
-
-
-def load_music_corpus(path: str) -> MusicCorpus:
-    """The corpus of a config's ``data.path`` (relative paths also looked up in ``$MOGLM_DATA``)."""
-    return read_music(resolve_path(path))
 
 
 class MusicTask(StatelessTask):
@@ -82,7 +76,7 @@ class MusicTask(StatelessTask):
 class MusicRun(RunDirectory):
     """The run directory of a music model (``moglm music train``)."""
 
-    midi_path_name, roll_path_name = "sample.mid", "sample.png"
+    midi_path_name = "sample.mid"  # the piano roll's PNG goes beside it
 
     def load_config(self) -> MusicConfig:
         return validate_music(self.read_config(), str(self.config_path))
@@ -91,15 +85,7 @@ class MusicRun(RunDirectory):
                                                                                           MusicConfig]:
         """The model of checkpoint ``which`` (best on validation, or the last)."""
         config = self.load_config()
-        pointer = self.checkpoints.open(which)
-        if pointer is None:
-            raise MoglmError(f"{self.path}: no {which} checkpoint yet")
-        model = build_music_model(config.model)
-        missing, unexpected = model.load_state_dict(load_group(pointer["path"], pointer.get("weights", "model")),
-                                                    strict=False)
-        if missing or unexpected:
-            raise MoglmError(f"{pointer['path']}: weights do not fit the model ({(missing or unexpected)[0]})")
-        return model.to(device).eval(), config
+        return self.load_weights(build_music_model(config.model), which).to(device).eval(), config
 
 
 def engine_settings(cfg: MusicConfig) -> Settings:
@@ -122,7 +108,7 @@ def train_music(cfg: MusicConfig, run_dir: str | Path, *, progress: bool = True,
             torch.set_num_threads(cfg.train.threads)
         torch.manual_seed(cfg.train.seed)
         device = resolve_device(cfg.train.device)
-        corpus = load_music_corpus(cfg.data.path)  # checked before the run directory is made
+        corpus = read_music(cfg.data.path)  # checked before the run directory is made
         model = build_music_model(cfg.model).to(device)
         model.init_output_bias(torch.cat(corpus["train"]).mean(0))  # a resumed run then loads its own weights
         run.prepare(cfg.model_dump(mode="json", exclude_none=True), "music")

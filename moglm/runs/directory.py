@@ -214,6 +214,21 @@ class RunDirectory:
         except (ValueError, KeyError, TypeError) as e:  # not JSON, not UTF-8, fields missing or of the wrong type
             raise MoglmError(f"{self.vocab_path}: damaged, not a vocabulary ({type(e).__name__}: {e})") from None
 
+    def load_weights(self, model, which: str = "best"):
+        """``model`` with the weights of checkpoint ``which`` (``best``: those that scored best on validation,
+        averaged if averaging was on; ``last``: the latest raw training weights); a one-line error when there is
+        none or they do not fit."""
+        from .checkpoints import load_group
+
+        pointer = self.checkpoints.open(which)
+        if pointer is None:
+            raise MoglmError(f"{self.path}: no {which} checkpoint yet")
+        weights = load_group(pointer["path"], pointer.get("weights", "model"))
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        if missing or unexpected:
+            raise MoglmError(f"{pointer['path']}: weights do not fit the model ({(missing or unexpected)[0]})")
+        return model
+
     def model_info(self) -> dict[str, Any]:
         if not self.model_info_path.is_file():
             raise MoglmError(f"{self.path}: no model.json (the run never started training)")

@@ -63,7 +63,18 @@ class DataConfig(Section):
         return fractions
 
 
-class ModelConfig(Section):
+class WithCellOptions(Section):
+    """A section with ``architecture`` and then ``cell``: the cell options are checked against that architecture's
+    typed options (:func:`validate_cell_options`); an invalid architecture is reported by its own check."""
+
+    @field_validator("cell", check_fields=False)
+    @classmethod
+    def _check_cell(cls, cell: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        architecture = info.data.get("architecture")
+        return validate_cell_options(architecture, cell) if architecture in ARCHITECTURES else cell
+
+
+class ModelConfig(WithCellOptions):
     architecture: str = Field("mogrifier", description="Sequence model, a recurrent cell or the segment-memory "
                               f"transformer: one of {sorted(ARCHITECTURES)}.")
     num_layers: int = Field(2, ge=1, description="Recurrent layers.")
@@ -112,12 +123,6 @@ class ModelConfig(Section):
         if (self.hidden_size is None) == (self.num_params is None):
             raise ValueError("set exactly one of hidden_size and num_params")
         return self
-
-    @field_validator("cell")
-    @classmethod
-    def _check_cell(cls, cell: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        architecture = info.data.get("architecture")
-        return validate_cell_options(architecture, cell) if architecture in ARCHITECTURES else cell
 
 
 class TrainConfig(Section):

@@ -7,7 +7,7 @@ import torch
 from ..data.vocabulary import Vocabulary
 from ..errors import MoglmError
 from ..model.language_model import LanguageModel
-from ..runs import RunDirectory, load_group
+from ..runs import RunDirectory
 from .build import build_model
 from .config import RunConfig, validate
 
@@ -28,12 +28,5 @@ class LanguageModelRun(RunDirectory):
         """The model of checkpoint ``which`` (``best``: the weights that scored best on validation,
         averaged if averaging was on; ``last``: the latest raw training weights)."""
         config, vocab = self.load_config(), self.load_vocab()
-        pointer = self.checkpoints.open(which)
-        if pointer is None:
-            raise MoglmError(f"{self.path}: no {which} checkpoint yet")
         model = build_model(config.model, len(vocab), self.model_info()["hidden_size"])
-        weights = load_group(pointer["path"], pointer.get("weights", "model"))
-        missing, unexpected = model.load_state_dict(weights, strict=False)
-        if missing or unexpected:
-            raise MoglmError(f"{pointer['path']}: weights do not fit the model ({(missing or unexpected)[0]})")
-        return model.to(device), config, vocab
+        return self.load_weights(model, which).to(device), config, vocab
