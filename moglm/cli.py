@@ -427,6 +427,13 @@ def _info(as_json: bool) -> str:
         if probe:
             lines["gemm_route_probe"] = ", ".join(f"{route} {seconds * 1e3:.2f} ms" for route, seconds in probe.items())
         lines["mkl_thread_control"] = "yes" if details["mkl_thread_control"] else "no"
+        choices = details["auto_backend"]
+        lines["auto_backend"] = (f"{len(choices)} shape classes probed on this machine" if choices
+                                 else "no shape class probed yet (each is, on first use)")
+        for key, choice in sorted(choices.items()):
+            times = ", ".join(f"{name} {seconds * 1e3:.2f} ms" for name, seconds in choice["seconds"].items())
+            noise = "" if choice.get("separated") else ", within noise"
+            lines[f"  {key}"] = f"{choice['backend']} ({times}{noise})"
     lines["build_dir"] = details["build_dir"] or "-"
     return "\n".join(f"{key}: {value}" for key, value in lines.items())
 
@@ -457,7 +464,17 @@ def _sample(run, prompt, tokens, temperature, top_k, seed, checkpoint: str = "be
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``moglm`` script."""
+    """Entry point of the ``moglm`` script (a torchrun worker ends here, see
+    :func:`moglm.train.data_parallel.exit_worker`)."""
+    code = _main(argv)
+    if argv is None and "torch.distributed" in sys.modules:
+        from .train.data_parallel import exit_worker
+
+        exit_worker(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     if typer is None:
         print(f"error: {EXTRA_HINT}", file=sys.stderr)
         return 2

@@ -114,6 +114,39 @@ def test_float32_on_every_gemm_route_batch_parallel_matches_reference(make, rout
     assert_parity(model, model.num_layers, dtype=torch.float32, backend="compiled", batch=37, rtol=1e-4, atol=1e-5)
 
 
+#: sizes at which the brgemm route takes its own paths: per-step products packed (T times each thread's
+#: rows >= 64), panels of 64 columns with a narrower last one (4H = 284), products over all T*B rows in row
+#: blocks of 64 with a shorter last one (T*B = 148), weight gradients with either operand transposed
+#: (N > K and N < K), rank-64 rounds
+WIDE_M, WIDE_H, WIDE_T, WIDE_B = 67, 71, 4, 37
+WIDE_MODELS = [
+    lambda **kw: moglm.MogrifierLSTM(WIDE_M, WIDE_H, 2, rounds=5, rank=64, state_dropout=0.3, dropout=0.2, **kw),
+    lambda **kw: moglm.MogrifierLSTM(WIDE_M, WIDE_H, 1, rounds=2, rank=0, **kw),
+    lambda **kw: moglm.LSTM(WIDE_M, WIDE_H, 2, state_dropout=0.3, **kw),
+    lambda **kw: moglm.MultiplicativeLSTM(WIDE_M, WIDE_H, 2, state_dropout=0.3, capped_input_gate=True, **kw),
+]
+
+
+@pytest.mark.usefixtures("batch_parallel")
+@pytest.mark.parametrize("make", WIDE_MODELS, ids=["mogrifier_k64", "mogrifier_full", "lstm", "multiplicative_lstm"])
+def test_brgemm_route_at_panel_and_row_block_sizes_matches_reference(make, monkeypatch):
+    """float32 on oneDNN's ukernel (it has no float64) against the float32 reference loop."""
+    if "brgemm" not in compiled._candidate_routes(torch.float32):
+        pytest.skip("this torch exports no float32 brgemm")
+    monkeypatch.setitem(compiled._state, "routes", {})
+    monkeypatch.setenv("MOGLM_GEMM_ROUTE", "brgemm")
+    torch.manual_seed(0)
+    model = make().train()
+    layers = model.num_layers
+    x = torch.randn(WIDE_T, WIDE_B, WIDE_M)
+    state = tuple(torch.randn(layers, WIDE_B, WIDE_H) for _ in range(2))
+    actual = run_backend(model, "compiled", x, state)
+    expected = run_backend(model, "reference", x, state)
+    names = ["y", "h_n", "c_n", "d input", "d h0", "d c0", *(f"d {n}" for n, _ in model.named_parameters())]
+    for name, a, e in zip(names, actual, expected, strict=True):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=2e-5, msg=lambda m: f"{name}: {m}")
+
+
 @pytest.mark.usefixtures("built")
 @pytest.mark.parametrize("make", TWO_LAYER_MODELS, ids=TWO_LAYER_IDS)
 def test_compiled_forward_only_evaluation_equals_the_training_forward(make):

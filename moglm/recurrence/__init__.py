@@ -8,8 +8,9 @@
 * ``"fused"``: the fused window in Python, one autograd node per layer and window
   (:mod:`moglm.recurrence.fused_lstm`, :mod:`moglm.recurrence.fused_multiplicative_lstm`), on any device;
   raises ``ValueError`` where it cannot run.
-* ``"auto"`` (default): compiled where it can run (CPU, float32/float64, built), else fused, else the
-  reference loop, with a :class:`FusedFallbackWarning` once per reason (see
+* ``"auto"`` (default): where both can run (CPU, float32/float64, built), the compiled or the fused
+  window, whichever :mod:`moglm.recurrence.auto` measured faster on this machine for the layer's shape
+  class; else fused; else the reference loop, with a :class:`FusedFallbackWarning` once per reason (see
   :mod:`moglm.recurrence.fallback`).
 """
 
@@ -21,7 +22,7 @@ from ..cells.base import Cell, Params, State
 from ..cells.lstm import LSTMCell
 from ..cells.mogrifier import MogrifierLSTMCell
 from ..cells.multiplicative_lstm import MultiplicativeLSTMCell
-from . import compiled
+from . import auto, compiled
 from .compiled import CompiledLSTMFunction, CompiledMultiplicativeLSTMFunction, run_compiled
 from .fallback import FusedFallbackWarning, runtime_reason, warn_once
 from .fused_lstm import fused_lstm_layer, layer_spec
@@ -78,6 +79,13 @@ def _adaptation_fits(matrix: Tensor, xs: Tensor, cell: Cell) -> bool:
             and matrix.device == xs.device and (matrix.dim() == 2 or matrix.shape[0] == xs.shape[1]))
 
 
+#: how :mod:`.auto` runs each candidate path on its probe window: ``f(cell, params, xs, state)``
+AUTO_RUNNERS = {
+    "compiled": lambda cell, p, xs, state: run_compiled(COMPILED[type(cell)], layer_spec(cell, p), cell, p, xs, state, None),
+    "fused": lambda cell, p, xs, state: FUSED[type(cell)](cell, p, xs, state, None),
+}
+
+
 def run_layer(
     cell: Cell, params: Params, xs: Tensor, state: State, h_mask: Tensor | None = None, backend: str = "auto"
 ) -> tuple[Tensor, State]:
@@ -104,9 +112,9 @@ def run_layer(
     reason = unsupported_reason(cell, params, xs, state, h_mask)
     if reason is None and backend in ("auto", "compiled"):
         why_not = compiled.can_run(xs)
-        if why_not is None:
-            spec = layer_spec(cell, params)
-            return run_compiled(COMPILED[type(cell)], spec, cell, params, xs, state, h_mask)
+        if why_not is None and (backend == "compiled" or xs.shape[1] == 0
+                                or auto.choose(cell, params, xs, AUTO_RUNNERS) == "compiled"):
+            return run_compiled(COMPILED[type(cell)], layer_spec(cell, params), cell, params, xs, state, h_mask)
         if backend == "compiled":
             raise ValueError(f"backend='compiled' cannot run this layer: {why_not} (use backend='auto' or 'fused')")
     if reason is None:

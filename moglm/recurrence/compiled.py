@@ -24,11 +24,14 @@ GEMM routes (the products inside the loop, each on one thread's rows):
   thread-local thread count set to 1 in each worker;
 * ``mkl_packed``: MKL's packed GEMM (``cblas_sgemm_pack``/``_compute``), each weight packed once per window;
 * ``panels`` (float32): moglm's own kernel, each weight packed once per window into column panels and
-  multiplied by a register-blocked micro-kernel (``csrc/window.h``).
+  multiplied by a register-blocked micro-kernel (``csrc/window.h``);
+* ``brgemm`` (float32): oneDNN's batch-reduce GEMM ukernel, which oneDNN JIT-compiles for the CPU it runs
+  on (AVX2, AVX-512, AMX), through the ``at::native::cpublas::brgemm`` that torch exports from its own
+  oneDNN; each weight packed once per window into panels of 64 columns shared by the threads.
 
 None is right on every machine, so :func:`gemm_route` times the available ones on this machine and keeps
 the fastest, once per machine (stored beside the built library, so every process computes with the same
-products); ``MOGLM_GEMM_ROUTE=aten|blas|mkl_packed|panels`` forces one.
+products); ``MOGLM_GEMM_ROUTE=aten|blas|mkl_packed|panels|brgemm`` forces one.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ SOURCES = ("window.h", "mogrifier_lstm.cpp", "multiplicative_lstm.cpp")
 #: changes values the way -ffast-math would (torch itself is built with it and -fno-math-errno)
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-trapping-math", "-fno-math-errno", "-fopenmp", "-DNDEBUG")
 LDFLAGS = ("-fopenmp",)
-ROUTES = {"aten": 0, "blas": 1, "panels": 2, "mkl_packed": 3}
+ROUTES = {"aten": 0, "blas": 1, "panels": 2, "mkl_packed": 3, "brgemm": 4}
 
 #: a worker thread takes at least this many batch rows; with fewer rows per thread the window runs on
 #: one thread and its products use every thread instead (batch 1 sampling, small dynamic evaluation)
@@ -185,6 +188,8 @@ def _candidate_routes(dtype: torch.dtype) -> list[str]:
             routes.append("mkl_packed")
     if not double:
         routes.append("panels")
+        if torch.ops.moglm.brgemm_route_available():
+            routes.append("brgemm")
     return routes
 
 
@@ -259,6 +264,9 @@ def info(paths: bool = True) -> dict:
         out["gemm_route"] = {v: k for k, v in ROUTES.items()}[code]
         out["gemm_route_probe_seconds"] = _state["routes"][torch.float32][1]
         out["mkl_thread_control"] = bool(torch.ops.moglm.mkl_thread_control_available())
+        from . import auto
+
+        out["auto_backend"] = auto.stored()  # per shape class: compiled or fused, with the probe's timings
     return out
 
 

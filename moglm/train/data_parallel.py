@@ -31,6 +31,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -181,6 +182,31 @@ SINGLE = Group()
 def launched() -> bool:
     """Whether torchrun (or another launcher setting ``WORLD_SIZE``) started this process as one of several."""
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def exit_worker(code: int) -> None:
+    """End a torchrun worker with ``code`` without Python's finalization, once the job's process group
+    exists (elsewhere: return, and the caller exits normally).
+
+    Why: gloo's worker threads destroy a finished collective's work object after the caller has seen it
+    complete; when that object holds tensors created in Python (``broadcast_object_list`` does) and the
+    main thread is already finalizing the interpreter, the decref's GIL acquire ends that thread, which
+    aborts the process ("terminate called without an active exception", SIGABRT; seen in a core dump:
+    ``ProcessGroupGloo::runLoop`` -> ``~AsyncBroadcastWork`` -> ``decref_pyobject`` -> ``take_gil`` ->
+    ``pthread_exit`` while the main thread was in ``Py_FinalizeEx``). The exit handlers run first (they
+    destroy the process group), the standard streams are flushed, and every file moglm writes was already
+    written atomically, so skipping finalization loses nothing."""
+    import torch.distributed as dist
+
+    if not (launched() and dist.is_available() and dist.is_initialized()):
+        return
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def is_main_process() -> bool:

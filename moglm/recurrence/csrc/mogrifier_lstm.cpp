@@ -9,7 +9,7 @@
 // [x_up; h_up] @ [W_ih, W_hh]^T product (rounds = 0: [x; h~], so the LSTM's input projection runs in the
 // same product); backward per step: the cell's derivative, one dG @ [W_ih, W_hh] product giving
 // [dx_up; dh_up], and the rounds' derivatives. Every weight gradient is one multi-threaded product over
-// all T*B rows after the loop.
+// all T*B rows after the loop (``product_tn``).
 //
 // Saved for backward (all linear in T): gate activations [T, B, 4n], c [T, B, n], [x_up; h_up]
 // [T, B, m+n], per round its sigmoid [T, B, out] and (low rank) its low [T, B, k], and the intermediate
@@ -89,20 +89,21 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
   }
   const T* mk = ptr<T>(mask);
   const T* y = ptr<T>(cell.ys);
+  PackCache cache;  // the weights packed once for all threads (brgemm route)
   for_row_blocks(B, min_rows, [&](i64 b0, i64 b1, bool) {
     const i64 rows = b1 - b0;
     // this thread's products, their fixed operands packed once for the window
     // [x_up; h_up] -> gate pre-activations, as x_up W_ih^T + h_up W_hh^T (no concatenated copy of the weights)
-    PackedB<T> gates_x(route, rows, 4 * n, m, ptr<T>(w_ih), m, true, T_);
-    PackedB<T> gates_h(route, rows, 4 * n, n, ptr<T>(w_hh), n, true, T_);
+    PackedB<T> gates_x(route, rows, 4 * n, m, ptr<T>(w_ih), m, true, T_, &cache);
+    PackedB<T> gates_h(route, rows, 4 * n, n, ptr<T>(w_hh), n, true, T_, &cache);
     std::vector<PackedB<T>> first, second;  // per round: src -> low -> p (low rank) or src -> p (full)
     for (i64 i = 1; i <= R.r; ++i) {
       const i64 w = R.is_q(i) ? m : n, win = R.is_q(i) ? n : m;
       if (R.rank > 0) {
-        first.emplace_back(route, rows, R.rank, win, ptr<T>(R.mats[i - 1]), win, true, T_);
-        second.emplace_back(route, rows, w, R.rank, ptr<T>(R.lefts[i - 1]), R.rank, true, T_);
+        first.emplace_back(route, rows, R.rank, win, ptr<T>(R.mats[i - 1]), win, true, T_, &cache);
+        second.emplace_back(route, rows, w, R.rank, ptr<T>(R.lefts[i - 1]), R.rank, true, T_, &cache);
       } else {
-        first.emplace_back(route, rows, w, win, ptr<T>(R.mats[i - 1]), win, true, T_);
+        first.emplace_back(route, rows, w, win, ptr<T>(R.mats[i - 1]), win, true, T_, &cache);
       }
     }
     for (i64 t = 0; t < T_; ++t) {
@@ -203,18 +204,19 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
   const CellBackward<T> cell(c0, cs, acts, dys, dhT, dcT, adapt, capped, route);
   const T* mk = ptr<T>(mask);
   T* dg = ptr<T>(dG);
+  PackCache cache;  // the weights packed once for all threads (brgemm route)
   for_row_blocks(B, min_rows, [&](i64 b0, i64 b1, bool) {
     const i64 rows = b1 - b0;
-    PackedB<T> d_gates_x(route, rows, m, 4 * n, ptr<T>(w_ih), m, false, T_);  // dG -> dx_up
-    PackedB<T> d_gates_h(route, rows, n, 4 * n, ptr<T>(w_hh), n, false, T_);  // dG -> dh_up
+    PackedB<T> d_gates_x(route, rows, m, 4 * n, ptr<T>(w_ih), m, false, T_, &cache);  // dG -> dx_up
+    PackedB<T> d_gates_h(route, rows, n, 4 * n, ptr<T>(w_hh), n, false, T_, &cache);  // dG -> dh_up
     std::vector<PackedB<T>> d_first, d_second;  // per round: dp -> dlow -> d src (low rank) or dp -> d src
     for (i64 i = 1; i <= R.r; ++i) {
       const i64 w = R.is_q(i) ? m : n, win = R.is_q(i) ? n : m;
       if (R.rank > 0) {
-        d_first.emplace_back(route, rows, R.rank, w, ptr<T>(R.lefts[i - 1]), R.rank, false, T_);
-        d_second.emplace_back(route, rows, win, R.rank, ptr<T>(R.mats[i - 1]), win, false, T_);
+        d_first.emplace_back(route, rows, R.rank, w, ptr<T>(R.lefts[i - 1]), R.rank, false, T_, &cache);
+        d_second.emplace_back(route, rows, win, R.rank, ptr<T>(R.mats[i - 1]), win, false, T_, &cache);
       } else {
-        d_first.emplace_back(route, rows, win, w, ptr<T>(R.mats[i - 1]), win, false, T_);
+        d_first.emplace_back(route, rows, win, w, ptr<T>(R.mats[i - 1]), win, false, T_, &cache);
       }
     }
     T* gx = ptr<T>(gxh) + b0 * mn;
@@ -261,8 +263,9 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
   if (need_dx) grads[0] = dx;
   if (need_weights) {
     at::Tensor xh2 = xh.view({T_ * B, mn});
-    grads[3] = at::mm(dG2.t(), xh2.narrow(1, 0, m));  // [4n, m]
-    grads[4] = at::mm(dG2.t(), xh2.narrow(1, m, n));  // [4n, n]
+    at::Tensor dW = product_tn(route, dG2, xh2);  // [4n, m + n]
+    grads[3] = dW.narrow(1, 0, m).contiguous();  // [4n, m]
+    grads[4] = dW.narrow(1, m, n).contiguous();  // [4n, n]
     if (has_bias) grads[5] = dG2.sum(0);
     // the chains as [T, B, width] tensors, to read each round's source from
     std::vector<at::Tensor> cx{xs}, chh{htil};
@@ -276,10 +279,10 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
       at::Tensor src = (q ? chh[sj] : cx[sj]).reshape({T_ * B, win});
       at::Tensor dp2 = dps[i - 1].view({T_ * B, w});
       if (R.rank > 0) {
-        grads[6 + 3 * (i - 1)] = at::mm(dlows[i - 1].view({T_ * B, R.rank}).t(), src);      // right [k, in]
-        grads[6 + 3 * (i - 1) + 1] = at::mm(dp2.t(), low[i - 1].view({T_ * B, R.rank}));  // left [out, k]
+        grads[6 + 3 * (i - 1)] = product_tn(route, dlows[i - 1].view({T_ * B, R.rank}), src);      // right [k, in]
+        grads[6 + 3 * (i - 1) + 1] = product_tn(route, dp2, low[i - 1].view({T_ * B, R.rank}));  // left [out, k]
       } else {
-        grads[6 + 3 * (i - 1)] = at::mm(dp2.t(), src);  // [out, in]
+        grads[6 + 3 * (i - 1)] = product_tn(route, dp2, src);  // [out, in]
       }
       if (!R.bias.empty()) grads[6 + 3 * (i - 1) + 2] = dp2.sum(0);
     }

@@ -4,12 +4,14 @@
 //   m_t = (W_mx x_t) * (W_mh h~)                            eq. 3.5
 //   [i, f, j, o] = W_ih x_t + W_hh m_t + b                  an LSTM with m_t in place of h_{t-1}
 //
-// Batch-parallel (window.h), each thread's fixed operands packed once per window. A step: W_mx x and
-// W_mh h~, their product m_t, and one [x; m_t] @ [W_ih, W_hh]^T gate product. Backward per step: the
-// cell's derivative, dG @ [W_ih, W_hh] giving [dx; dm], and the two projections' data gradients; the
-// four weight gradients are products over all T*B rows after the loop.
-// Saved: gate activations [T, B, 4n], c [T, B, n], [x; m] [T, B, m+n], W_mx x and W_mh h~ ([T, B, n]);
-// h~ is recomputed.
+// W_mx x and W_ih x do not depend on the recurrence, so they are two products over all T*B rows before
+// the loop (the thesis's mLSTM allows it: x enters only through them). The batch-parallel loop (window.h),
+// each weight packed once per window, then runs per step only W_mh h~, m_t, W_hh m_t and the cell.
+// Backward per step: the cell's derivative, dG @ W_hh giving dm, and W_mh's data gradient; the input's
+// gradient (dG W_ih + d(W_mx x) W_mx) and the four weight gradients are products over all T*B rows after
+// the loop.
+// Saved: gate activations [T, B, 4n], c [T, B, n], m [T, B, n], W_mx x and W_mh h~ ([T, B, n]); h~ is
+// recomputed.
 
 #include "window.h"
 
@@ -26,46 +28,42 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
                                      const at::Tensor& mask, const at::Tensor& w_ih, const at::Tensor& w_hh,
                                      const at::Tensor& bias, const at::Tensor& w_mx, const at::Tensor& w_mh,
                                      bool capped, bool save, Route route, i64 min_rows, const at::Tensor& adapt) {
-  const i64 T_ = xs.size(0), B = xs.size(1), m = xs.size(2), n = h0.size(1), mn = m + n;
+  const i64 T_ = xs.size(0), B = xs.size(1), m = xs.size(2), n = h0.size(1);
   const i64 S = save ? T_ : 1;
   auto opts = xs.options();
   const CellForward<T> cell(xs, c0, bias, adapt, n, save, capped, route);
-  at::Tensor acts = at::empty({S, B, 4 * n}, opts);
-  at::Tensor xm = at::empty({S, B, mn}, opts);  // [x; m_t]
-  at::Tensor px = at::empty({S, B, n}, opts);   // W_mx x
+  // what does not depend on the recurrence, for every step at once (eq. 3.5's W_mx x; W_ih x)
+  const at::Tensor xs2 = xs.view({T_ * B, m});
+  at::Tensor px = product<T>(route, xs2, w_mx, true).view({T_, B, n});       // W_mx x
+  at::Tensor acts = product<T>(route, xs2, w_ih, true).view({T_, B, 4 * n});  // W_ih x, then the gates
+  at::Tensor ms = at::empty({S, B, n}, opts);   // m_t
   at::Tensor ph = at::empty({S, B, n}, opts);   // W_mh h~
   at::Tensor htil = mask.defined() ? at::empty({B, n}, opts) : at::Tensor();
   const T* mk = ptr<T>(mask);
   const T* y = ptr<T>(cell.ys);
+  PackCache cache;  // the weights packed once for all threads (brgemm route)
   for_row_blocks(B, min_rows, [&](i64 b0, i64 b1, bool) {
     const i64 rows = b1 - b0;
-    PackedB<T> gates_x(route, rows, 4 * n, m, ptr<T>(w_ih), m, true, T_);  // x -> W_ih x
-    PackedB<T> gates_m(route, rows, 4 * n, n, ptr<T>(w_hh), n, true, T_);  // m_t -> W_hh m_t
-    PackedB<T> proj_x(route, rows, n, m, ptr<T>(w_mx), m, true, T_);
-    PackedB<T> proj_h(route, rows, n, n, ptr<T>(w_mh), n, true, T_);
+    PackedB<T> gates_m(route, rows, 4 * n, n, ptr<T>(w_hh), n, true, T_, &cache);  // m_t -> W_hh m_t
+    PackedB<T> proj_h(route, rows, n, n, ptr<T>(w_mh), n, true, T_, &cache);
     for (i64 t = 0; t < T_; ++t) {
       const i64 s = save ? t : 0, o = (s * B + b0) * n;
-      T* xm_s = ptr<T>(xm) + (s * B + b0) * mn;
-      const T* x = ptr<T>(xs) + (t * B + b0) * m;
       const T* hp = t == 0 ? ptr<T>(h0) + b0 * n : y + ((t - 1) * B + b0) * n;
       if (mk != nullptr) {
         T* ht = ptr<T>(htil) + b0 * n;
         mul_rows(rows, n, hp, n, mk + b0 * n, n, ht, n);
         hp = ht;
       }
-      copy_rows(rows, m, x, m, xm_s, mn);
-      proj_x(rows, x, m, T(0), ptr<T>(px) + o, n);   // W_mx x
       proj_h(rows, hp, n, T(0), ptr<T>(ph) + o, n);  // W_mh h~
-      mul_rows(rows, n, ptr<T>(px) + o, n, ptr<T>(ph) + o, n, xm_s + m, mn);  // m_t (eq. 3.5)
-      T* g = ptr<T>(acts) + (s * B + b0) * 4 * n;
-      gates_x(rows, xm_s, mn, T(0), g, 4 * n);
-      gates_m(rows, xm_s + m, mn, T(1), g, 4 * n);
+      mul_rows(rows, n, ptr<T>(px) + (t * B + b0) * n, n, ptr<T>(ph) + o, n, ptr<T>(ms) + o, n);  // m_t (eq. 3.5)
+      T* g = ptr<T>(acts) + (t * B + b0) * 4 * n;  // holds W_ih x_t
+      gates_m(rows, ptr<T>(ms) + o, n, T(1), g, 4 * n);
       cell.step(t, b0, rows, g);
     }
   });
   std::vector<at::Tensor> out = cell.outputs();
   if (save) {
-    for (const auto& t : {acts, cell.cs, xm, px, ph}) out.push_back(t);
+    for (const auto& t : {acts, cell.cs, ms, px, ph}) out.push_back(t);
   }
   return out;
 }
@@ -78,52 +76,48 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
                                       const std::vector<at::Tensor>& saved, const at::Tensor& dys,
                                       const at::Tensor& dhT, const at::Tensor& dcT, bool need_dx, bool need_weights,
                                       Route route, i64 min_rows, const at::Tensor& adapt) {
-  const i64 T_ = xs.size(0), B = xs.size(1), m = xs.size(2), n = h0.size(1), mn = m + n;
+  const i64 T_ = xs.size(0), B = xs.size(1), m = xs.size(2), n = h0.size(1);
   auto opts = xs.options();
-  const at::Tensor &ys = saved[0], &acts = saved[1], &cs = saved[2], &xm = saved[3], &px = saved[4], &ph = saved[5];
+  const at::Tensor &ys = saved[0], &acts = saved[1], &cs = saved[2], &ms = saved[3], &px = saved[4], &ph = saved[5];
   at::Tensor dG = at::empty({T_, B, 4 * n}, opts);
   at::Tensor d_px = at::empty({T_, B, n}, opts);  // dL/d(W_mx x)
   at::Tensor d_ph = at::empty({T_, B, n}, opts);  // dL/d(W_mh h~)
-  at::Tensor dx = need_dx ? at::empty({T_, B, m}, opts) : at::Tensor();
-  at::Tensor gxm = at::empty({B, mn}, opts);  // [dx (gate part); dm]
+  at::Tensor dm = at::empty({B, n}, opts);
   const CellBackward<T> cell(c0, cs, acts, dys, dhT, dcT, adapt, capped, route);
   const T* mk = ptr<T>(mask);
+  PackCache cache;  // the weights packed once for all threads (brgemm route)
   for_row_blocks(B, min_rows, [&](i64 b0, i64 b1, bool) {
     const i64 rows = b1 - b0;
-    PackedB<T> d_gates_x(route, rows, m, 4 * n, ptr<T>(w_ih), m, false, T_);  // dG -> dx (gate part)
-    PackedB<T> d_gates_m(route, rows, n, 4 * n, ptr<T>(w_hh), n, false, T_);  // dG -> dm
-    PackedB<T> d_proj_x(route, rows, m, n, ptr<T>(w_mx), m, false, T_);       // d(W_mx x) -> dx
-    PackedB<T> d_proj_h(route, rows, n, n, ptr<T>(w_mh), n, false, T_);       // d(W_mh h~) -> dh~
-    T* gx = ptr<T>(gxm) + b0 * mn;
+    PackedB<T> d_gates_m(route, rows, n, 4 * n, ptr<T>(w_hh), n, false, T_, &cache);  // dG -> dm
+    PackedB<T> d_proj_h(route, rows, n, n, ptr<T>(w_mh), n, false, T_, &cache);       // d(W_mh h~) -> dh~
+    T* dmr = ptr<T>(dm) + b0 * n;
     T* dhn = cell.carried(b0);
     for (i64 t = T_ - 1; t >= 0; --t) {
       const i64 o = (t * B + b0) * n;
       T* g = ptr<T>(dG) + (t * B + b0) * 4 * n;
       cell.step(t, b0, rows, g);
-      d_gates_x(rows, g, 4 * n, T(0), gx, mn);
-      d_gates_m(rows, g, 4 * n, T(0), gx + m, mn);
-      mul_rows(rows, n, gx + m, mn, ptr<T>(ph) + o, n, ptr<T>(d_px) + o, n);
-      mul_rows(rows, n, gx + m, mn, ptr<T>(px) + o, n, ptr<T>(d_ph) + o, n);
-      if (need_dx) {
-        T* dxr = ptr<T>(dx) + (t * B + b0) * m;
-        copy_rows(rows, m, gx, mn, dxr, m);
-        d_proj_x(rows, ptr<T>(d_px) + o, n, T(1), dxr, m);
-      }
+      d_gates_m(rows, g, 4 * n, T(0), dmr, n);
+      mul_rows(rows, n, dmr, n, ptr<T>(ph) + o, n, ptr<T>(d_px) + o, n);
+      mul_rows(rows, n, dmr, n, ptr<T>(px) + o, n, ptr<T>(d_ph) + o, n);
       d_proj_h(rows, ptr<T>(d_ph) + o, n, T(0), dhn, n);  // dL/dh~
       if (mk != nullptr) mul_rows(rows, n, dhn, n, mk + b0 * n, n, dhn, n);
     }
   });
   std::vector<at::Tensor> grads(9);  // the last: dL/dM of the adaptation
   if (adapt.defined()) grads[8] = adaptation_grad(cell.d_adapted, acts, cs, adapt);
-  if (need_dx) grads[0] = dx;
+  at::Tensor dG2 = dG.view({T_ * B, 4 * n});
+  at::Tensor dpx2 = d_px.view({T_ * B, n});
+  if (need_dx) {  // nothing in the recurrence depends on x's gradient: all steps at once
+    at::Tensor dx = product<T>(route, dG2, w_ih, false);  // dG W_ih
+    grads[0] = product<T>(route, dpx2, w_mx, false, dx, T(1)).view({T_, B, m});  // + d(W_mx x) W_mx
+  }
   if (need_weights) {
-    at::Tensor dG2 = dG.view({T_ * B, 4 * n});
-    at::Tensor xm2 = xm.view({T_ * B, mn});
-    grads[3] = at::mm(dG2.t(), xm2.narrow(1, 0, m));  // [4n, m]
-    grads[4] = at::mm(dG2.t(), xm2.narrow(1, m, n));  // [4n, n]
+    at::Tensor xs2 = xs.view({T_ * B, m});
+    grads[3] = product_tn(route, dG2, xs2);                       // [4n, m]
+    grads[4] = product_tn(route, dG2, ms.view({T_ * B, n}));      // [4n, n]
     if (has_bias) grads[5] = dG2.sum(0);
-    grads[6] = at::mm(d_px.view({T_ * B, n}).t(), xs.view({T_ * B, m}));
-    grads[7] = at::mm(d_ph.view({T_ * B, n}).t(), h_tilde_all(h0, ys, mask).view({T_ * B, n}));
+    grads[6] = product_tn(route, dpx2, xs2);
+    grads[7] = product_tn(route, d_ph.view({T_ * B, n}), h_tilde_all(h0, ys, mask).view({T_ * B, n}));
   }
   grads[1] = cell.dh_next;
   grads[2] = cell.dc;
@@ -181,8 +175,9 @@ double time_gemm_route(int64_t route, int64_t batch, int64_t K, int64_t N, int64
   double seconds = 0;
   AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "time_gemm_route", [&] {
     auto run = [&] {
+      PackCache cache;
       for_row_blocks(batch, 1, [&](i64 b0, i64 b1, bool) {
-        PackedB<scalar_t> op(Route(route), b1 - b0, N, K, ptr<scalar_t>(w), K, true, reps);
+        PackedB<scalar_t> op(Route(route), b1 - b0, N, K, ptr<scalar_t>(w), K, true, reps, &cache);
         for (i64 r = 0; r < reps; ++r)
           op(b1 - b0, ptr<scalar_t>(a) + b0 * K, K, scalar_t(0), ptr<scalar_t>(c) + b0 * N, N);
       });
@@ -201,6 +196,8 @@ bool mkl_thread_control_available() { return mkl_local_threads_available(); }
 
 bool packed_gemm_available() { return packed_available(); }
 
+bool brgemm_route_available() { return brgemm_available(); }
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(moglm, m) {
@@ -216,6 +213,7 @@ TORCH_LIBRARY_FRAGMENT(moglm, m) {
   m.def("blas_route_available(bool dbl) -> bool", &blas_route_available);
   m.def("mkl_thread_control_available() -> bool", &mkl_thread_control_available);
   m.def("packed_gemm_available() -> bool", &packed_gemm_available);
+  m.def("brgemm_route_available() -> bool", &brgemm_route_available);
 }
 
 TORCH_LIBRARY_IMPL(moglm, CPU, m) {

@@ -6,7 +6,11 @@
 //       (MKL on x86). Declared weak, so a build without them loads and reports the route as absent;
 //     - MKL packed: ``cblas_sgemm_pack``/``_compute``, the weight packed once per window;
 //     - panels: our own, the weight packed once per window into column panels for a register-blocked
-//       micro-kernel (``panels::gemm``).
+//       micro-kernel (``panels::gemm``);
+//     - brgemm: oneDNN's batch-reduce GEMM ukernel, JIT-compiled for this CPU (AVX2, AVX-512, AMX), as
+//       torch exports it (``at::native::cpublas::brgemm``, float32; torch's own oneDNN, so no second
+//       copy of the library or its threading runtime). The weight is packed once per window into panels
+//       of 64 columns, shared by the threads (``PackCache``), one ukernel call per panel.
 //   ``PackedB`` holds a window's fixed right operand for whichever route runs. Inside a batch-parallel
 //   worker every product must be single-threaded; MKL is told so with its thread-local thread count
 //   (``mkl_set_num_threads_local_``, the Fortran entry point: it takes a pointer). ``ThreadGemmScope``
@@ -21,11 +25,16 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -50,7 +59,17 @@ using i64 = int64_t;
 // GEMM routes
 // ---------------------------------------------------------------------------------------------------
 
-enum Route : int64_t { ROUTE_ATEN = 0, ROUTE_BLAS = 1, ROUTE_PANELS = 2, ROUTE_MKL_PACKED = 3 };
+enum Route : int64_t { ROUTE_ATEN = 0, ROUTE_BLAS = 1, ROUTE_PANELS = 2, ROUTE_MKL_PACKED = 3, ROUTE_BRGEMM = 4 };
+
+// Whether this torch exports oneDNN's float32 brgemm (torch >= 2.6 on x86 and aarch64 builds with oneDNN;
+// where its ukernel cannot run on the CPU, torch's brgemm computes the product with its own GEMM instead)
+inline bool brgemm_available() {
+#ifdef CPUBLAS_BRGEMM_F32F32F32
+  return true;
+#else
+  return false;
+#endif
+}
 
 inline bool blas_available(at::ScalarType dtype) {
   return dtype == at::kFloat ? sgemm_ != nullptr : (dtype == at::kDouble ? dgemm_ != nullptr : false);
@@ -243,6 +262,57 @@ inline void gemm(i64 M, i64 N, i64 K, const float* A, i64 lda, const float* pack
 }
 }  // namespace panels
 
+// The brgemm route: op(B) [K, N] packed into panels of NB columns, each panel K rows of its width
+// (``panel_width``) contiguous, and C[M, N] = A[M, K] @ panel, panel by panel, one ukernel call each.
+// Panels of 64 columns over the whole K measured best at the windows' shapes (H = 256-1024, 16-64 rows
+// per thread) on an AVX-512 CPU: 450-500 GFLOP/s against 170 for MKL's sgemm there (docs/fused-recurrence.md).
+namespace brgemm {
+constexpr i64 NB = 64;
+
+inline i64 panel_width(i64 N, i64 p) { return std::min(NB, N - p * NB); }
+
+inline std::vector<float> pack(i64 N, i64 K, const float* B, i64 ldb, bool tb) {
+  std::vector<float> out(N * K);
+  for (i64 p = 0; p * NB < N; ++p) {
+    const i64 w = panel_width(N, p);
+    float* dst = out.data() + p * NB * K;
+    for (i64 k = 0; k < K; ++k)
+      for (i64 c = 0; c < w; ++c) dst[k * w + c] = tb ? B[(p * NB + c) * ldb + k] : B[k * ldb + p * NB + c];
+  }
+  return out;
+}
+
+// C[M, N] = A[M, K] @ packed + beta C
+inline void gemm(i64 M, i64 N, i64 K, const float* A, i64 lda, const float* packed, float beta, float* C, i64 ldc) {
+#ifdef CPUBLAS_BRGEMM_F32F32F32
+  if (beta != 0.0f && beta != 1.0f)
+    for (i64 r = 0; r < M; ++r)
+      for (i64 c = 0; c < N; ++c) C[r * ldc + c] *= beta;
+  for (i64 p = 0; p * NB < N; ++p) {
+    const i64 w = panel_width(N, p);
+    at::native::cpublas::brgemm(M, w, K, lda, w, ldc, beta != 0.0f, A, packed + p * NB * K, C + p * NB, false);
+  }
+#else
+  TORCH_CHECK(false, "moglm compiled recurrence: this torch has no float32 brgemm");
+#endif
+}
+}  // namespace brgemm
+
+// A window's packed weights, shared by its threads: the first thread to need a weight packs it, the
+// others wait for it and read the same copy (one copy in the shared cache instead of one per thread).
+struct PackCache {
+  std::mutex mutex;
+  std::map<std::tuple<const void*, i64, i64, i64, bool>, std::shared_ptr<const std::vector<float>>> packs;
+
+  template <typename F>
+  std::shared_ptr<const std::vector<float>> get(const void* b, i64 ldb, i64 N, i64 K, bool tb, const F& make) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto& slot = packs[std::make_tuple(b, ldb, N, K, tb)];
+    if (!slot) slot = std::make_shared<const std::vector<float>>(make());
+    return slot;
+  }
+};
+
 // packing copies B once; it pays when the products it serves have at least this many rows in all
 // (below it, as in one-token generation, each product runs unpacked)
 constexpr i64 MIN_PACKED_ROWS = 64;
@@ -258,10 +328,15 @@ struct PackedB {
   bool tb = false;
   Route route = ROUTE_ATEN;
   std::vector<float> mkl, panel;  // packed B (float32 only)
+  std::shared_ptr<const std::vector<float>> shared;  // the brgemm route's panels (float32 only)
 
-  PackedB(Route route_, i64 M, i64 N_, i64 K_, const T* b_, i64 ldb_, bool tb_, i64 uses)
+  // ``cache``: where the brgemm route shares its packed copy between the window's threads (null: packs
+  // its own)
+  PackedB(Route route_, i64 M, i64 N_, i64 K_, const T* b_, i64 ldb_, bool tb_, i64 uses, PackCache* cache = nullptr)
       : b(b_), ldb(ldb_), N(N_), K(K_), tb(tb_), route(route_) {
-    if (M * uses < MIN_PACKED_ROWS && (route == ROUTE_PANELS || route == ROUTE_MKL_PACKED)) {
+    const bool packs = route == ROUTE_PANELS || route == ROUTE_MKL_PACKED || route == ROUTE_BRGEMM;
+    if ((M * uses < MIN_PACKED_ROWS && packs) || (route == ROUTE_BRGEMM && (!std::is_same_v<T, float> ||
+                                                                           !brgemm_available()))) {
       route = blas_available(scalar_type_of<T>()) ? ROUTE_BLAS : ROUTE_ATEN;
       return;
     }
@@ -272,6 +347,10 @@ struct PackedB {
       } else if (route == ROUTE_MKL_PACKED && packed_available()) {
         mkl.resize(cblas_sgemm_pack_get_size(162, (int)M, (int)N, (int)K) / sizeof(float) + 16);
         cblas_sgemm_pack(101, 162, tb ? 112 : 111, (int)M, (int)N, (int)K, 1.0f, b, (int)ldb, mkl.data());
+      } else if (route == ROUTE_BRGEMM) {
+        auto make = [&] { return brgemm::pack(N, K, b, ldb, tb); };
+        shared = cache != nullptr ? cache->get(b, ldb, N, K, tb, make)
+                                  : std::make_shared<const std::vector<float>>(make());
       }
     }
     if (route != ROUTE_ATEN && !blas_available(scalar_type_of<T>())) route = ROUTE_ATEN;  // unpacked fallback
@@ -280,6 +359,10 @@ struct PackedB {
   // C[M, N] = A[M, K] @ op(B) + beta C
   void operator()(i64 M, const T* A, i64 lda, T beta, T* C, i64 ldc) const {
     if constexpr (std::is_same_v<T, float>) {
+      if (shared) {
+        brgemm::gemm(M, N, K, A, lda, shared->data(), beta, C, ldc);
+        return;
+      }
       if (!panel.empty()) {
         panels::gemm(M, N, K, A, lda, panel.data(), beta, C, ldc);
         return;
@@ -293,6 +376,80 @@ struct PackedB {
     gemm<T>(route, false, tb, M, N, K, A, lda, b, ldb, beta, C, ldc);
   }
 };
+
+// X @ op(W) for X [R, K] with many rows, W [N, K] (``tw``: op(W) = W^T) or [K, N]; into ``out`` [R, N]
+// with ``beta`` (0 or 1) when given, else a new tensor. On the packing routes the weight is packed once and
+// the rows are split over the threads in blocks, each block one packed product; otherwise at::mm (which
+// uses every thread itself). Used for what does not depend on the recurrence: the multiplicative LSTM's
+// W_mx x and W_ih x before the loop, its input gradients after it.
+template <typename T>
+inline at::Tensor product(Route route, const at::Tensor& X, const at::Tensor& W, bool tw, at::Tensor out = {},
+                          T beta = T(0)) {
+  const i64 R = X.size(0), K = X.size(1), N = tw ? W.size(0) : W.size(1);
+  if (!out.defined()) {
+    out = at::empty({R, N}, X.options());
+    beta = T(0);
+  }
+  if (route != ROUTE_BRGEMM || !std::is_same_v<T, float> || R < MIN_PACKED_ROWS) {
+    at::Tensor w = tw ? W.t() : W;
+    if (beta == T(0))
+      at::mm_out(out, X, w);
+    else
+      out.addmm_(X, w, beta, 1);
+    return out;
+  }
+  constexpr i64 ROWS = 64;
+  const PackedB<T> packed(route, R, N, K, W.data_ptr<T>(), tw ? K : N, tw, 1);
+  const T* x = X.data_ptr<T>();
+  T* o = out.data_ptr<T>();
+  at::parallel_for(0, (R + ROWS - 1) / ROWS, 1, [&](i64 c0, i64 c1) {
+    for (i64 c = c0; c < c1; ++c) {
+      const i64 r0 = c * ROWS;
+      packed(std::min(ROWS, R - r0), x + r0 * K, K, beta, o + r0 * N, N);
+    }
+  });
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Products over all T*B rows (weight gradients after the loop)
+// ---------------------------------------------------------------------------------------------------
+
+// A^T B for A [R, N] and B [R, K] with many rows R (a weight gradient: [N, K]). On the brgemm route (float32,
+// both sides at least 64 wide) the narrower operand is transposed once and the product runs as oneDNN
+// ukernel calls on row blocks split over the threads, each block walking R in chunks that stay in cache;
+// MKL's sgemm reaches about half of that on an AVX-512 AMD CPU (docs/fused-recurrence.md). Otherwise at::mm.
+inline at::Tensor product_tn(Route route, const at::Tensor& A, const at::Tensor& B) {
+  const i64 R = A.size(0), N = A.size(1), K = B.size(1);
+  if (route != ROUTE_BRGEMM || !brgemm_available() || A.scalar_type() != at::kFloat || std::min(N, K) < 64 ||
+      R < 64)
+    return at::mm(A.t(), B);
+  const bool flip = N > K;  // compute (B^T A)^T: transpose the narrower operand
+  at::Tensor lhs = (flip ? B : A).t().contiguous();  // [M, R]
+  at::Tensor rhs = (flip ? A : B).contiguous();              // [R, P]
+  const i64 M = lhs.size(0), P = rhs.size(1);
+  at::Tensor out = at::empty({M, P}, A.options());
+  constexpr i64 MB = 64, KC = 512, NB = 128;  // measured best of a grid at H = 650 and 1024
+  const float* l = lhs.data_ptr<float>();
+  const float* r = rhs.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, (M + MB - 1) / MB, 1, [&](i64 mb0, i64 mb1) {
+    for (i64 k0 = 0; k0 < R; k0 += KC) {
+      const i64 kc = std::min(KC, R - k0);
+      for (i64 mb = mb0; mb < mb1; ++mb) {
+        const i64 m0 = mb * MB, rows = std::min(MB, M - m0);
+        for (i64 p0 = 0; p0 < P; p0 += NB) {
+          const i64 w = std::min(NB, P - p0);
+#ifdef CPUBLAS_BRGEMM_F32F32F32
+          at::native::cpublas::brgemm(rows, w, kc, R, P, P, k0 > 0, l + m0 * R + k0, r + k0 * P + p0,
+                                      o + m0 * P + p0, false);
+#endif
+        }
+      }
+    }
+  });
+  return flip ? out.t().contiguous() : out;
+}
 
 // ---------------------------------------------------------------------------------------------------
 // Batch-parallel loops

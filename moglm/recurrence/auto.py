@@ -1,0 +1,179 @@
+"""What ``backend="auto"`` runs on a CPU layer: the compiled window or the Python fused one, whichever is
+faster on this machine for the layer's shape class, measured once per machine.
+
+Neither path wins everywhere: the compiled window runs the products of a step on each thread's own rows,
+the Python one runs each step's product over all rows on every thread through oneDNN, and which is faster
+depends on the CPU, the GEMM library's code paths for it, the hidden size, the rows per thread and whether
+a backward follows (docs/fused-recurrence.md, "Choosing the path"). So the first layer of each shape
+class that ``auto`` meets is run both ways on a window of random data of its own shape (at most
+:data:`PROBE_STEPS` steps), with copies of its weights and a private random generator (the user's
+gradients and RNG stream are untouched), in
+interleaved pairs until every timing of one path is below every timing of the other (after at least
+:data:`MIN_PAIRS` pairs: two equally fast paths separate that way by chance less than 1% of the time), or
+:data:`MAX_PAIRS` pairs have run; the faster median wins.
+
+The choice is stored beside the compiled library (``backend_choice.json``, whose directory is keyed by the
+C++ sources, torch, Python and the CPU, so a change to any of them probes again), first writer per class
+wins, and every later process reads it: every run on a machine takes the same path for the same shapes,
+so a resumed run computes exactly as the uninterrupted one would have. ``moglm info`` lists the choices
+and their timings. ``MOGLM_AUTO_BACKEND=compiled`` or ``=fused`` skips the probe and forces one path for
+``auto``; delete the file to probe again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..atomic import atomic_write_text
+from ..cells.base import Cell, Params
+
+#: the most interleaved (compiled, fused) timing pairs a probe runs before it takes the faster median
+MAX_PAIRS = 15
+#: the fewest pairs before the two paths' timings are compared
+MIN_PAIRS = 5
+#: the most steps of the probe's window (its steps, up to this, its batch and sizes are the layer's own: on
+#: windows much shorter than the layer's, the per-window costs weigh more and mislead the choice)
+PROBE_STEPS = 70
+
+_lock = threading.Lock()
+_choices: dict[str, dict] = {}  # this process's view of the stored file
+
+
+def _bucket(value: int, edges: tuple[int, ...]) -> str:
+    for edge in edges:
+        if value <= edge:
+            return f"<={edge}"
+    return f">{edges[-1]}"
+
+
+def shape_class(cell: Cell, xs: Tensor, training: bool) -> str:
+    """The class a layer's choice is stored under: cell kind, dtype, width, rows per thread, threads, and
+    whether a backward follows."""
+    kind = type(cell).__name__
+    if getattr(cell, "rounds", 0):
+        kind += f"-r{cell.rounds}"
+    threads = torch.get_num_threads()
+    width = _bucket(max(cell.input_size, cell.hidden_size), (128, 384, 768, 1536))
+    rows = _bucket(xs.shape[1] // max(threads, 1), (4, 16, 48, 128))
+    dtype = str(xs.dtype).removeprefix("torch.")
+    return f"{kind}|{dtype}|width{width}|rows/thread{rows}|threads{threads}|{'train' if training else 'eval'}"
+
+
+def _path() -> Path | None:
+    from . import compiled
+
+    return Path(compiled._state["build_dir"]) / "backend_choice.json" if compiled._state["build_dir"] else None
+
+
+def stored() -> dict[str, dict]:
+    """Every stored choice on this machine: ``{class: {"backend", "seconds", "pairs", "separated"}}``."""
+    path = _path()
+    try:
+        data = json.loads(path.read_text()) if path is not None else {}
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(v, dict) and v.get("backend") in ("compiled", "fused")}
+
+
+@contextmanager
+def _file_lock(path: Path):
+    """Serialise read-modify-write of the choice file between processes (the kernel drops a dead holder's lock)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    fd = os.open(path.with_name(".backend_choice.lock"), os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _store(key: str, choice: dict) -> dict:
+    """Store ``choice`` under ``key`` unless a racing process stored one first; returns the stored one."""
+    path = _path()
+    if path is None:
+        return choice
+    try:
+        with _file_lock(path):
+            data = stored()
+            if key not in data:
+                data[key] = choice
+                atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True))
+            return data[key]
+    except OSError:  # a read-only cache: keep the choice for this process only
+        return choice
+
+
+def _time(run) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def probe(cell: Cell, params: Params, xs: Tensor, training: bool, runners: dict) -> dict:
+    """Time ``runners`` (``{"compiled": f, "fused": f}``, each ``f(cell, params, xs, state)``) on a random
+    window of ``xs``'s batch and sizes; the faster by the rule in the module docstring."""
+    gen = torch.Generator().manual_seed(0)
+    B, m, n = xs.shape[1], xs.shape[2], cell.hidden_size
+    x = torch.randn(min(xs.shape[0], PROBE_STEPS), B, m, generator=gen, dtype=xs.dtype)
+    state = tuple(torch.randn(B, n, generator=gen, dtype=xs.dtype) for _ in range(2))
+    copies = {name: p.detach().clone().requires_grad_(training) for name, p in params.items()}
+
+    def once(run) -> float:
+        if not training:
+            with torch.no_grad():
+                return _time(lambda: run(cell, copies, x, state))
+
+        def step():
+            ys, (h, c) = run(cell, copies, x.requires_grad_(), state)
+            (ys.sum() + h.sum() + c.sum()).backward()
+
+        with torch.enable_grad():
+            return _time(step)
+
+    seconds: dict[str, list[float]] = {name: [] for name in runners}
+    for name, run in runners.items():  # warm-up: packing caches, oneDNN's JIT, the allocator
+        once(run)
+    separated = False
+    for pair in range(MAX_PAIRS):
+        for name, run in (runners.items() if pair % 2 == 0 else reversed(runners.items())):
+            seconds[name].append(once(run))
+        a, b = seconds.values()
+        if pair + 1 >= MIN_PAIRS and (max(a) < min(b) or max(b) < min(a)):  # the margin exceeds the noise
+            separated = True
+            break
+    med = {k: statistics.median(v) for k, v in seconds.items()}
+    return {"backend": min(med, key=med.get), "seconds": med, "pairs": len(seconds["compiled"]),
+            "separated": separated}
+
+
+def choose(cell: Cell, params: Params, xs: Tensor, runners: dict) -> str:
+    """``"compiled"`` or ``"fused"`` for this layer (module docstring)."""
+    forced = os.environ.get("MOGLM_AUTO_BACKEND", "").strip().lower()
+    if forced in ("compiled", "fused"):
+        return forced
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in (xs, *params.values()))
+    key = shape_class(cell, xs, training)
+    if key not in _choices:
+        with _lock:
+            if key not in _choices:
+                found = stored().get(key)
+                _choices[key] = found if found is not None else _store(key, probe(cell, params, xs, training, runners))
+    return _choices[key]["backend"]
+
+
+def forget() -> None:
+    """Drop this process's view of the stored choices (tests; a deleted file is then probed again)."""
+    _choices.clear()

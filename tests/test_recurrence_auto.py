@@ -1,0 +1,125 @@
+"""``backend="auto"`` on CPU: the compiled or the fused window, as probed once per machine and shape class
+(moglm.recurrence.auto), deterministic for a stored probe, without touching the user's RNG or gradients."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import moglm
+import moglm.recurrence as recurrence
+from moglm.cells.lstm import LSTMCell
+from moglm.recurrence import auto, compiled
+
+
+@pytest.fixture
+def choice_dir(tmp_path, monkeypatch):
+    """A fresh, empty place for the stored choices (the built library stays where it is)."""
+    if not compiled.available():
+        pytest.skip(f"compiled recurrence unavailable: {compiled.unavailable_reason()}")
+    monkeypatch.setitem(compiled._state, "build_dir", str(tmp_path))
+    monkeypatch.delenv("MOGLM_AUTO_BACKEND", raising=False)
+    auto.forget()
+    yield tmp_path / "backend_choice.json"
+    auto.forget()
+
+
+@pytest.fixture
+def spies(monkeypatch):
+    """Counts of windows run by each path."""
+    counts = {"compiled": 0, "fused": 0}
+    real_compiled, real_fused = recurrence.run_compiled, recurrence.FUSED[LSTMCell]
+
+    def compiled_spy(*args, **kwargs):
+        counts["compiled"] += 1
+        return real_compiled(*args, **kwargs)
+
+    def fused_spy(*args, **kwargs):
+        counts["fused"] += 1
+        return real_fused(*args, **kwargs)
+
+    monkeypatch.setattr(recurrence, "run_compiled", compiled_spy)
+    monkeypatch.setitem(recurrence.FUSED, LSTMCell, fused_spy)
+    return counts
+
+
+def train_step(model, x):
+    y, _ = model(x)
+    y.sum().backward()
+
+
+def the_class(model, x, training=True):
+    return auto.shape_class(model.cells[0], x, training)
+
+
+@pytest.mark.parametrize("stored_choice", ["compiled", "fused"])
+def test_auto_runs_the_path_stored_for_the_layers_shape_class(choice_dir, spies, stored_choice):
+    model, x = moglm.LSTM(6, 5), torch.randn(4, 3, 6)
+    choice_dir.write_text(json.dumps({the_class(model, x): {"backend": stored_choice, "seconds": {}}}))
+    train_step(model, x)
+    assert spies[stored_choice] == 1 and sum(spies.values()) == 1
+
+
+def test_the_probe_stores_its_choice_and_a_new_process_takes_the_same_path_without_probing(choice_dir, spies,
+                                                                                          monkeypatch):
+    model, x = moglm.LSTM(6, 5), torch.randn(4, 3, 6)
+    train_step(model, x)
+    stored = json.loads(choice_dir.read_text())[the_class(model, x)]
+    assert stored["backend"] in ("compiled", "fused") and set(stored["seconds"]) == {"compiled", "fused"}
+    assert auto.MIN_PAIRS <= stored["pairs"] <= auto.MAX_PAIRS
+    assert spies["compiled"] > 1 and spies["fused"] > 1  # the probe ran both
+
+    auto.forget()  # as a resumed run in a new process: reads the file, never probes again
+    monkeypatch.setattr(auto, "probe", lambda *a, **k: pytest.fail("probed again although a choice is stored"))
+    before = dict(spies)
+    train_step(model, x)
+    assert {k: spies[k] - before[k] for k in spies} == {k: int(k == stored["backend"]) for k in spies}
+
+
+def test_training_and_evaluation_are_separate_classes(choice_dir):
+    model, x = moglm.LSTM(6, 5), torch.randn(4, 3, 6)
+    train_step(model, x)
+    with torch.no_grad():
+        model(x)
+    assert set(json.loads(choice_dir.read_text())) == {the_class(model, x, True), the_class(model, x, False)}
+
+
+def test_the_probe_leaves_the_global_rng_and_the_users_gradients_alone(choice_dir, monkeypatch):
+    torch.manual_seed(0)
+    model, x = moglm.LSTM(6, 5), torch.randn(4, 3, 6)
+    rng = torch.get_rng_state()
+    train_step(model, x)  # probes first
+    assert torch.equal(torch.get_rng_state(), rng)
+    probed = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    monkeypatch.setenv("MOGLM_AUTO_BACKEND", json.loads(choice_dir.read_text())[the_class(model, x)]["backend"])
+    train_step(model, x)  # the same path, no probe
+    for a, b in zip(probed, (p.grad for p in model.parameters()), strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("forced", ["compiled", "fused"])
+def test_moglm_auto_backend_forces_a_path_without_probing(choice_dir, spies, monkeypatch, forced):
+    monkeypatch.setenv("MOGLM_AUTO_BACKEND", forced)
+    train_step(moglm.LSTM(6, 5), torch.randn(4, 3, 6))
+    assert spies[forced] == 1 and not choice_dir.exists()
+
+
+def test_a_choice_within_noise_still_picks_the_faster_median_after_max_pairs(monkeypatch):
+    # warm-ups, then pairs in alternating order: compiled 1.0 or 1.04, fused always 1.02: overlapping
+    times = iter([1.0, 1.0] + [1.0, 1.02, 1.02, 1.04] * auto.MAX_PAIRS)
+    monkeypatch.setattr(auto, "_time", lambda run: next(times))
+    runners = {"compiled": None, "fused": None}
+    result = auto.probe(moglm.LSTM(6, 5).cells[0], {}, torch.zeros(2, 3, 6), False, runners)
+    assert result["pairs"] == auto.MAX_PAIRS and result["separated"] is False
+    assert result["backend"] in runners
+
+
+def test_a_clear_margin_stops_the_probe_early(monkeypatch):
+    times = iter([1.0, 2.0] + [1.0, 2.0, 2.0, 1.0] * auto.MAX_PAIRS)  # compiled 1 s, fused 2 s (order alternates)
+    monkeypatch.setattr(auto, "_time", lambda run: next(times))
+    result = auto.probe(moglm.LSTM(6, 5).cells[0], {}, torch.zeros(2, 3, 6), False, {"compiled": None, "fused": None})
+    assert result == {"backend": "compiled", "seconds": {"compiled": 1.0, "fused": 2.0}, "pairs": auto.MIN_PAIRS,
+                      "separated": True}
