@@ -141,3 +141,13 @@ def test_ctrl_c_stops_every_process_at_one_step_after_a_checkpoint(runs, tmp_pat
     (line,) = err.splitlines()  # one rank speaks, once
     step = LanguageModelRun(run).checkpoints.pointer("last")["step"]
     assert line == f"error: interrupted at step {step}; checkpoint saved, rerun the same command to resume"
+
+
+def test_exit_worker_returns_outside_a_torchrun_job(monkeypatch):
+    """Only a launched worker with a process group skips Python's finalization; anything else exits normally."""
+    from moglm.train import data_parallel
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert data_parallel.exit_worker(0) is None  # still running: it returned
+    monkeypatch.setenv("WORLD_SIZE", "2")  # launched, but no process group was ever made in this process
+    assert data_parallel.exit_worker(0) is None

@@ -5,10 +5,11 @@
 //   [i, f, j, o] = [x_up; h_up] @ [W_ih, W_hh]^T + b          c = f c_prev + i j,  h = o tanh(c)
 //
 // Forward and the backward data-gradient loop run batch-parallel (window.h), with each thread's fixed
-// operands packed once per window. Per step: the rounds (low rank: two small products each) and one
-// [x_up; h_up] @ [W_ih, W_hh]^T product (rounds = 0: [x; h~], so the LSTM's input projection runs in the
-// same product); backward per step: the cell's derivative, one dG @ [W_ih, W_hh] product giving
-// [dx_up; dh_up], and the rounds' derivatives. Every weight gradient is one multi-threaded product over
+// operands packed once per window. Per step: the rounds (low rank: two small products each) and the
+// [x_up; h_up] @ [W_ih, W_hh]^T gate product; backward per step: the cell's derivative, dG @ [W_ih, W_hh]
+// giving [dx_up; dh_up], and the rounds' derivatives. The LSTM (rounds = 0) has x_up = x, which does not
+// depend on the recurrence: W_ih x is one product over all T*B rows before the loop (a step adds h~ W_hh^T
+// to it) and dx = dG W_ih one product after it. Every weight gradient is one multi-threaded product over
 // all T*B rows after the loop (``product_tn``).
 //
 // Saved for backward (all linear in T): gate activations [T, B, 4n], c [T, B, n], [x_up; h_up]
@@ -77,7 +78,11 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
   const i64 S = save ? T_ : 1;
   auto opts = xs.options();
   const CellForward<T> cell(xs, c0, bias, adapt, n, save, capped, route);
-  at::Tensor acts = at::empty({S, B, 4 * n}, opts);
+  // the LSTM (no rounds): W_ih x does not depend on the recurrence, so it is one product over all T*B rows
+  // before the loop, and a step adds only h~ W_hh^T to it (its rows of ``acts``, so all T of them are kept)
+  const bool hoisted = R.r == 0;
+  at::Tensor acts = hoisted ? product<T>(route, xs.view({T_ * B, m}), w_ih, true).view({T_, B, 4 * n})
+                            : at::empty({S, B, 4 * n}, opts);
   at::Tensor xh = at::empty({S, B, mn}, opts);  // [x_up; h_up]
   at::Tensor htil = at::empty({B, n}, opts);    // h~ when it is not stored in xh
   std::vector<at::Tensor> xc, hc, sig, low;
@@ -94,7 +99,7 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
     const i64 rows = b1 - b0;
     // this thread's products, their fixed operands packed once for the window
     // [x_up; h_up] -> gate pre-activations, as x_up W_ih^T + h_up W_hh^T (no concatenated copy of the weights)
-    PackedB<T> gates_x(route, rows, 4 * n, m, ptr<T>(w_ih), m, true, T_, &cache);
+    PackedB<T> gates_x(route, rows, 4 * n, m, ptr<T>(w_ih), m, true, hoisted ? 0 : T_, &cache);
     PackedB<T> gates_h(route, rows, 4 * n, n, ptr<T>(w_hh), n, true, T_, &cache);
     std::vector<PackedB<T>> first, second;  // per round: src -> low -> p (low rank) or src -> p (full)
     for (i64 i = 1; i <= R.r; ++i) {
@@ -149,8 +154,8 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
         else
           round_forward(rows, w, sg, w, rb, ch.h[j], ch.ldh[j], ch.h[j + 1], ch.ldh[j + 1]);
       }
-      T* g = ptr<T>(acts) + (s * B + b0) * 4 * n;
-      gates_x(rows, xh_s, mn, T(0), g, 4 * n);
+      T* g = ptr<T>(acts) + ((hoisted ? t : s) * B + b0) * 4 * n;
+      if (!hoisted) gates_x(rows, xh_s, mn, T(0), g, 4 * n);
       gates_h(rows, xh_s + m, mn, T(1), g, 4 * n);
       cell.step(t, b0, rows, g);
     }
@@ -198,7 +203,7 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
     dps.push_back(at::empty({T_, B, R.is_q(i) ? m : n}, opts));
     if (R.rank > 0) dlows.push_back(at::empty({T_, B, R.rank}, opts));
   }
-  at::Tensor dx = need_dx ? at::empty({T_, B, m}, opts) : at::Tensor();
+  at::Tensor dx = need_dx && R.r > 0 ? at::empty({T_, B, m}, opts) : at::Tensor();
   at::Tensor gxh = at::empty({B, mn}, opts);  // gradients of the chains' current ends [x; h]
   at::Tensor extra = R.zigzag ? at::Tensor() : at::empty({B, mn}, opts);  // no zigzag: into x^0, h^0
   const CellBackward<T> cell(c0, cs, acts, dys, dhT, dcT, adapt, capped, route);
@@ -207,7 +212,9 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
   PackCache cache;  // the weights packed once for all threads (brgemm route)
   for_row_blocks(B, min_rows, [&](i64 b0, i64 b1, bool) {
     const i64 rows = b1 - b0;
-    PackedB<T> d_gates_x(route, rows, m, 4 * n, ptr<T>(w_ih), m, false, T_, &cache);  // dG -> dx_up
+    // dG -> dx_up; without rounds dx feeds nothing in the loop and is one product after it
+    const bool dx_after = R.r == 0;
+    PackedB<T> d_gates_x(route, rows, m, 4 * n, ptr<T>(w_ih), m, false, dx_after ? 0 : T_, &cache);
     PackedB<T> d_gates_h(route, rows, n, 4 * n, ptr<T>(w_hh), n, false, T_, &cache);  // dG -> dh_up
     std::vector<PackedB<T>> d_first, d_second;  // per round: dp -> dlow -> d src (low rank) or dp -> d src
     for (i64 i = 1; i <= R.r; ++i) {
@@ -226,7 +233,7 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
     for (i64 t = T_ - 1; t >= 0; --t) {
       T* g = dg + (t * B + b0) * 4 * n;
       cell.step(t, b0, rows, g);
-      d_gates_x(rows, g, 4 * n, T(0), gx, mn);
+      if (!dx_after) d_gates_x(rows, g, 4 * n, T(0), gx, mn);
       d_gates_h(rows, g, 4 * n, T(0), gh, mn);
       if (R.r > 0) {
         if (ex != nullptr)
@@ -250,7 +257,7 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
         }
         if (ex != nullptr) add_rows(rows, mn, gx, mn, ex, mn, gx, mn);
       }
-      if (need_dx) copy_rows(rows, m, gx, mn, ptr<T>(dx) + (t * B + b0) * m, m);
+      if (need_dx && !dx_after) copy_rows(rows, m, gx, mn, ptr<T>(dx) + (t * B + b0) * m, m);
       if (mk != nullptr)
         mul_rows(rows, n, gh, mn, mk + b0 * n, n, dhn, n);
       else
@@ -260,6 +267,7 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
   std::vector<at::Tensor> grads(7 + 3 * R.r);  // the last: dL/dM of the adaptation
   if (adapt.defined()) grads[6 + 3 * R.r] = adaptation_grad(cell.d_adapted, acts, cs, adapt);
   at::Tensor dG2 = dG.view({T_ * B, 4 * n});
+  if (need_dx && R.r == 0) dx = product<T>(route, dG2, w_ih, false).view({T_, B, m});  // dG W_ih
   if (need_dx) grads[0] = dx;
   if (need_weights) {
     at::Tensor xh2 = xh.view({T_ * B, mn});
