@@ -77,9 +77,10 @@ def test_bench_gemm_routes_writes_under_the_bench_directory_never_the_working_tr
     assert not (tmp_path / "benchmarks").exists()
     routes = compiled._candidate_routes(torch.float32)
     assert {r["product"] for r in report["results"]} == {"gate forward", "gate backward", "round x -> low",
-                                                         "round low -> out"}
+                                                         "round low -> out", "weight gradient"}
     assert all(set(r["gflops"]) == set(routes) and min(r["gflops"].values()) > 0 for r in report["results"])
-    assert "| 8 | gate forward (16 -> 32) |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| 8 | gate forward (16 -> 32) |" in out and "| 8 | weight gradient (280 rows -> [32, 16]) |" in out
 
 
 def test_bench_end_to_end_times_a_config_on_both_paths(tiny_corpus, tmp_path, capsys):

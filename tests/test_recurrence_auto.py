@@ -123,3 +123,14 @@ def test_a_clear_margin_stops_the_probe_early(monkeypatch):
     result = auto.probe(moglm.LSTM(6, 5).cells[0], {}, torch.zeros(2, 3, 6), False, {"compiled": None, "fused": None})
     assert result == {"backend": "compiled", "seconds": {"compiled": 1.0, "fused": 2.0}, "pairs": auto.MIN_PAIRS,
                       "separated": True}
+
+
+def test_a_probe_that_fails_runs_the_compiled_window_with_a_warning_and_stores_nothing(choice_dir, spies,
+                                                                                        monkeypatch):
+    def failing(*args, **kwargs):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(auto, "probe", failing)
+    with pytest.warns(UserWarning, match="could not time"):
+        train_step(moglm.LSTM(6, 5), torch.randn(4, 3, 6))
+    assert spies == {"compiled": 1, "fused": 0} and not choice_dir.exists()

@@ -4,7 +4,9 @@ For each hidden size H (input = H, batch B split over the threads as the windows
 available route (:mod:`moglm.recurrence.compiled`), the best of ``repeats`` timings of ``steps``
 products per thread of each shape: the forward gate product ``[x; h] @ [W_ih, W_hh]^T`` (K = 2H, N = 4H),
 its backward ``dG @ [W_ih, W_hh]`` (K = 4H, N = 2H), and a rank-64 round's two products (K = H, N = 64
-and K = 64, N = H). Each route's weight packing is included, once per timing, as in a window.
+and K = 64, N = H). Each route's weight packing is included, once per timing, as in a window. Then the
+weight gradient of the gates after the loop, ``dG^T [x; h~]`` over all ``batch * steps`` rows
+(``[4H, 2H]``), as each route computes it (oneDNN's ukernel on ``brgemm``, ``at::mm`` on the others).
 """
 
 from __future__ import annotations
@@ -47,6 +49,13 @@ def run_gemm_routes(hidden_sizes=(256, 650, 1024), batch: int = 64, steps: int =
                 row["gflops"][route] = 2 * batch * k * n * steps / best / 1e9
             report["results"].append(row)
             log(f"H={hidden} {name}: " + ", ".join(f"{r} {g:.0f}" for r, g in row["gflops"].items()))
+        rows, n, k = batch * steps, 4 * hidden, 2 * hidden
+        row = {"hidden": hidden, "product": "weight gradient", "K": rows, "N": n, "M": k, "gflops": {}}
+        for route in routes:
+            best = min(torch.ops.moglm.time_product_tn(compiled.ROUTES[route], rows, n, k, 1) for _ in range(repeats))
+            row["gflops"][route] = 2 * rows * n * k / best / 1e9
+        report["results"].append(row)
+        log(f"H={hidden} {row['product']}: " + ", ".join(f"{r} {g:.0f}" for r, g in row["gflops"].items()))
     write_report(report, out_path)
     return report
 
@@ -57,5 +66,6 @@ def markdown_table(report: dict[str, Any]) -> str:
     for r in report["results"]:
         best = max(r["gflops"].values())
         cells = [f"**{g:.0f}**" if g == best else f"{g:.0f}" for g in r["gflops"].values()]
-        lines.append(f"| {r['hidden']} | {r['product']} ({r['K']} -> {r['N']}) | " + " | ".join(cells) + " |")
+        shape = f"({r['K']} -> {r['N']})" if "M" not in r else f"({r['K']} rows -> [{r['N']}, {r['M']}])"
+        lines.append(f"| {r['hidden']} | {r['product']} {shape} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

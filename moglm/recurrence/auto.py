@@ -27,6 +27,7 @@ import os
 import statistics
 import threading
 import time
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -170,7 +171,15 @@ def choose(cell: Cell, params: Params, xs: Tensor, runners: dict) -> str:
         with _lock:
             if key not in _choices:
                 found = stored().get(key)
-                _choices[key] = found if found is not None else _store(key, probe(cell, params, xs, training, runners))
+                if found is None:
+                    try:
+                        found = _store(key, probe(cell, params, xs, training, runners))
+                    except Exception as error:  # noqa: BLE001 - e.g. out of memory running both: not stored
+                        warnings.warn(f"moglm: could not time the compiled and Python windows for {key} "
+                                      f"({type(error).__name__}: {error}); running the compiled window",
+                                      stacklevel=2)
+                        found = {"backend": "compiled", "seconds": {}, "pairs": 0, "separated": False}
+                _choices[key] = found
     return _choices[key]["backend"]
 
 

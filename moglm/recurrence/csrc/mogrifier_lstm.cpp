@@ -8,8 +8,8 @@
 // operands packed once per window. Per step: the rounds (low rank: two small products each) and the
 // [x_up; h_up] @ [W_ih, W_hh]^T gate product; backward per step: the cell's derivative, dG @ [W_ih, W_hh]
 // giving [dx_up; dh_up], and the rounds' derivatives. The LSTM (rounds = 0) has x_up = x, which does not
-// depend on the recurrence: W_ih x is one product over all T*B rows before the loop (a step adds h~ W_hh^T
-// to it) and dx = dG W_ih one product after it. Every weight gradient is one multi-threaded product over
+// depend on the recurrence: in training W_ih x is one product over all T*B rows before the loop (a step adds
+// h~ W_hh^T to it) and dx = dG W_ih one product after it. Every weight gradient is one multi-threaded product over
 // all T*B rows after the loop (``product_tn``).
 //
 // Saved for backward (all linear in T): gate activations [T, B, 4n], c [T, B, n], [x_up; h_up]
@@ -78,9 +78,11 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
   const i64 S = save ? T_ : 1;
   auto opts = xs.options();
   const CellForward<T> cell(xs, c0, bias, adapt, n, save, capped, route);
-  // the LSTM (no rounds): W_ih x does not depend on the recurrence, so it is one product over all T*B rows
-  // before the loop, and a step adds only h~ W_hh^T to it (its rows of ``acts``, so all T of them are kept)
-  const bool hoisted = R.r == 0;
+  // the LSTM (no rounds) in training: W_ih x does not depend on the recurrence, so it is one product over
+  // all T*B rows before the loop, and a step adds only h~ W_hh^T to it (in ``acts``, which training keeps
+  // for every step anyway). Forward-only keeps the per-step [x; h~] product: measured at H = 650 the
+  // T-long buffer it would need cost more than the big product saved (docs/fused-recurrence.md).
+  const bool hoisted = R.r == 0 && save;
   at::Tensor acts = hoisted ? product<T>(route, xs.view({T_ * B, m}), w_ih, true).view({T_, B, 4 * n})
                             : at::empty({S, B, 4 * n}, opts);
   at::Tensor xh = at::empty({S, B, mn}, opts);  // [x_up; h_up]

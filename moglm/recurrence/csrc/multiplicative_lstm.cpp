@@ -190,6 +190,17 @@ double time_gemm_route(int64_t route, int64_t batch, int64_t K, int64_t N, int64
   return seconds;
 }
 
+// Time ``reps`` weight-gradient products A^T B (A [rows, N], B [rows, K]) as the backward runs them after
+// the loop on ``route`` (``product_tn``): how ``moglm bench gemm-routes`` compares them.
+double time_product_tn(int64_t route, int64_t rows, int64_t N, int64_t K, int64_t reps) {
+  auto opts = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor a = at::full({rows, N}, 0.01, opts), b = at::full({rows, K}, 0.02, opts);
+  product_tn(Route(route), a, b);  // warm-up
+  auto start = std::chrono::steady_clock::now();
+  for (i64 r = 0; r < reps; ++r) product_tn(Route(route), a, b);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 bool blas_route_available(bool dbl) { return blas_available(dbl ? at::kDouble : at::kFloat); }
 
 bool mkl_thread_control_available() { return mkl_local_threads_available(); }
@@ -210,6 +221,7 @@ TORCH_LIBRARY_FRAGMENT(moglm, m) {
       "bool has_bias, Tensor w_mx, Tensor w_mh, bool capped, Tensor[] saved, Tensor? dys, Tensor? dhT, Tensor? dcT, "
       "bool need_dx, bool need_weights, int route, int min_rows, Tensor? adapt=None) -> Tensor[]");
   m.def("time_gemm_route(int route, int batch, int K, int N, int reps, bool dbl) -> float", &time_gemm_route);
+  m.def("time_product_tn(int route, int rows, int N, int K, int reps) -> float", &time_product_tn);
   m.def("blas_route_available(bool dbl) -> bool", &blas_route_available);
   m.def("mkl_thread_control_available() -> bool", &mkl_thread_control_available);
   m.def("packed_gemm_available() -> bool", &packed_gemm_available);

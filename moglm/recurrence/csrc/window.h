@@ -264,8 +264,8 @@ inline void gemm(i64 M, i64 N, i64 K, const float* A, i64 lda, const float* pack
 
 // The brgemm route: op(B) [K, N] packed into panels of NB columns, each panel K rows of its width
 // (``panel_width``) contiguous, and C[M, N] = A[M, K] @ panel, panel by panel, one ukernel call each.
-// Panels of 64 columns over the whole K measured best at the windows' shapes (H = 256-1024, 16-64 rows
-// per thread) on an AVX-512 CPU: 450-500 GFLOP/s against 170 for MKL's sgemm there (docs/fused-recurrence.md).
+// Panels of 64 columns over the whole K measured best among the tilings tried at the windows' shapes
+// (H = 256-1024, 16-64 rows per thread) on an AVX-512 CPU (route table in docs/fused-recurrence.md).
 namespace brgemm {
 constexpr i64 NB = 64;
 
@@ -417,8 +417,8 @@ inline at::Tensor product(Route route, const at::Tensor& X, const at::Tensor& W,
 
 // A^T B for A [R, N] and B [R, K] with many rows R (a weight gradient: [N, K]). On the brgemm route (float32,
 // both sides at least 64 wide) the narrower operand is transposed once and the product runs as oneDNN
-// ukernel calls on row blocks split over the threads, each block walking R in chunks that stay in cache;
-// MKL's sgemm reaches about half of that on an AVX-512 AMD CPU (docs/fused-recurrence.md). Otherwise at::mm.
+// ukernel calls on row blocks split over the threads, each block walking R in chunks that stay in cache
+// (``moglm bench gemm-routes`` times it against at::mm). Otherwise at::mm.
 inline at::Tensor product_tn(Route route, const at::Tensor& A, const at::Tensor& B) {
   const i64 R = A.size(0), N = A.size(1), K = B.size(1);
   if (route != ROUTE_BRGEMM || !brgemm_available() || A.scalar_type() != at::kFloat || std::min(N, K) < 64 ||
