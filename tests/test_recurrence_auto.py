@@ -125,12 +125,30 @@ def test_a_clear_margin_stops_the_probe_early(monkeypatch):
                       "separated": True}
 
 
-def test_a_probe_that_fails_runs_the_compiled_window_with_a_warning_and_stores_nothing(choice_dir, spies,
-                                                                                        monkeypatch):
+def test_a_probe_that_fails_stores_the_compiled_window_so_every_process_agrees(choice_dir, spies, monkeypatch):
     def failing(*args, **kwargs):
         raise RuntimeError("out of memory")
 
     monkeypatch.setattr(auto, "probe", failing)
+    model, x = moglm.LSTM(6, 5), torch.randn(4, 3, 6)
     with pytest.warns(UserWarning, match="could not time"):
-        train_step(moglm.LSTM(6, 5), torch.randn(4, 3, 6))
+        train_step(model, x)
+    assert spies == {"compiled": 1, "fused": 0}
+    stored = json.loads(choice_dir.read_text())[the_class(model, x)]
+    assert stored["backend"] == "compiled" and "out of memory" in stored["failed"]
+
+
+def test_where_nothing_can_be_stored_every_process_runs_the_compiled_window_without_probing(choice_dir, spies,
+                                                                                            monkeypatch):
+    monkeypatch.setattr(auto.os, "access", lambda path, mode: False)  # a read-only cache
+    monkeypatch.setattr(auto, "probe", lambda *a, **k: pytest.fail("probed without a place to store the choice"))
+    train_step(moglm.LSTM(6, 5), torch.randn(4, 3, 6))
     assert spies == {"compiled": 1, "fused": 0} and not choice_dir.exists()
+
+
+def test_an_early_outlier_ages_out_of_the_probes_window(monkeypatch):
+    # warm-ups, then pairs in alternating order; compiled 1.0 s but 3.0 s in the first pair; fused 2.0 s
+    times = iter([1.0, 2.0, 3.0, 2.0] + [2.0, 1.0, 1.0, 2.0] * auto.MAX_PAIRS)
+    monkeypatch.setattr(auto, "_time", lambda run: next(times))
+    result = auto.probe(moglm.LSTM(6, 5).cells[0], {}, torch.zeros(2, 3, 6), False, {"compiled": None, "fused": None})
+    assert result["separated"] and result["backend"] == "compiled" and result["pairs"] == auto.MIN_PAIRS + 1

@@ -116,9 +116,9 @@ def test_float32_on_every_gemm_route_batch_parallel_matches_reference(make, rout
 
 #: sizes at which the brgemm route takes its own paths: per-step products packed (T times each thread's
 #: rows >= 64), panels of 64 columns with a narrower last one (4H = 284), products over all T*B rows in row
-#: blocks of 64 with a shorter last one (T*B = 148), weight gradients with either operand transposed
-#: (N > K and N < K), rank-64 rounds
-WIDE_M, WIDE_H, WIDE_T, WIDE_B = 67, 71, 4, 37
+#: blocks of 64 with a shorter last one (T*B = 555), weight gradients with either operand transposed
+#: (N > K and N < K) accumulating over chunks of 512 rows with a shorter last one, rank-64 rounds
+WIDE_M, WIDE_H, WIDE_T, WIDE_B = 67, 71, 15, 37
 WIDE_MODELS = [
     lambda **kw: moglm.MogrifierLSTM(WIDE_M, WIDE_H, 2, rounds=5, rank=64, state_dropout=0.3, dropout=0.2, **kw),
     lambda **kw: moglm.MogrifierLSTM(WIDE_M, WIDE_H, 1, rounds=2, rank=0, **kw),

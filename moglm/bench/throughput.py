@@ -338,6 +338,10 @@ def run_throughput(
                 row["memory"] = window_memory(name, hidden, batch, memory_bptt, device)
             log(f"H={hidden} memory done")
         report["results"] = results
+        if device == "cpu":  # what backend="auto" chose for the classes this run met (probed in it, or stored)
+            from ..recurrence import auto
+
+            report["auto_backend_choices"] = auto.met()
         write_report(report, out_path)  # after every hidden size: an interrupted run keeps what it measured
     report["machine"]["loadavg_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     write_report(report, out_path)

@@ -8,9 +8,12 @@ a backward follows (docs/fused-recurrence.md, "Choosing the path"). So the first
 class that ``auto`` meets is run both ways on a window of random data of its own shape (at most
 :data:`PROBE_STEPS` steps), with copies of its weights and a private random generator (the user's
 gradients and RNG stream are untouched), in
-interleaved pairs until every timing of one path is below every timing of the other (after at least
-:data:`MIN_PAIRS` pairs: two equally fast paths separate that way by chance less than 1% of the time), or
-:data:`MAX_PAIRS` pairs have run; the faster median wins.
+interleaved pairs until, over the last :data:`MIN_PAIRS` pairs, every timing of one path is below every
+timing of the other (equally fast paths separate that way by chance with probability 2/252 at each check,
+and where they are equally fast either choice is right), or :data:`MAX_PAIRS` pairs have run; the faster
+median of all pairs wins. A probe that fails (out of memory running both, say) stores the compiled window
+for its class with the error, and where nothing can be stored (a read-only cache) ``auto`` runs the
+compiled window without probing: either way every process on the machine takes the same path.
 
 The choice is stored beside the compiled library (``backend_choice.json``, whose directory is keyed by the
 C++ sources, torch, Python and the CPU, so a change to any of them probes again), first writer per class
@@ -57,16 +60,18 @@ def _bucket(value: int, edges: tuple[int, ...]) -> str:
 
 
 def shape_class(cell: Cell, xs: Tensor, training: bool) -> str:
-    """The class a layer's choice is stored under: cell kind, dtype, width, rows per thread, threads, and
-    whether a backward follows."""
+    """The class a layer's choice is stored under: cell kind, dtype, width, rows per thread, window steps,
+    threads, and whether a backward follows."""
     kind = type(cell).__name__
     if getattr(cell, "rounds", 0):
         kind += f"-r{cell.rounds}"
     threads = torch.get_num_threads()
     width = _bucket(max(cell.input_size, cell.hidden_size), (128, 384, 768, 1536))
     rows = _bucket(xs.shape[1] // max(threads, 1), (4, 16, 48, 128))
+    steps = _bucket(xs.shape[0], (4, 16, 48))
     dtype = str(xs.dtype).removeprefix("torch.")
-    return f"{kind}|{dtype}|width{width}|rows/thread{rows}|threads{threads}|{'train' if training else 'eval'}"
+    return (f"{kind}|{dtype}|width{width}|rows/thread{rows}|steps{steps}|threads{threads}|"
+            f"{'train' if training else 'eval'}")
 
 
 def _path() -> Path | None:
@@ -101,11 +106,17 @@ def _file_lock(path: Path):
         os.close(fd)
 
 
-def _store(key: str, choice: dict) -> dict:
-    """Store ``choice`` under ``key`` unless a racing process stored one first; returns the stored one."""
+#: what runs where no choice can be stored: the same in every process, so that the ranks of a job and a
+#: resumed run agree without a file
+UNSTORED = {"backend": "compiled", "seconds": {}, "pairs": 0, "separated": False}
+
+
+def _store(key: str, choice: dict) -> dict | None:
+    """Store ``choice`` under ``key`` unless a racing process stored one first; returns the stored one,
+    or ``None`` where nothing can be stored (a read-only cache)."""
     path = _path()
     if path is None:
-        return choice
+        return None
     try:
         with _file_lock(path):
             data = stored()
@@ -113,8 +124,8 @@ def _store(key: str, choice: dict) -> dict:
                 data[key] = choice
                 atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True))
             return data[key]
-    except OSError:  # a read-only cache: keep the choice for this process only
-        return choice
+    except OSError:
+        return None
 
 
 def _time(run) -> float:
@@ -151,7 +162,7 @@ def probe(cell: Cell, params: Params, xs: Tensor, training: bool, runners: dict)
     for pair in range(MAX_PAIRS):
         for name, run in (runners.items() if pair % 2 == 0 else reversed(runners.items())):
             seconds[name].append(once(run))
-        a, b = seconds.values()
+        a, b = (v[-MIN_PAIRS:] for v in seconds.values())  # the last pairs: an early outlier ages out
         if pair + 1 >= MIN_PAIRS and (max(a) < min(b) or max(b) < min(a)):  # the margin exceeds the noise
             separated = True
             break
@@ -172,15 +183,24 @@ def choose(cell: Cell, params: Params, xs: Tensor, runners: dict) -> str:
             if key not in _choices:
                 found = stored().get(key)
                 if found is None:
-                    try:
-                        found = _store(key, probe(cell, params, xs, training, runners))
-                    except Exception as error:  # noqa: BLE001 - e.g. out of memory running both: not stored
-                        warnings.warn(f"moglm: could not time the compiled and Python windows for {key} "
-                                      f"({type(error).__name__}: {error}); running the compiled window",
-                                      stacklevel=2)
-                        found = {"backend": "compiled", "seconds": {}, "pairs": 0, "separated": False}
+                    if _path() is None or not os.access(_path().parent, os.W_OK):
+                        found = UNSTORED  # nowhere to store: no probe, the same path in every process
+                    else:
+                        try:
+                            result = probe(cell, params, xs, training, runners)
+                        except Exception as error:  # noqa: BLE001 - e.g. out of memory running both
+                            warnings.warn(f"moglm: could not time the compiled and Python windows for {key} "
+                                          f"({type(error).__name__}: {error}); this class runs the compiled "
+                                          "window on this machine", stacklevel=2)
+                            result = {**UNSTORED, "failed": f"{type(error).__name__}: {error}"[:200]}
+                        found = _store(key, result) or UNSTORED
                 _choices[key] = found
     return _choices[key]["backend"]
+
+
+def met() -> dict[str, dict]:
+    """The choices this process has used so far, by class (benchmarks record them with their results)."""
+    return dict(_choices)
 
 
 def forget() -> None:

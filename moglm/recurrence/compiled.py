@@ -26,7 +26,7 @@ GEMM routes (the products inside the loop, each on one thread's rows):
 * ``panels`` (float32): moglm's own kernel, each weight packed once per window into column panels and
   multiplied by a register-blocked micro-kernel (``csrc/window.h``);
 * ``brgemm`` (float32): oneDNN's batch-reduce GEMM ukernel, which oneDNN JIT-compiles for the CPU it runs
-  on (AVX2, AVX-512, AMX), through the ``at::native::cpublas::brgemm`` that torch exports from its own
+  on (AVX2 or AVX-512), through the ``at::native::cpublas::brgemm`` that torch exports from its own
   oneDNN; each weight packed once per window into panels of 64 columns shared by the threads.
 
 None is right on every machine, so :func:`gemm_route` times the available ones on this machine and keeps

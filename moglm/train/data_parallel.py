@@ -194,8 +194,9 @@ def exit_worker(code: int) -> None:
     aborts the process ("terminate called without an active exception", SIGABRT; seen in a core dump:
     ``ProcessGroupGloo::runLoop`` -> ``~AsyncBroadcastWork`` -> ``decref_pyobject`` -> ``take_gil`` ->
     ``pthread_exit`` while the main thread was in ``Py_FinalizeEx``). The exit handlers run first (they
-    destroy the process group), the standard streams are flushed, and every file moglm writes was already
-    written atomically, so skipping finalization loses nothing."""
+    destroy the process group), Python's and C's standard streams are flushed, and every file moglm writes
+    was already written atomically, so skipping finalization loses nothing. (An in-process ``main(argv)``
+    and ``--debug``'s re-raised traceback end as before.)"""
     import torch.distributed as dist
 
     if not (launched() and dist.is_available() and dist.is_initialized()):
@@ -206,6 +207,12 @@ def exit_worker(code: int) -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
+    try:  # C stdio buffers too (libraries' own printing), which os._exit would drop
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
     os._exit(code)
 
 

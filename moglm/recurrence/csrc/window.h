@@ -7,7 +7,7 @@
 //     - MKL packed: ``cblas_sgemm_pack``/``_compute``, the weight packed once per window;
 //     - panels: our own, the weight packed once per window into column panels for a register-blocked
 //       micro-kernel (``panels::gemm``);
-//     - brgemm: oneDNN's batch-reduce GEMM ukernel, JIT-compiled for this CPU (AVX2, AVX-512, AMX), as
+//     - brgemm: oneDNN's batch-reduce GEMM ukernel, JIT-compiled for this CPU (AVX2 or AVX-512), as
 //       torch exports it (``at::native::cpublas::brgemm``, float32; torch's own oneDNN, so no second
 //       copy of the library or its threading runtime). The weight is packed once per window into panels
 //       of 64 columns, shared by the threads (``PackCache``), one ukernel call per panel.
@@ -378,7 +378,7 @@ struct PackedB {
 };
 
 // X @ op(W) for X [R, K] with many rows, W [N, K] (``tw``: op(W) = W^T) or [K, N]; into ``out`` [R, N]
-// with ``beta`` (0 or 1) when given, else a new tensor. On the packing routes the weight is packed once and
+// with ``beta`` (0 or 1) when given, else a new tensor. On the brgemm route the weight is packed once and
 // the rows are split over the threads in blocks, each block one packed product; otherwise at::mm (which
 // uses every thread itself). Used for what does not depend on the recurrence: the multiplicative LSTM's
 // W_mx x and W_ih x before the loop, its input gradients after it.
