@@ -90,6 +90,24 @@ def write_once(path: str | Path, text: str, valid: Callable[[Path], bool]) -> bo
 
 
 @contextmanager
+def exclusive_lock(path: str | Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing) while the block runs, waiting for any
+    other holder: it serialises read-modify-write of a shared file between processes, and the kernel
+    releases it with a killed holder (no stale lock). Outside POSIX it does nothing."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+@contextmanager
 def atomic_directory(path: str | Path) -> Iterator[Path]:
     """Fill the yielded temporary folder; on success it replaces ``path`` (a leftover at ``path`` is
     removed first) with mode ``0o777 & ~umask``; on an error it is removed and ``path`` is untouched."""

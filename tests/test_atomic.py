@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 
-from moglm.atomic import atomic_directory, atomic_write, atomic_write_text, write_once
+from moglm.atomic import atomic_directory, atomic_write, atomic_write_text, exclusive_lock, write_once
 
 
 @pytest.fixture
@@ -65,3 +67,16 @@ def test_write_once_keeps_the_first_valid_file_and_replaces_an_invalid_one(tmp_p
     assert write_once(path, "third", lambda p: p.read_text() != "bad")
     assert path.read_text() == "third"
     assert not write_once(tmp_path / "missing" / "x.json", "t", lambda p: True)  # unwritable: skipped, no error
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+def test_exclusive_lock_keeps_another_process_out_until_released(tmp_path):
+    lock = tmp_path / ".lock"
+    probe = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR)\n"
+             "try:\n    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); print('free')\n"
+             "except BlockingIOError:\n    print('held')")
+    other = lambda: subprocess.run([sys.executable, "-c", probe, str(lock)], capture_output=True,  # noqa: E731
+                                   text=True, check=True).stdout.strip()
+    with exclusive_lock(lock):
+        assert other() == "held"
+    assert other() == "free"

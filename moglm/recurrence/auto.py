@@ -31,13 +31,12 @@ import statistics
 import threading
 import time
 import warnings
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from ..atomic import atomic_write_text
+from ..atomic import atomic_write_text, exclusive_lock
 from ..cells.base import Cell, Params
 
 #: the most interleaved (compiled, fused) timing pairs a probe runs before it takes the faster median
@@ -90,22 +89,6 @@ def stored() -> dict[str, dict]:
     return {k: v for k, v in data.items() if isinstance(v, dict) and v.get("backend") in ("compiled", "fused")}
 
 
-@contextmanager
-def _file_lock(path: Path):
-    """Serialise read-modify-write of the choice file between processes (the kernel drops a dead holder's lock)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        yield
-        return
-    fd = os.open(path.with_name(".backend_choice.lock"), os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 #: what runs where no choice can be stored: the same in every process, so that the ranks of a job and a
 #: resumed run agree without a file
 UNSTORED = {"backend": "compiled", "seconds": {}, "pairs": 0, "separated": False}
@@ -118,7 +101,7 @@ def _store(key: str, choice: dict) -> dict | None:
     if path is None:
         return None
     try:
-        with _file_lock(path):
+        with exclusive_lock(path.with_name(".backend_choice.lock")):  # read-modify-write between processes
             data = stored()
             if key not in data:
                 data[key] = choice
@@ -181,9 +164,9 @@ def choose(cell: Cell, params: Params, xs: Tensor, runners: dict) -> str:
     if key not in _choices:
         with _lock:
             if key not in _choices:
-                found = stored().get(key)
+                found, path = stored().get(key), _path()
                 if found is None:
-                    if _path() is None or not os.access(_path().parent, os.W_OK):
+                    if path is None or not os.access(path.parent, os.W_OK):
                         found = UNSTORED  # nowhere to store: no probe, the same path in every process
                     else:
                         try:

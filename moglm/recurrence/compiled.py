@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..atomic import write_once
+from ..atomic import exclusive_lock, write_once
 from ..cells.base import Params
 from .fallback import FusedFallbackWarning, autocast_dtype, double_backward_by_reference, user_stacklevel
 
@@ -110,18 +110,9 @@ def _build_lock(build_dir: Path):
     """torch's build lock (a ``lock`` file it creates and deletes) outlives a process killed mid-build, and
     every later build then waits for it forever. Builds of this directory are serialised by an ``flock``
     here, which the kernel releases with its holder, so a ``lock`` file found while holding it is stale."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        yield
-        return
-    fd = os.open(build_dir / ".moglm-build", os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with exclusive_lock(build_dir / ".moglm-build"):
         (build_dir / "lock").unlink(missing_ok=True)
         yield
-    finally:
-        os.close(fd)  # releases the flock
 
 
 def _load() -> bool:

@@ -205,7 +205,9 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
     dps.push_back(at::empty({T_, B, R.is_q(i) ? m : n}, opts));
     if (R.rank > 0) dlows.push_back(at::empty({T_, B, R.rank}, opts));
   }
-  at::Tensor dx = need_dx && R.r > 0 ? at::empty({T_, B, m}, opts) : at::Tensor();
+  // without rounds x_up = x: dx feeds nothing in the loop and is one product dG W_ih after it
+  const bool dx_after = R.r == 0;
+  at::Tensor dx = need_dx && !dx_after ? at::empty({T_, B, m}, opts) : at::Tensor();
   at::Tensor gxh = at::empty({B, mn}, opts);  // gradients of the chains' current ends [x; h]
   at::Tensor extra = R.zigzag ? at::Tensor() : at::empty({B, mn}, opts);  // no zigzag: into x^0, h^0
   const CellBackward<T> cell(c0, cs, acts, dys, dhT, dcT, adapt, capped, route);
@@ -214,8 +216,7 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
   PackCache cache;  // the weights packed once for all threads (brgemm route)
   for_row_blocks(B, min_rows, [&](i64 b0, i64 b1, bool) {
     const i64 rows = b1 - b0;
-    // dG -> dx_up; without rounds dx feeds nothing in the loop and is one product after it
-    const bool dx_after = R.r == 0;
+    // dG -> dx_up (in the loop only with rounds)
     PackedB<T> d_gates_x(route, rows, m, 4 * n, ptr<T>(w_ih), m, false, dx_after ? 0 : T_, &cache);
     PackedB<T> d_gates_h(route, rows, n, 4 * n, ptr<T>(w_hh), n, false, T_, &cache);  // dG -> dh_up
     std::vector<PackedB<T>> d_first, d_second;  // per round: dp -> dlow -> d src (low rank) or dp -> d src
@@ -269,7 +270,7 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
   std::vector<at::Tensor> grads(7 + 3 * R.r);  // the last: dL/dM of the adaptation
   if (adapt.defined()) grads[6 + 3 * R.r] = adaptation_grad(cell.d_adapted, acts, cs, adapt);
   at::Tensor dG2 = dG.view({T_ * B, 4 * n});
-  if (need_dx && R.r == 0) dx = product<T>(route, dG2, w_ih, false).view({T_, B, m});  // dG W_ih
+  if (need_dx && dx_after) dx = product<T>(route, dG2, w_ih, false).view({T_, B, m});  // dG W_ih
   if (need_dx) grads[0] = dx;
   if (need_weights) {
     at::Tensor xh2 = xh.view({T_ * B, mn});
