@@ -4,6 +4,7 @@ torch.profiler; docs/fused-recurrence.md profiles it with perf instead.
 
     python benchmarks/profile_fused.py                 # H=650 (B=64, T=70); ~1 minute
     python benchmarks/profile_fused.py --hidden-size 256
+    python benchmarks/profile_fused.py --device cuda   # also the GPU kernels: time, launches, top kernels
 
 For torch.nn.LSTM, and moglm's LSTM and Mogrifier (r=5, k=64) on the Python fused window, it profiles a few forward+backward
 passes (after a warm-up) and sums the self time of every op into: matrix products (oneDNN/MKL GEMMs and
@@ -13,6 +14,11 @@ is Python outside ops and the profiler's own cost (the profiled step is slower t
 which is reported beside it); the self time of moglm's autograd.Function is the Python of the fused loop
 between its ops. Writes ``benchmarks/results/profile_fused.json`` and prints a markdown
 table (ms per step, median of the passes' totals).
+
+On CUDA (``--device cuda``; default models there: cuDNN's nn.LSTM, moglm's LSTM, Mogrifier and multiplicative
+LSTM, and the Mogrifier as CUDA graphs) it also sums the GPU kernels: their busy time per step (the time the
+GPU computes; a step whose wall time is far above it waits on launches from the host), kernel launches per
+step, and the top kernels by GPU time.
 """
 
 from __future__ import annotations
@@ -24,12 +30,15 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from moglm.bench.throughput import build
 
 HERE = Path(__file__).resolve().parent
 MODELS = ("torch.nn.LSTM", "LSTM, Python fused", "Mogrifier, Python fused")
+CUDA_MODELS = ("torch.nn.LSTM", "moglm LSTM", "moglm Mogrifier r=5 k=64", "moglm multiplicative LSTM",
+               "Mogrifier, CUDA graphs")
 
 GEMM = ("mkldnn", "mm", "addmm", "bmm", "matmul", "linear", "_linear_pointwise", "mkldnn_rnn_layer",
         "mkldnn_rnn_layer_backward")
@@ -59,14 +68,22 @@ def category(name: str) -> str:
     return "other ops"
 
 
-def profile_model(name: str, hidden: int, batch: int, bptt: int, passes: int) -> dict:
-    model = build(name, hidden).train()
-    x = torch.randn(bptt, batch, hidden, requires_grad=True)
+def _device_us(event) -> float:
+    """A kernel's own GPU microseconds (the attribute was renamed from CUDA to device in torch 2.4)."""
+    return getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0.0)
+
+
+def profile_model(name: str, hidden: int, batch: int, bptt: int, passes: int, device: str = "cpu") -> dict:
+    cuda = device.startswith("cuda")
+    model = build(name, hidden, device).train()
+    x = torch.randn(bptt, batch, hidden, device=device, requires_grad=True)
 
     def step() -> None:
         model.zero_grad(set_to_none=True)
         y, _ = model(x)
         y.sum().backward()
+        if cuda:
+            torch.cuda.synchronize()
 
     for _ in range(2):
         step()
@@ -76,12 +93,18 @@ def profile_model(name: str, hidden: int, batch: int, bptt: int, passes: int) ->
         step()
         plain.append(time.perf_counter() - start)
     walls, by_kind, by_op = [], defaultdict(float), defaultdict(float)
+    kernels, launches = defaultdict(float), defaultdict(float)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     for _ in range(passes):
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with profile(activities=activities) as prof:
             start = time.perf_counter()
             step()
             walls.append(time.perf_counter() - start)
         for event in prof.key_averages():
+            if event.device_type == DeviceType.CUDA:  # a GPU kernel (or memcpy/memset) and its own GPU time
+                kernels[event.key] += _device_us(event) / 1e6 / passes
+                launches[event.key] += event.count / passes
+                continue
             if event.key.startswith("ProfilerStep") or event.key.startswith("autograd::engine"):
                 continue
             seconds = event.self_cpu_time_total / 1e6 / passes
@@ -92,9 +115,15 @@ def profile_model(name: str, hidden: int, batch: int, bptt: int, passes: int) ->
     kinds = {k: 1e3 * v for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])}
     kinds["rest of the wall time"] = max(0.0, 1e3 * (wall - in_ops))
     top = sorted(by_op.items(), key=lambda kv: -kv[1])[:12]
-    return {"model": name, "hidden": hidden, "wall_ms": 1e3 * wall,
-            "unprofiled_ms": 1e3 * sorted(plain)[len(plain) // 2], "ms_by_kind": kinds,
-            "top_ops_ms": {k: 1e3 * v for k, v in top}}
+    row = {"model": name, "hidden": hidden, "device": device, "wall_ms": 1e3 * wall,
+           "unprofiled_ms": 1e3 * sorted(plain)[len(plain) // 2], "ms_by_kind": kinds,
+           "top_ops_ms": {k: 1e3 * v for k, v in top}}
+    if cuda:
+        row["gpu_busy_ms"] = 1e3 * sum(kernels.values())
+        row["kernel_launches"] = round(sum(launches.values()))
+        row["top_kernels_ms"] = {k: {"ms": 1e3 * v, "launches": round(launches[k])}
+                                 for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])[:12]}
+    return row
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -106,6 +135,15 @@ def markdown_table(rows: list[dict]) -> str:
         cells = [str(r["hidden"]), r["model"], f"{r['unprofiled_ms']:.1f}", f"{r['wall_ms']:.1f}"]
         cells += [f"{r['ms_by_kind'].get(k, 0.0):.1f}" for k in kinds]
         lines.append("| " + " | ".join(cells) + " |")
+    gpu = [r for r in rows if "gpu_busy_ms" in r]
+    if gpu:
+        lines += ["", "| H | model | step ms | GPU busy ms | kernel launches | top kernel (ms) |",
+                  "| ---: | --- | ---: | ---: | ---: | --- |"]
+        for r in gpu:
+            first = next(iter(r["top_kernels_ms"].items()), None)
+            top = f"{first[0][:60]} ({first[1]['ms']:.2f})" if first else "-"
+            lines.append(f"| {r['hidden']} | {r['model']} | {r['unprofiled_ms']:.2f} | {r['gpu_busy_ms']:.2f} | "
+                         f"{r['kernel_launches']} | {top} |")
     return "\n".join(lines)
 
 
@@ -115,11 +153,15 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--batch-size", "--batch", dest="batch", type=int, default=64)
     parser.add_argument("--bptt", type=int, default=70)
     parser.add_argument("--passes", type=int, default=5)
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--out", default=str(HERE / "results" / "profile_fused.json"))
+    parser.add_argument("--models", nargs="+", default=None, choices=sorted({*MODELS, *CUDA_MODELS}))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/profile_fused[_cuda].json")
     args = parser.parse_args(argv)
+    cuda = args.device.startswith("cuda")
+    args.models = args.models or list(CUDA_MODELS if cuda else MODELS)
+    args.out = args.out or str(HERE / "results" / f"profile_fused{'_cuda' if cuda else ''}.json")
     torch.manual_seed(0)
-    rows = [profile_model(name, hidden, args.batch, args.bptt, args.passes)
+    rows = [profile_model(name, hidden, args.batch, args.bptt, args.passes, args.device)
             for hidden in args.hidden for name in args.models]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -129,6 +171,8 @@ def main(argv=None) -> list[dict]:
         print(f"\n{r['model']} H={r['hidden']}: top ops (ms per step)")
         for op, ms in r["top_ops_ms"].items():
             print(f"  {ms:8.2f}  {op}")
+        for kernel, k in r.get("top_kernels_ms", {}).items():
+            print(f"  GPU {k['ms']:8.3f} ms  {k['launches']:5d}x  {kernel[:110]}")
     print(f"written to {out}")
     return rows
 

@@ -122,19 +122,23 @@ def test_the_gpu_benchmark_without_a_gpu_is_one_line_before_any_work(args, messa
 
 
 def test_the_gpu_benchmark_defaults_to_the_issues_grid_on_cuda(monkeypatch, tmp_path, capsys):
-    """On CUDA: H = 650 and 1500, B = 64 and 128, cuDNN against moglm's windows with and without graphs, one
-    report per batch size, then the paper config's epoch (measured here with the work itself stubbed)."""
+    """On CUDA: H = 650 and 1500, B = 64 and 128, in fp32, TF32 and bf16 autocast, cuDNN against moglm's windows
+    with and without graphs, one report per precision and batch size, then the paper config's epoch
+    (measured here with the work itself stubbed)."""
     from moglm import device as device_module
     from moglm.bench import end_to_end, throughput
 
     calls = []
     monkeypatch.setattr(device_module, "resolve_device", lambda name: torch.device("cuda"))
-    monkeypatch.setattr(throughput, "run_throughput", lambda *a, **k: calls.append(a) or {"results": []})
+    monkeypatch.setattr(throughput, "run_throughput",
+                        lambda *a, **k: calls.append((*a, k["precision_name"])) or {"results": []})
     monkeypatch.setattr(throughput, "markdown_table", lambda report: "")
     monkeypatch.setattr(end_to_end, "epoch_seconds", lambda *a, **k: calls.append(a) or {"epoch_seconds": 1.0})
     assert main(["bench", "throughput", "--device", "cuda", "--out", str(tmp_path / "t.json")]) == 0
-    grid, epoch = calls[:2], calls[2]
-    assert [(a[0], a[1], a[2], a[4]) for a in grid] == [((650, 1500), 64, 70, 70), ((650, 1500), 128, 70, 70)]
+    grid, epoch = calls[:6], calls[6]
+    assert [(a[0], a[1], a[2], a[4], a[-1]) for a in grid] == [
+        ((650, 1500), b, 70, 70, p) for p in ("fp32", "tf32", "bf16") for b in (64, 128)]
+    assert [a[7].name for a in grid[:2]] == ["t-fp32-b64.json", "t-fp32-b128.json"]
     assert grid[0][5] == throughput.CUDA_MODELS and set(throughput.GRAPHED) < set(grid[0][5])
     assert epoch == ("ptb-word-mogrifier-paper", "cuda", 30, tmp_path / "t-epoch.json")  # its JSON beside the grid's
 

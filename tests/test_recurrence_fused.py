@@ -28,21 +28,31 @@ def run_backend(model, backend, x, state, seed=1):
     torch.manual_seed(seed)
     y, (h, c) = model(x, state)
     g = torch.Generator().manual_seed(2)
-    loss = sum((t * torch.randn(t.shape, generator=g, dtype=t.dtype)).sum() for t in (y, h, c))
+    loss = sum((t * torch.randn(t.shape, generator=g, dtype=D).to(t.device, t.dtype)).sum() for t in (y, h, c))
     loss.backward()
     return [y, h, c, x.grad, *(s.grad for s in state), *(p.grad for p in model.parameters())]
 
 
-def assert_parity(model, layers, dtype=D, backend="fused", batch=B, **tol):
-    """``backend`` against the reference loop on one random window: outputs, final states, every gradient."""
-    x = torch.randn(T, batch, M, dtype=dtype)
-    state = (torch.randn(layers, batch, H, dtype=dtype), torch.randn(layers, batch, H, dtype=dtype))
-    expected = run_backend(model, "reference", x, state)
+def assert_parity(model, layers, dtype=D, backend="fused", batch=B, device="cpu", reference=None, **tol):
+    """``backend`` against the reference loop on one random window: outputs, final states, every gradient.
+    ``reference``: another model (e.g. a float64 CPU copy) whose reference loop gives the expected values."""
+    x = torch.randn(T, batch, M, dtype=dtype).to(device)
+    state = tuple(torch.randn(layers, batch, H, dtype=dtype).to(device) for _ in range(2))
+    if reference is None:
+        expected = run_backend(model, "reference", x, state)
+    else:
+        expected = run_backend(reference, "reference", x.to(reference_device(reference), torch.float64),
+                               tuple(s.to(reference_device(reference), torch.float64) for s in state))
+        expected = [e.to(device, dtype) for e in expected]
     actual = run_backend(model, backend, x, state)
     names = ["y", "h_n", "c_n", "d input", "d h0", "d c0", *(f"d {n}" for n, _ in model.named_parameters())]
     for name, a, e in zip(names, actual, expected):
         assert a is not None and e is not None, name
         torch.testing.assert_close(a, e, **tol, msg=lambda m: f"{name}: {m}")
+
+
+def reference_device(model) -> torch.device:
+    return next(model.parameters()).device
 
 
 OPTIONS = list(itertools.product([False, True], [True, False], [0.0, 0.4]))  # capped, bias, state dropout

@@ -40,6 +40,9 @@ def bench_app() -> typer.Typer:
                                                               "moglm's LSTM, Mogrifier and mLSTM, each also as CUDA "
                                                               "graphs, on CUDA)."),
         device: str = typer.Option("cpu", help=DEVICE_HELP),
+        precision: list[str] = typer.Option([], help="Precisions of the products, one report each: fp32, tf32 "
+                                                     "(CUDA) or bf16 (autocast) (default: fp32 on CPU; fp32 tf32 "
+                                                     "bf16 on CUDA)."),
         epoch_steps: int = typer.Option(30, help="CUDA: optimizer steps of the paper's PTB Mogrifier (24M) timed "
                                                  "for one epoch's seconds (0: skip)."),
         threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's)."),
@@ -52,7 +55,7 @@ def bench_app() -> typer.Typer:
 
         from ..device import resolve_device
         from .end_to_end import epoch_seconds
-        from .throughput import CUDA_MODELS, GRAPHED, MODELS, markdown_table, run_throughput
+        from .throughput import CUDA_MODELS, GRAPHED, MODELS, PRECISIONS, markdown_table, run_throughput
 
         cuda = resolve_device(device).type == "cuda"  # one line if CUDA was asked for and is absent
         hidden_size = renamed(hidden_size, hidden, "--hidden", "--hidden-size") or ([650, 1500] if cuda else
@@ -66,14 +69,22 @@ def bench_app() -> typer.Typer:
                              "--epoch-steps >= 0")
         if not cuda and (graphed := [m for m in model if m in GRAPHED]):
             raise MoglmError(f"--model {graphed[0]!r} runs on CUDA only (use --device cuda)")
+        precision = precision or (list(PRECISIONS) if cuda else ["fp32"])
+        if unknown := [p for p in precision if p not in PRECISIONS]:
+            raise MoglmError(f"unknown --precision {unknown[0]!r} (use {', '.join(PRECISIONS)})")
+        if not cuda and "tf32" in precision:
+            raise MoglmError("--precision tf32 is a CUDA precision (use fp32 or bf16 on CPU)")
         if threads is not None:
             torch.set_num_threads(max(1, threads))
-        for b in batch_size:
-            path = out if len(batch_size) == 1 else out.with_name(f"{out.stem}-b{b}{out.suffix}")
-            report = run_throughput(tuple(hidden_size), b, bptt, repeats, memory_bptt,
-                                    tuple(model) or (CUDA_MODELS if cuda else MODELS), device, path, log=typer.echo)
-            typer.echo(markdown_table(report))
-            typer.echo(f"written to {path}")
+        for p in precision:
+            for b in batch_size:
+                suffix = (f"-{p}" if len(precision) > 1 else "") + (f"-b{b}" if len(batch_size) > 1 else "")
+                path = out.with_name(f"{out.stem}{suffix}{out.suffix}")
+                report = run_throughput(tuple(hidden_size), b, bptt, repeats, memory_bptt,
+                                        tuple(model) or (CUDA_MODELS if cuda else MODELS), device, path,
+                                        log=typer.echo, precision_name=p)
+                typer.echo(markdown_table(report))
+                typer.echo(f"written to {path}")
         if cuda and epoch_steps:
             path = out.with_name(f"{out.stem}-epoch{out.suffix}")
             epoch_seconds("ptb-word-mogrifier-paper", device, epoch_steps, path, log=typer.echo)

@@ -26,6 +26,7 @@ Memory of a T=500 window, two numbers:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -57,6 +58,30 @@ GRAPHED = ("LSTM, CUDA graphs", "Mogrifier, CUDA graphs", "multiplicative LSTM, 
 
 #: what ``--device cuda`` compares by default (the GPU path's issue: cuDNN against moglm's windows)
 CUDA_MODELS = ("torch.nn.LSTM", "moglm LSTM", "moglm Mogrifier r=5 k=64", "moglm multiplicative LSTM", *GRAPHED)
+
+
+#: ``--precision``: how the float32 models run their products (see :func:`precision`)
+PRECISIONS = ("fp32", "tf32", "bf16")
+
+
+@contextlib.contextmanager
+def precision(name: str, device: str = "cpu"):
+    """Every model's products in ``name`` inside the block: ``fp32``, exact float32 products (cuBLAS and cuDNN
+    kept off TF32, which cuDNN allows by default); ``tf32``, CUDA only, float32 products on the tensor cores
+    in TF32 (cuBLAS and cuDNN); ``bf16``, ``torch.autocast`` to bfloat16 (moglm's windows keep float32
+    states and cell arithmetic, as cuDNN's LSTM does)."""
+    if name not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {name!r}")
+    kind = torch.device(device).type
+    if name == "tf32" and kind != "cuda":
+        raise ValueError("tf32 is a CUDA precision (use fp32 or bf16 on CPU)")
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = name == "tf32"
+    try:
+        with torch.autocast(kind, dtype=torch.bfloat16, enabled=name == "bf16"):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 class Graphed(torch.nn.Module):
@@ -112,7 +137,8 @@ def _sync(device: str) -> None:
 
 
 def gemm_peak(device: str = "cpu", sizes=(2048, 4096), repeats: int = 3) -> dict[str, float]:
-    """Best fp32 GFLOP/s of large square products, through torch.mm and (CPU) oneDNN."""
+    """Best GFLOP/s of large square float32 products in the precision in force (:func:`precision`), through
+    torch.mm and (CPU) oneDNN."""
     from ..recurrence.gemm import Linear
 
     out: dict[str, float] = {}
@@ -241,24 +267,31 @@ def _peak_growth_mb(name: str, hidden: int, batch: int, bptt: int, device: str) 
     return (max(peak[0], rss()) - before) / 2**20
 
 
-def _window_memory(name: str, hidden: int, batch: int, bptt: int, device: str) -> dict[str, float | None]:
-    """Both memory numbers of one model, measured where this runs (a fresh process on CPU). The peak
-    comes first: memory the allocator kept from an earlier pass would hide part of the growth."""
+def _window_memory(name: str, hidden: int, batch: int, bptt: int, device: str,
+                   precision_name: str = "fp32") -> dict[str, float | None]:
+    """Both memory numbers of one model in ``precision_name``, measured where this runs (a fresh process on
+    CPU). The peak comes first: memory the allocator kept from an earlier pass would hide part of the growth."""
+    with precision(precision_name, device):
+        return _window_memory_now(name, hidden, batch, bptt, device)
+
+
+def _window_memory_now(name: str, hidden: int, batch: int, bptt: int, device: str) -> dict[str, float | None]:
     peak = _peak_growth_mb(name, hidden, batch, bptt, device) if (
         device.startswith("cuda") or Path("/proc/self/statm").exists()) else None
     x = torch.randn(bptt, batch, hidden, device=device, requires_grad=True)
     return {"saved_mb": saved_tensor_mb(build(name, hidden, device), x), "peak_mb": peak}
 
 
-def window_memory(name: str, hidden: int, batch: int, bptt: int, device: str) -> dict[str, Any]:
+def window_memory(name: str, hidden: int, batch: int, bptt: int, device: str,
+                  precision_name: str = "fp32") -> dict[str, Any]:
     """``{"bptt", "saved_mb", "peak_mb"}`` of one model over a ``bptt`` window. On CPU in a fresh
     subprocess, so that neither the allocator's leftovers of earlier measurements nor this process's
     other tensors count (and a window too big for the machine fails alone: its numbers are ``None``)."""
     if device.startswith("cuda"):
-        return {"bptt": bptt, **_window_memory(name, hidden, batch, bptt, device)}
+        return {"bptt": bptt, **_window_memory(name, hidden, batch, bptt, device, precision_name)}
     code = (
         "import json, torch; from moglm.bench.throughput import _window_memory; "
-        f"print(json.dumps(_window_memory({name!r}, {hidden}, {batch}, {bptt}, 'cpu')))"
+        f"print(json.dumps(_window_memory({name!r}, {hidden}, {batch}, {bptt}, 'cpu', {precision_name!r})))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     try:
@@ -277,8 +310,17 @@ def run_throughput(
     device: str = "cpu",
     out_path: str | Path | None = "benchmarks/results/throughput.json",
     log: Callable[[str], None] = print,
+    precision_name: str = "fp32",
 ) -> dict[str, Any]:
-    """Measure everything; write JSON to ``out_path`` (if given) and return the report."""
+    """Measure everything with products in ``precision_name`` (:func:`precision`); write JSON to ``out_path``
+    (if given) and return the report."""
+    with precision(precision_name, device):
+        return _run_throughput(hidden_sizes, batch, bptt, repeats, memory_bptt, models, device, out_path, log,
+                               precision_name)
+
+
+def _run_throughput(hidden_sizes, batch, bptt, repeats, memory_bptt, models, device, out_path, log,
+                    precision_name) -> dict[str, Any]:
     torch.manual_seed(0)
     report: dict[str, Any] = {
         "command": command_line(),
@@ -335,7 +377,7 @@ def run_throughput(
         if memory_bptt:
             for name in models:
                 row = next(r for r in results if r["hidden"] == hidden and r["model"] == name)
-                row["memory"] = window_memory(name, hidden, batch, memory_bptt, device)
+                row["memory"] = window_memory(name, hidden, batch, memory_bptt, device, precision_name)
             log(f"H={hidden} memory done")
         report["results"] = results
         if device == "cpu":  # what backend="auto" chose for the classes this run met (probed in it, or stored)
@@ -352,9 +394,10 @@ def run_throughput(
 def markdown_table(report: dict[str, Any]) -> str:
     """The report as a markdown table (one row per hidden size and model)."""
     peak = report["gemm_gflops"]
+    where = report["machine"].get("gpu") or f"{report['machine']['threads']} threads"
     lines = [
-        f"B={report['config']['batch']}, T={report['config']['bptt']}, 1 layer, input = hidden, float32, "
-        f"{report['machine']['threads']} threads; GEMM peak {peak['peak']:.0f} GFLOP/s "
+        f"B={report['config']['batch']}, T={report['config']['bptt']}, 1 layer, input = hidden, float32 with "
+        f"{report['config'].get('precision', 'fp32')} products, {where}; GEMM peak {peak['peak']:.0f} GFLOP/s "
         f"({', '.join(f'{k} {v:.0f}' for k, v in peak.items() if k != 'peak')}).",
         "",
         "| H | model | train tok/s | train ×nn.LSTM | train % peak | fwd tok/s | fwd ×nn.LSTM | fwd % peak "
@@ -391,10 +434,11 @@ def main(argv=None) -> dict[str, Any]:
     parser.add_argument("--memory-bptt", type=int, default=500, help="window of the memory measurement (0: skip)")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", default="fp32", choices=list(PRECISIONS))
     parser.add_argument("--out", default="benchmarks/results/throughput.json")
     args = parser.parse_args(argv)
     report = run_throughput(args.hidden, args.batch, args.bptt, args.repeats, args.memory_bptt, tuple(args.models),
-                            args.device, args.out)
+                            args.device, args.out, precision_name=args.precision)
     print(markdown_table(report))
     return report
 

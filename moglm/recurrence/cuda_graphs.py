@@ -84,9 +84,11 @@ def applies(xs: Tensor) -> bool:
 
 def graph_key(cell, xs: Tensor, h0: Tensor, c0: Tensor, mask: Tensor | None, params: tuple[Tensor, ...],
               grad: bool) -> tuple:
-    """What a captured window depends on, the precision of its products under autocast included; any change
-    means a new capture (see the module docstring)."""
+    """What a captured window depends on, the precision of its products included (autocast's dtype, and
+    whether cuBLAS may run float32 products as TF32: a captured graph keeps the kernels chosen at capture);
+    any change means a new capture (see the module docstring)."""
     return (id(cell), grad, tuple(xs.shape), tuple(h0.shape), xs.dtype, xs.device, product_dtype(),
+            torch.backends.cuda.matmul.allow_tf32,
             mask is not None, tuple(t.requires_grad for t in (xs, h0, c0)),
             tuple((p.data_ptr(), p.requires_grad) for p in params))
 

@@ -65,27 +65,32 @@ def _mm(a: Tensor, b: Tensor) -> Tensor:
 
 
 def _onednn_ops_work() -> bool:
-    """One-time check that the private oneDNN ops exist and agree with ``torch.mm``."""
+    """One-time check that the private oneDNN ops exist and agree with ``torch.mm`` (outside autocast, whose
+    lower-precision ``addmm`` would fail the check and switch oneDNN off for the rest of the process)."""
     global _probe_result
     if _probe_result is None:
         try:
-            ops = torch.ops.mkldnn
-            gen = torch.Generator().manual_seed(0)
-            x = torch.randn(5, 7, generator=gen)
-            w = torch.randn(3, 7, generator=gen)
-            b = torch.randn(3, generator=gen)
-            other = torch.randn(5, 3, generator=gen)
-            packed = ops._reorder_linear_weight(w, 5)
-            y = ops._linear_pointwise(x, packed, b, "none", [], "")
-            z = ops._linear_pointwise.binary(x, other, packed, None, "add")
-            ok = torch.allclose(y, torch.addmm(b, x, w.t()), atol=1e-4) and torch.allclose(
-                z, torch.addmm(other, x, w.t()), atol=1e-4
-            )
+            with torch.autocast("cpu", enabled=False):
+                ok = _onednn_ops_agree()
         except Exception as error:  # pragma: no cover - depends on the torch build
             ok = False
             warnings.warn(f"moglm: oneDNN matmul unavailable ({error!r}); the fused recurrences use torch.mm")
         _probe_result = bool(ok)
     return _probe_result
+
+
+def _onednn_ops_agree() -> bool:
+    ops = torch.ops.mkldnn
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 7, generator=gen)
+    w = torch.randn(3, 7, generator=gen)
+    b = torch.randn(3, generator=gen)
+    other = torch.randn(5, 3, generator=gen)
+    packed = ops._reorder_linear_weight(w, 5)
+    y = ops._linear_pointwise(x, packed, b, "none", [], "")
+    z = ops._linear_pointwise.binary(x, other, packed, None, "add")
+    return torch.allclose(y, torch.addmm(b, x, w.t()), atol=1e-4) and torch.allclose(
+        z, torch.addmm(other, x, w.t()), atol=1e-4)
 
 
 def use_onednn(t: Tensor) -> bool:

@@ -1,0 +1,88 @@
+"""Wall-clock cost of dynamic evaluation against static evaluation of a config's model on a device.
+
+    python benchmarks/dyneval_cost.py --device cuda                     # the paper's 24M PTB Mogrifier
+    python benchmarks/dyneval_cost.py --config ptb-word-mogrifier-cpu --tokens 2000
+
+The model is the config's, as initialised (the cost of a pass does not depend on the weights' values), in
+evaluation mode. It reads the first ``--tokens`` tokens of the config's test split as one stream: a static
+pass (windows of 70), then dynamic evaluation (thesis 4.2: score a segment, take one gradient step on it,
+go on; the default rule rms-rmsdecay, eq. 4.5-4.7, with segments of 20), each timed once after a warm-up on
+the first tokens. RMS statistics are ones (the cost of the update does not depend on their values). The
+ratio of the two wall-clock times is what the GPU path's target (at most 3x static) is about. Writes JSON
+(default ``benchmarks/results/dyneval_cost_<device>.json``) and prints one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from moglm.dynamic_evaluation import Hyperparameters
+from moglm.dynamic_evaluation.evaluate import dynamic_evaluate, static_pass
+from moglm.train.build import build_model, load_data
+from moglm.train.config import load_config
+
+HERE = Path(__file__).resolve().parent
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(config: str, device: str, tokens: int, segment_length: int = 20) -> dict:
+    cfg = load_config(config, [])
+    corpus = load_data(cfg.data)
+    where = torch.device(device)
+    model = build_model(cfg.model, len(corpus.vocab)).to(where).eval()
+    ids = corpus["test"][: tokens + 1]
+    hp = Hyperparameters(segment_length=segment_length)
+    rms = {name: torch.ones_like(p) for name, p in model.named_parameters()}
+    warm = ids[: 4 * segment_length + 1]
+    dynamic_evaluate(model, warm, hp, rms)  # kernels, cuBLAS handles, Triton's JIT
+    _sync(where)
+    start = time.perf_counter()
+    static = static_pass(model, ids)
+    _sync(where)
+    static_s = time.perf_counter() - start
+    start = time.perf_counter()
+    result = dynamic_evaluate(model, ids, hp, rms, static=static)
+    _sync(where)
+    dynamic_s = time.perf_counter() - start
+    machine = dict(platform=platform.platform(), processor=platform.processor(), torch=torch.__version__,
+                   threads=torch.get_num_threads())
+    if where.type == "cuda":
+        machine["gpu"] = torch.cuda.get_device_name(where)
+    return {"config": config, "device": device, "tokens": int(len(ids) - 1), "machine": machine,
+            "hyperparameters": hp.as_dict(), "parameters": sum(p.numel() for p in model.parameters()),
+            "static_seconds": static_s, "dynamic_seconds": dynamic_s, "cost": dynamic_s / static_s,
+            "static_tokens_per_s": (len(ids) - 1) / static_s, "dynamic_tokens_per_s": (len(ids) - 1) / dynamic_s,
+            "static_xent": result.static.xent, "dynamic_xent": result.scores.xent}
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="ptb-word-mogrifier-paper")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--tokens", type=int, default=10000)
+    parser.add_argument("--segment-length", type=int, default=20)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    report = measure(args.config, args.device, args.tokens, args.segment_length)
+    out = Path(args.out or HERE / "results" / f"dyneval_cost_{torch.device(args.device).type}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print(f"{args.config} on {args.device}: static {report['static_tokens_per_s']:,.0f} tok/s, dynamic "
+          f"{report['dynamic_tokens_per_s']:,.0f} tok/s: dynamic evaluation costs {report['cost']:.2f}x static")
+    print(f"written to {out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

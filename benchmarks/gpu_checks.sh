@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The GPU path's checks in one go, for a CUDA machine that is lent for minutes: the CUDA tests (Triton
+# kernels compiled for the device, CUDA graphs, autocast), the torch.profiler profile, `moglm bench
+# throughput --device cuda` over precisions and batch sizes, an epoch of the paper's PTB Mogrifier, and
+# dynamic evaluation's cost on CUDA. Every stage has its own time limit, so that one stuck stage leaves the
+# others' results; each writes its log and JSON under $RESULTS (default /tmp/gpu_results), and all of them
+# are packed into $OUT/gpu_results.tgz (default OUT: benchmarks/results) after each stage.
+#
+#   bash benchmarks/gpu_checks.sh                        # everything; about 7 minutes on an H100/H200
+#   STAGES="tests profile" bash benchmarks/gpu_checks.sh # some stages only
+#
+# Needs: a CUDA build of torch with Triton, and moglm's dependencies importable (pip install -e '.[cli,gpu]',
+# or wheels in .whl/ that this installs with --no-index where nothing can be fetched). PTB (for the epoch
+# and dynamic evaluation stages) is read from $MOGLM_DATA, or from .devdata/ when that exists.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-benchmarks/results}
+R=${RESULTS:-/tmp/gpu_results}
+mkdir -p "$R" "$OUT"
+STAGES=${STAGES:-"setup tests profile throughput epoch dyneval"}
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+[ -d .devdata ] && export MOGLM_DATA=${MOGLM_DATA:-$PWD/.devdata}
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+
+pack() { tar -czf "$OUT/gpu_results.tgz" -C "$(dirname "$R")" "$(basename "$R")"; }
+stage() {  # stage NAME SECONDS COMMAND...: run if asked for, log to $R/NAME.log, report its time and status
+  local name=$1 limit=$2; shift 2
+  case " $STAGES " in *" $name "*) ;; *) return 0 ;; esac
+  local start=$SECONDS
+  echo "== $name (limit ${limit}s)"
+  timeout -k 5 "$limit" "$@" >"$R/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: rc=$rc in $((SECONDS - start))s"
+  tail -n 25 "$R/$name.log"
+  pack
+}
+
+stage setup 30 bash -c 'nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, triton.__version__,
+  torch.version.cuda, torch.cuda.get_device_name(), torch.backends.cudnn.version())"; python3 -c "import moglm.cli"'
+stage tests 110 python3 -m pytest -q -p no:cacheprovider --timeout 100 tests/test_recurrence_cuda.py \
+  tests/test_recurrence_cuda_graphs.py
+stage profile 50 python3 benchmarks/profile_fused.py --device cuda --hidden-size 650 --batch-size 64 --passes 3 \
+  --out "$R/profile_fused_cuda.json"
+stage throughput 150 python3 -m moglm bench throughput --device cuda --hidden-size 650 --hidden-size 1500 \
+  --batch-size 64 --batch-size 128 --repeats 3 --epoch-steps 0 --out "$R/throughput_cuda.json"
+stage epoch 50 python3 -m moglm bench epoch ptb-word-mogrifier-paper --device cuda --steps 30 \
+  --out "$R/epoch_cuda.json"
+stage dyneval 40 python3 benchmarks/dyneval_cost.py --device cuda --tokens 5000 --out "$R/dyneval_cost_cuda.json"
+echo "== done"
