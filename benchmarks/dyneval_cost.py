@@ -8,8 +8,9 @@ evaluation mode. It reads the first ``--tokens`` tokens of the config's test spl
 pass (windows of 70), then dynamic evaluation (thesis 4.2: score a segment, take one gradient step on it,
 go on; the default rule rms-rmsdecay, eq. 4.5-4.7, with segments of 20), each timed once after a warm-up on
 the first tokens. RMS statistics are ones (the cost of the update does not depend on their values). The
-ratio of the two wall-clock times is what the GPU path's target (at most 3x static) is about. Writes JSON
-(default ``benchmarks/results/dyneval_cost_<device>.json``) and prints one line.
+ratio of the two wall-clock times is what the GPU path's target (at most 3x static) is about. On CUDA it
+measures both again with every fused window replayed as a CUDA graph (``moglm.recurrence.cuda_graphs``).
+Writes JSON (default ``benchmarks/results/dyneval_cost_<device>.json``) and prints a line per way.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 
 from moglm.dynamic_evaluation import Hyperparameters
 from moglm.dynamic_evaluation.evaluate import dynamic_evaluate, static_pass
+from moglm.recurrence import cuda_graphs
 from moglm.train.build import build_model, load_data
 from moglm.train.config import load_config
 
@@ -36,6 +38,15 @@ def _sync(device: torch.device) -> None:
 
 
 def measure(config: str, device: str, tokens: int, segment_length: int = 20) -> dict:
+    """Static and dynamic passes timed; on CUDA also with CUDA graphs (``"graphs"``)."""
+    report = _measure(config, device, tokens, segment_length, graphs=False)
+    if torch.device(device).type == "cuda":
+        with cuda_graphs.graphs():
+            report["graphs"] = _measure(config, device, tokens, segment_length, graphs=True)
+    return report
+
+
+def _measure(config: str, device: str, tokens: int, segment_length: int, graphs: bool) -> dict:
     cfg = load_config(config, [])
     corpus = load_data(cfg.data)
     where = torch.device(device)
@@ -58,7 +69,7 @@ def measure(config: str, device: str, tokens: int, segment_length: int = 20) -> 
                    threads=torch.get_num_threads())
     if where.type == "cuda":
         machine["gpu"] = torch.cuda.get_device_name(where)
-    return {"config": config, "device": device, "tokens": int(len(ids) - 1), "machine": machine,
+    return {"config": config, "device": device, "cuda_graphs": graphs, "tokens": int(len(ids) - 1), "machine": machine,
             "hyperparameters": hp.as_dict(), "parameters": sum(p.numel() for p in model.parameters()),
             "static_seconds": static_s, "dynamic_seconds": dynamic_s, "cost": dynamic_s / static_s,
             "static_tokens_per_s": (len(ids) - 1) / static_s, "dynamic_tokens_per_s": (len(ids) - 1) / dynamic_s,
@@ -78,8 +89,11 @@ def main(argv=None) -> dict:
     out = Path(args.out or HERE / "results" / f"dyneval_cost_{torch.device(args.device).type}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
-    print(f"{args.config} on {args.device}: static {report['static_tokens_per_s']:,.0f} tok/s, dynamic "
-          f"{report['dynamic_tokens_per_s']:,.0f} tok/s: dynamic evaluation costs {report['cost']:.2f}x static")
+    for row in (report, report.get("graphs")):
+        if row:
+            print(f"{args.config} on {args.device}{' as CUDA graphs' if row['cuda_graphs'] else ''}: static "
+                  f"{row['static_tokens_per_s']:,.0f} tok/s, dynamic {row['dynamic_tokens_per_s']:,.0f} tok/s: "
+                  f"dynamic evaluation costs {row['cost']:.2f}x static")
     print(f"written to {out}")
     return report
 

@@ -118,6 +118,32 @@ def test_each_compiled_kernel_equals_its_torch_twin_on_cuda(dtype, capped):
         torch.testing.assert_close(got, want, **tol, msg=lambda m: f"output {i}: {m}")
 
 
+@triton_needed
+@pytest.mark.parametrize("bias, add", [(True, True), (False, False)])
+def test_the_round_kernels_equal_their_torch_twin_on_cuda(bias, add):
+    from moglm.recurrence.triton_rounds import TorchRounds, TritonRounds
+    from test_recurrence_triton import round_kernel_outputs
+
+    with tf32(False):
+        got = round_kernel_outputs(TritonRounds, CUDA, bias, add, B=70, n_in=650, n_out=650, k=64)
+        want = round_kernel_outputs(TorchRounds, CUDA, bias, add, B=70, n_in=650, n_out=650, k=64)
+    for i, (a, b) in enumerate(zip(got, want)):  # sums over 650 terms: compare by relative norm (float32 order)
+        assert torch.isfinite(a).all(), f"output {i}: an element was not written"
+        assert ((a - b).norm() / b.norm()).item() < 1e-5, f"output {i}"
+
+
+@triton_needed
+@pytest.mark.parametrize("zigzag", [True, False], ids=["zigzag", "no_zigzag"])
+def test_float32_mogrifier_on_the_round_kernels_matches_the_float64_reference(zigzag):
+    from moglm.recurrence.triton_rounds import TritonRounds, rounds_for
+
+    model = moglm.MogrifierLSTM(M, H, 2, rounds=5, rank=3, zigzag=zigzag, device=CUDA).eval()
+    assert rounds_for(torch.zeros(1, device=CUDA)) is TritonRounds
+    reference = copy.deepcopy(model).to("cpu", torch.float64)
+    with tf32(False):
+        assert_parity(model, 2, dtype=torch.float32, device=CUDA, reference=reference, rtol=1e-4, atol=1e-5)
+
+
 def _graph_parity(make, windows: int = 3, dtype=torch.float64):
     """Graphed windows against plain ones: several windows in a row (replays with new inputs, and an
     optimizer step between them, which a replay must see), outputs, states and every gradient."""

@@ -141,3 +141,71 @@ def test_a_loss_on_the_final_cell_state_alone_backpropagates_through_the_kernels
         grads.append([p.grad.clone() for p in model.parameters()])
     for got, want in zip(*grads[::-1]):
         torch.testing.assert_close(got, want)
+
+
+# -- the low-rank round kernels (moglm.recurrence.triton_rounds) ----------------------------------------------
+
+
+def round_kernel_outputs(rounds, device, bias: bool, add: bool, B=37, n_in=70, n_out=83, k=5):
+    """Forward and backward of one round through ``rounds`` on fresh random float32 tensors (seed 0), with
+    column slices (strided rows) for the inputs a window passes as views; more rows than one program takes
+    (16), more columns than one block (64), a rank that is no power of two."""
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, device=device)
+
+    src = randn(B, n_in + 3)[:, 3:]
+    right, left = randn(k, n_in) / n_in**0.5, randn(n_out, k) / k**0.5  # p of order 1, as initialised models have
+    b = randn(n_out) if bias else None
+    old = randn(B, n_out + 2)[:, 2:]
+    sg, new = torch.full((B, n_out), float("nan"), device=device), torch.full((B, 2 * n_out), float("nan"),
+                                                                             device=device)[:, :n_out]
+    low = rounds.forward(src, right, left, b, old, sg, new)
+    dnew = randn(B, n_out + 1)[:, 1:]
+    dp = torch.full((B, n_out), float("nan"), device=device)
+    extra = randn(B, n_in + 5)[:, :n_in] if add else None
+    dold, dlow, d_src = rounds.backward(dnew, old, sg, dp, left, right, extra)
+    return [low, sg, new, dp, dold, dlow, d_src]
+
+
+@pytest.mark.parametrize("bias, add", [(True, True), (False, False), (True, False)])
+def test_the_round_kernels_equal_their_torch_twin(bias, add):
+    from moglm.recurrence.triton_rounds import TorchRounds, TritonRounds
+
+    names = ["low", "sg", "new", "dp", "dold", "dlow", "d src"]
+    got = round_kernel_outputs(TritonRounds, "cpu", bias, add)
+    want = round_kernel_outputs(TorchRounds, "cpu", bias, add)
+    for name, a, b in zip(names, got, want):
+        assert torch.isfinite(a).all(), f"{name}: an element was not written"
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("zigzag", [True, False], ids=["zigzag", "no_zigzag"])
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_float32_mogrifier_windows_on_the_round_kernels_match_the_reference_loop(zigzag, mode, monkeypatch):
+    """Each low-rank round one kernel forward and one backward, in 1 and 2 layers, with and without biases."""
+    from moglm.recurrence import triton_rounds
+
+    calls = []
+    for name in ("forward", "backward"):
+        original = getattr(triton_rounds.TritonRounds, name)
+        monkeypatch.setattr(triton_rounds.TritonRounds, name,
+                            staticmethod(lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a)))
+    for layers, bias in ((1, True), (2, False)):
+        model = getattr(moglm.MogrifierLSTM(7, 5, layers, rounds=5, rank=3, zigzag=zigzag, bias=bias,
+                                            state_dropout=0.2), mode)()
+        assert_parity(model, layers, dtype=torch.float32, rtol=1e-4, atol=1e-5)
+    assert {"forward", "backward"} <= set(calls)
+
+
+def test_the_round_kernels_can_be_switched_off_and_skip_other_dtypes(monkeypatch):
+    from moglm.recurrence.gemm import low_precision_products
+    from moglm.recurrence.triton_rounds import TorchRounds, TritonRounds, rounds_for
+
+    assert rounds_for(torch.zeros(1)) is TritonRounds
+    assert rounds_for(torch.zeros(1, dtype=torch.float64)) is TorchRounds
+    with low_precision_products(torch.bfloat16):
+        assert rounds_for(torch.zeros(1)) is TorchRounds
+    monkeypatch.setenv("MOGLM_TRITON_ROUNDS", "0")
+    assert rounds_for(torch.zeros(1)) is TorchRounds

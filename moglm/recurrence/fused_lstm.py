@@ -41,6 +41,7 @@ from .fused_cell import (
 )
 from .gemm import CHUNK_ROWS, Linear, low_precision_products, matmul_tn, product_dtype
 from .triton_pointwise import pointwise_for
+from .triton_rounds import TritonRounds, rounds_for
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,10 @@ class _Round:
             self.left, self.right = p[prefix + "left"][self.j], p[prefix + "right"][self.j]  # [out, k], [k, in]
         else:
             self.full = p[prefix + "weight"][self.j]  # [out, in]
+
+    def weights(self) -> tuple[Tensor, Tensor]:
+        """``(2^j Q_right [k, in], Q_left [out, k])``: the low-rank factors as the round kernels take them."""
+        return (self.scale * self.right).contiguous(), self.left
 
     def forward_ops(self, rows: int) -> None:
         if self.low_rank:
@@ -160,12 +165,19 @@ def fused_forward(spec: LayerSpec, xs: Tensor, h0: Tensor, c0: Tensor, mask: Ten
         for k, (rd, sg) in enumerate(zip(rounds, sgs))
     ]
     xh_t = views(xh)
+    fused_rounds = spec.rank > 0 and rounds_for(xs) is TritonRounds  # each round one kernel (GPU)
+    factors = [rd.weights() + (rd.bias,) for rd in rounds] if fused_rounds else None
     for t in range(T):
         if nr == 0:  # h~ is h_up itself
             torch.mul(h_prev_t[t], mask, out=h_first_t[t]) if mask is not None else h_first_t[t].copy_(h_prev_t[t])
         elif mask is not None:
             torch.mul(h_prev_t[t], mask, out=h_first_t[t])  # h~ [B, n]
-        for old, new, src, sg, low_op, pre_op, low_list in plan:
+        for k, (old, new, src, sg, low_op, pre_op, low_list) in enumerate(plan):
+            if fused_rounds:
+                low = TritonRounds.forward(src[t], *factors[k][:2], factors[k][2], old[t], sg[t], new[t])  # [B, k]
+                if low_list is not None:
+                    low_list.append(low)
+                continue
             if low_op is not None:
                 low = low_op(src[t])  # [B, k]
                 if low_list is not None:
@@ -235,6 +247,8 @@ def fused_backward(spec: LayerSpec, needs, xs, h0, c0, mask, p: Params, ys, save
     ]
     dG_t = dG.unbind(0)
     zigzag = spec.zigzag
+    fused_rounds = spec.rank > 0 and rounds_for(xs) is TritonRounds  # each round one kernel (GPU)
+    factors = {k: rd.weights() for k, rd in enumerate(rounds)} if fused_rounds else None
     for t in range(T - 1, -1, -1):
         dh = dys_t[t] + dh_next
         dc_next = pointwise.cell_backward(dh, dc_next, acts[t], c_prev_t[t], cs_t[t], da, dg_ifo_t[t], dg_j_t[t],
@@ -243,6 +257,12 @@ def fused_backward(spec: LayerSpec, needs, xs, h0, c0, mask, p: Params, ys, save
         grad = {"x": dxh[:, :m], "h": dxh[:, m:]}  # gradient of each chain's current end
         extra = {"x": None, "h": None}  # no zigzag: gradient reaching x^0 / h^0 as round sources
         for k, target, source, old, sg, dp_t, d_low, d_src, dlow_list in plan:
+            if fused_rounds:
+                into = grad if zigzag else extra
+                right, left = factors[k]
+                grad[target], dlow_list[t], into[source] = TritonRounds.backward(
+                    grad[target], old[t], sg[t], dp_t[t], left, right, into[source])
+                continue
             grad[target] = pointwise.round_backward(grad[target], old[t], sg[t], dp_t[t])  # of the old value
             dp = dp_t[t]  # dL/dp [B, out]
             if d_low is not None:
