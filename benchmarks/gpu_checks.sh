@@ -6,7 +6,7 @@
 # others' results; each writes its log and JSON under $RESULTS (default /tmp/gpu_results), and all of them
 # are packed into $OUT/gpu_results.tgz (default OUT: benchmarks/results) after each stage.
 #
-#   bash benchmarks/gpu_checks.sh                        # everything; about 7 minutes on an H100/H200
+#   bash benchmarks/gpu_checks.sh                        # everything; about 6 minutes on an H200
 #   STAGES="tests profile" bash benchmarks/gpu_checks.sh # some stages only
 #
 # Needs: a CUDA build of torch with Triton, and moglm's dependencies importable (pip install -e '.[cli,gpu]',
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
 R=${RESULTS:-/tmp/gpu_results}
 mkdir -p "$R" "$OUT"
-STAGES=${STAGES:-"setup tests profile profile_unfused_rounds throughput epoch dyneval"}
+STAGES=${STAGES:-"setup tests profile profile_fused_rounds round_kernels epoch epoch_graphs dyneval throughput"}
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 [ -d .devdata ] && export MOGLM_DATA=${MOGLM_DATA:-$PWD/.devdata}
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -44,12 +44,15 @@ stage tests 110 python3 -m pytest -q -p no:cacheprovider --timeout 100 tests/tes
   tests/test_recurrence_cuda_graphs.py
 stage profile 50 python3 benchmarks/profile_fused.py --device cuda --hidden-size 650 --batch-size 64 --passes 3 \
   --out "$R/profile_fused_cuda.json"
-stage profile_unfused_rounds 40 env MOGLM_TRITON_ROUNDS=0 python3 benchmarks/profile_fused.py --device cuda \
+stage profile_fused_rounds 40 env MOGLM_TRITON_ROUNDS=1 python3 benchmarks/profile_fused.py --device cuda \
   --hidden-size 650 --batch-size 64 --passes 3 --models "moglm Mogrifier r=5 k=64" "Mogrifier, CUDA graphs" \
-  --out "$R/profile_fused_cuda_unfused_rounds.json"
-stage throughput 170 python3 -m moglm bench throughput --device cuda --hidden-size 650 --hidden-size 1500 \
-  --batch-size 64 --batch-size 128 --repeats 5 --epoch-steps 0 --out "$R/throughput_cuda.json"
+  --out "$R/profile_fused_cuda_fused_rounds.json"
+stage round_kernels 60 python3 benchmarks/round_kernels.py --out "$R/round_kernels_cuda.json"
 stage epoch 50 python3 -m moglm bench epoch ptb-word-mogrifier-paper --device cuda --steps 30 \
   --out "$R/epoch_cuda.json"
+stage epoch_graphs 50 python3 -m moglm bench epoch ptb-word-mogrifier-paper --device cuda --steps 30 --cuda-graphs \
+  --out "$R/epoch_cuda_graphs.json"
 stage dyneval 100 python3 benchmarks/dyneval_cost.py --device cuda --tokens 5000 --out "$R/dyneval_cost_cuda.json"
+stage throughput 170 python3 -m moglm bench throughput --device cuda --hidden-size 650 --hidden-size 1500 \
+  --batch-size 64 --batch-size 128 --repeats 5 --epoch-steps 0 --out "$R/throughput_cuda.json"
 echo "== done"

@@ -293,11 +293,17 @@ def _build_app():
         checkpoint: Checkpoint = typer.Option("best", help="The best or the last checkpoint."),
         device: Optional[str] = typer.Option(None, help=f"{DEVICE_HELP} (default: the run's)."),
         threads: Optional[int] = typer.Option(None, help="CPU threads for torch."),
+        cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="CUDA: replay the recurrent layers' fused "
+                                         "windows as CUDA graphs (on an H200, 1.7x static instead of 2.3-3.1x)."),
         progress: bool = typer.Option(True, help="Show progress bars."),
     ) -> None:
         """Dynamic evaluation: adapt the weights to the text while scoring it (Krause thesis ch. 4-6), of a run or
         of a Hugging Face causal LM (--hf)."""
+        import contextlib
+
         import torch
+
+        from .recurrence import cuda_graphs as graphs
 
         from .dynamic_evaluation import Hyperparameters, ParameterSelection, SparseSpec, StatisticsSettings
         from .dynamic_evaluation.run import dyneval_run
@@ -336,14 +342,18 @@ def _build_app():
                        progress=progress, log=typer.echo, out=out, **extra)
             return
         statistics = StatisticsSettings(0.01 if stats_fraction is None else stats_fraction, stats_batch_size or 8)
-        dyneval_run(LanguageModelRun(run_dir), tuple(values(split)) or ("test",), hp, search=search,
-                    search_tokens=search_tokens,
-                    max_cost=max_cost, sparse=SparseSpec(sparse_units, tuple(sparse_layer) or None) if sparse else None,
-                    streams=streams, episodic=episodic, boundary=boundary,
-                    statistics=statistics, eval_tokens=eval_tokens,
-                    temperature=logit_factor, mc_samples=mc_samples, selection=selection, cache=cache,
-                    cache_size=cache_size, which=checkpoint, device=device, progress=progress, log=typer.echo,
-                    **extra)
+        if cuda_graphs and (why := graphs.unavailable()) is not None:
+            raise MoglmError(f"--cuda-graphs: {why}")
+        with graphs.graphs() if cuda_graphs else contextlib.nullcontext():
+            dyneval_run(LanguageModelRun(run_dir), tuple(values(split)) or ("test",), hp, search=search,
+                        search_tokens=search_tokens,
+                        max_cost=max_cost,
+                        sparse=SparseSpec(sparse_units, tuple(sparse_layer) or None) if sparse else None,
+                        streams=streams, episodic=episodic, boundary=boundary,
+                        statistics=statistics, eval_tokens=eval_tokens,
+                        temperature=logit_factor, mc_samples=mc_samples, selection=selection, cache=cache,
+                        cache_size=cache_size, which=checkpoint, device=device, progress=progress, log=typer.echo,
+                        **extra)
 
     from .compression.cli import register as compression_commands
 

@@ -134,9 +134,10 @@ def test_the_round_kernels_equal_their_torch_twin_on_cuda(bias, add):
 
 @triton_needed
 @pytest.mark.parametrize("zigzag", [True, False], ids=["zigzag", "no_zigzag"])
-def test_float32_mogrifier_on_the_round_kernels_matches_the_float64_reference(zigzag):
+def test_float32_mogrifier_on_the_round_kernels_matches_the_float64_reference(zigzag, monkeypatch):
     from moglm.recurrence.triton_rounds import TritonRounds, rounds_for
 
+    monkeypatch.setenv("MOGLM_TRITON_ROUNDS", "1")
     model = moglm.MogrifierLSTM(M, H, 2, rounds=5, rank=3, zigzag=zigzag, device=CUDA).eval()
     assert rounds_for(torch.zeros(1, device=CUDA)) is TritonRounds
     reference = copy.deepcopy(model).to("cpu", torch.float64)
@@ -220,3 +221,19 @@ def test_a_language_model_trains_a_step_on_cuda_like_on_cpu():
     assert losses[0] == pytest.approx(losses[1], rel=1e-10)
     for a, b in zip(grads[1], grads[0]):
         torch.testing.assert_close(a, b)
+
+
+def test_training_with_cuda_graphs_gives_the_weights_of_training_without(tiny_corpus, tmp_path):
+    """train.cuda_graphs: the same steps (dropout masks included) give the same weights, replayed as graphs."""
+    from conftest import tiny_config
+    from moglm.train.trainer import Trainer
+
+    weights = []
+    for graphs in (False, True):
+        cfg = tiny_config(tiny_corpus, train={"device": CUDA, "cuda_graphs": graphs, "max_steps": 6, "eval_every": 3})
+        trainer = Trainer(cfg, tmp_path / f"run-{graphs}", progress=False, log=lambda s: None)
+        trainer.train()
+        weights.append({k: v.detach().cpu() for k, v in trainer.model.state_dict().items()})
+    for name in weights[0]:
+        torch.testing.assert_close(weights[1][name], weights[0][name], rtol=1e-4, atol=1e-5,
+                                   msg=lambda m: f"{name}: {m}")

@@ -170,12 +170,19 @@ def round_kernel_outputs(rounds, device, bias: bool, add: bool, B=37, n_in=70, n
 
 
 @pytest.mark.parametrize("bias, add", [(True, True), (False, False), (True, False)])
-def test_the_round_kernels_equal_their_torch_twin(bias, add):
+def test_the_round_kernels_equal_their_torch_twin(bias, add, monkeypatch):
+    from moglm.recurrence import triton_rounds
     from moglm.recurrence.triton_rounds import TorchRounds, TritonRounds
 
     names = ["low", "sg", "new", "dp", "dold", "dlow", "d src"]
-    got = round_kernel_outputs(TritonRounds, "cpu", bias, add)
-    want = round_kernel_outputs(TorchRounds, "cpu", bias, add)
+    for config in ({}, {"BLOCK_B": 32, "BLOCK_N": 32, "BLOCK_K": 64}):  # the default and another block shape
+        monkeypatch.setattr(triton_rounds, "CONFIG", {**triton_rounds.CONFIG, **config})
+        got = round_kernel_outputs(TritonRounds, "cpu", bias, add)
+        want = round_kernel_outputs(TorchRounds, "cpu", bias, add)
+        assert_round_outputs_close(names, got, want)
+
+
+def assert_round_outputs_close(names, got, want):
     for name, a, b in zip(names, got, want):
         assert torch.isfinite(a).all(), f"{name}: an element was not written"
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")
@@ -187,6 +194,7 @@ def test_float32_mogrifier_windows_on_the_round_kernels_match_the_reference_loop
     """Each low-rank round one kernel forward and one backward, in 1 and 2 layers, with and without biases."""
     from moglm.recurrence import triton_rounds
 
+    monkeypatch.setenv("MOGLM_TRITON_ROUNDS", "1")
     calls = []
     for name in ("forward", "backward"):
         original = getattr(triton_rounds.TritonRounds, name)
@@ -199,10 +207,13 @@ def test_float32_mogrifier_windows_on_the_round_kernels_match_the_reference_loop
     assert {"forward", "backward"} <= set(calls)
 
 
-def test_the_round_kernels_can_be_switched_off_and_skip_other_dtypes(monkeypatch):
+def test_the_round_kernels_are_opt_in_and_skip_other_dtypes(monkeypatch):
     from moglm.recurrence.gemm import low_precision_products
     from moglm.recurrence.triton_rounds import TorchRounds, TritonRounds, rounds_for
 
+    monkeypatch.delenv("MOGLM_TRITON_ROUNDS", raising=False)
+    assert rounds_for(torch.zeros(1)) is TorchRounds  # off by default: slower than cuBLAS on an H200
+    monkeypatch.setenv("MOGLM_TRITON_ROUNDS", "1")
     assert rounds_for(torch.zeros(1)) is TritonRounds
     assert rounds_for(torch.zeros(1, dtype=torch.float64)) is TorchRounds
     with low_precision_products(torch.bfloat16):

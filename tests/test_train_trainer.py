@@ -206,3 +206,12 @@ def test_tensorboard_gets_hyperparameters_throughput_gradient_norm_and_learning_
     plugins = events.PluginTagToContent("hparams")
     assert plugins, "no hyperparameter summary"
     assert any(b"model.cell.rounds" in content for content in plugins.values())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error a machine without CUDA gives")
+def test_cuda_graphs_on_cpu_are_refused_in_one_line(tiny_corpus, tmp_path):
+    from moglm.train.trainer import Trainer
+
+    cfg = tiny_config(tiny_corpus, train={"cuda_graphs": True})
+    with pytest.raises(MoglmError, match="train.cuda_graphs needs one CUDA device"):
+        Trainer(cfg, tmp_path / "run", progress=False, log=lambda s: None).train()

@@ -95,16 +95,19 @@ def bench_app() -> typer.Typer:
         config: str = typer.Argument("ptb-word-mogrifier-paper", help="A shipped config name or file."),
         device: str = typer.Option("cpu", help=DEVICE_HELP),
         steps: int = typer.Option(30, help="Optimizer steps timed (the first 10 are warm-up)."),
+        cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="Train with train.cuda_graphs on (CUDA)."),
         out: Path = typer.Option(default_out("epoch.json"), help=OUT_HELP, show_default=False),
     ) -> None:
         """Training tokens/s of a config on a device, and the time one epoch takes at that rate."""
         from ..device import resolve_device
         from .end_to_end import epoch_seconds
 
+        if cuda_graphs and resolve_device(device).type != "cuda":
+            raise MoglmError("--cuda-graphs needs --device cuda")
         resolve_device(device)
         if steps < 20:
             raise MoglmError("--steps must be at least 20 (the trainer reports its rate every 10 steps)")
-        epoch_seconds(config, device, steps, out, log=typer.echo)
+        epoch_seconds(config, device, steps, out, log=typer.echo, cuda_graphs=cuda_graphs)
         typer.echo(f"written to {out}")
 
     @app.command("gemm-routes")

@@ -30,13 +30,14 @@ BACKENDS = ("fused", "auto")
 
 
 def _tokens_per_s(config: str, backend: str, steps: int, run_dir: Path,
-                  device: str | None = None) -> dict[str, Any]:
+                  device: str | None = None, cuda_graphs: bool = False) -> dict[str, Any]:
     from ..train.config import load_config
     from ..runs import RunDirectory
     from ..train.trainer import Trainer
 
     cfg = load_config(config, [f"train.max_steps={steps}", f"train.eval_every={steps + 1}",
-                               f"model.backend={backend}", *([f"train.device={device}"] if device else [])])
+                               f"model.backend={backend}", *([f"train.device={device}"] if device else []),
+                               *(["train.cuda_graphs=true"] if cuda_graphs else [])])
     start = time.perf_counter()
     Trainer(cfg, run_dir, progress=False, log=lambda s: None).train()
     seconds = time.perf_counter() - start
@@ -122,10 +123,12 @@ def markdown_table(report: dict[str, Any]) -> str:
 
 
 def epoch_seconds(config: str = "ptb-word-mogrifier-paper", device: str = "cpu", steps: int = 30,
-                  out_path: str | Path | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+                  out_path: str | Path | None = None, log: Callable[[str], None] = print,
+                  cuda_graphs: bool = False) -> dict[str, Any]:
     """Training tokens/s of ``config`` on ``device`` (the median of the trainer's records after the first,
     over ``steps`` optimizer steps) and the seconds one epoch of its training split takes at that rate;
-    written as JSON to ``out_path`` (if given) and returned."""
+    written as JSON to ``out_path`` (if given) and returned. ``cuda_graphs``: train with
+    ``train.cuda_graphs`` on."""
     import torch
 
     from ..device import resolve_device, usable_cores
@@ -134,15 +137,16 @@ def epoch_seconds(config: str = "ptb-word-mogrifier-paper", device: str = "cpu",
 
     where = resolve_device(device)
     train_tokens = len(load_data(load_config(config, []).data)["train"])
-    log(f"{config} on {device}: {steps} steps ...")
+    log(f"{config} on {device}{' with CUDA graphs' if cuda_graphs else ''}: {steps} steps ...")
     with tempfile.TemporaryDirectory(prefix="moglm-epoch-") as tmp:
-        measured = _tokens_per_s(config, "auto", steps, Path(tmp) / "run", device=device)
+        measured = _tokens_per_s(config, "auto", steps, Path(tmp) / "run", device=device, cuda_graphs=cuda_graphs)
     rate = measured["tokens_per_s"]
     machine = dict(platform=platform.platform(), processor=platform.processor(), torch=torch.__version__,
                    threads=torch.get_num_threads(), usable_cores=usable_cores())
     if where.type == "cuda":
         machine["gpu"] = torch.cuda.get_device_name(where)
-    report = {"command": command_line(), "config": config, "device": device, "machine": machine, "steps": steps,
+    report = {"command": command_line(), "config": config, "device": device, "cuda_graphs": cuda_graphs,
+              "machine": machine, "steps": steps,
               "train_tokens": train_tokens, **measured, "epoch_seconds": train_tokens / rate if rate else None}
     log(f"  {rate:,.0f} tokens/s: an epoch of {train_tokens:,} tokens takes {report['epoch_seconds'] / 60:.1f} min"
         if rate else "  too few steps for a rate (use --steps >= 20)")

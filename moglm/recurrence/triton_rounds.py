@@ -19,7 +19,15 @@ rounds bound its time (the profile in docs/fused-recurrence.md). Here a round is
 :class:`TorchRounds` is the twin in torch ops (what CPU runs, and what the tests compare with). The
 kernels take float32 tensors (their products as ``tl.dot`` in IEEE float32, or in TF32 when
 ``torch.backends.cuda.matmul.allow_tf32`` allows it for cuBLAS); other dtypes, and products under
-autocast, run the twin. ``MOGLM_TRITON_ROUNDS=0`` switches the kernels off (A/B timings).
+autocast, run the twin.
+
+The kernels are off by default (``MOGLM_TRITON_ROUNDS=1`` turns them on): on an H200 they were slower than
+the two cuBLAS products and the pointwise kernel they replace (37 and 30 microseconds per launch forward and
+backward at B = 64, H = 650, k = 64, against about 22 and 20 for the three launches; the Mogrifier's
+graphed training step went from 20 to 32 ms). Each program reduces over the whole input width in a serial
+loop of ``tl.dot`` steps, so the launch is bound by that loop's latency, as cuBLAS's single-tile product
+is; ``benchmarks/round_kernels.py`` times the block shapes, and docs/fused-recurrence.md says what would
+close the gap.
 """
 
 from __future__ import annotations
@@ -33,8 +41,9 @@ from torch import Tensor
 from .gemm import product_dtype
 from .triton_pointwise import interpreting, tl, triton_missing
 
-#: batch rows per program and the column block of the output (``BLOCK_N``) and of the reduction (``BLOCK_K``)
-BLOCK_B, BLOCK_N, BLOCK_K = 16, 64, 32
+#: the launch configuration: batch rows per program, the column block of the output (``BLOCK_N``) and of
+#: the reduction (``BLOCK_K``), warps per program (benchmarks/round_kernels.py times others)
+CONFIG = {"BLOCK_B": 16, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4}
 
 
 class TorchRounds:
@@ -64,9 +73,9 @@ class TorchRounds:
 
 
 def rounds_for(t: Tensor):
-    """The kernels for a float32 window on CUDA (or anywhere under ``TRITON_INTERPRET=1``) with Triton
-    installed and products in float32; else :class:`TorchRounds`."""
-    if (os.environ.get("MOGLM_TRITON_ROUNDS", "1") != "0" and t.dtype == torch.float32
+    """The kernels when ``MOGLM_TRITON_ROUNDS=1``, for a float32 window on CUDA (or anywhere under
+    ``TRITON_INTERPRET=1``) with Triton installed and products in float32; else :class:`TorchRounds`."""
+    if (os.environ.get("MOGLM_TRITON_ROUNDS", "0") == "1" and t.dtype == torch.float32
             and (t.is_cuda or interpreting()) and triton_missing() is None and product_dtype() is None):
         return TritonRounds
     return TorchRounds
@@ -154,7 +163,8 @@ def _row_stride(t: Tensor) -> int:
 def _launch_shape(B: int, width: int, k: int):
     import triton
 
-    return (triton.cdiv(B, BLOCK_B), max(1, triton.cdiv(width, BLOCK_N))), max(16, triton.next_power_of_2(k))
+    grid = (triton.cdiv(B, CONFIG["BLOCK_B"]), max(1, triton.cdiv(width, CONFIG["BLOCK_N"])))
+    return grid, max(16, triton.next_power_of_2(k))
 
 
 def _precision() -> str:
@@ -177,8 +187,7 @@ class TritonRounds:
             _kernels(interpreting())[0][grid](
                 src, _row_stride(src), right.contiguous(), left.contiguous(), bias if bias is not None else left,
                 old, _row_stride(old), sg, _row_stride(sg), new, _row_stride(new), low, B, n_in, n_out, k,
-                HAS_BIAS=bias is not None, PREC=_precision(), KP=kp, BLOCK_B=BLOCK_B, BLOCK_N=BLOCK_N,
-                BLOCK_K=BLOCK_K)
+                HAS_BIAS=bias is not None, PREC=_precision(), KP=kp, **CONFIG)
         return low
 
     @staticmethod
@@ -193,6 +202,5 @@ class TritonRounds:
                 dnew, _row_stride(dnew), old, _row_stride(old), sg, _row_stride(sg), dp, _row_stride(dp), dold,
                 dlow, left.contiguous(), right.contiguous(), add if add is not None else d_src,
                 _row_stride(add) if add is not None else 0, d_src, B, n_in, n_out, k,
-                HAS_ADD=add is not None, PREC=_precision(), KP=kp, BLOCK_B=BLOCK_B, BLOCK_N=BLOCK_N,
-                BLOCK_K=BLOCK_K)
+                HAS_ADD=add is not None, PREC=_precision(), KP=kp, **CONFIG)
         return dold, dlow, d_src

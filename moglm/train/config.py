@@ -162,6 +162,9 @@ class TrainConfig(Section):
     )
     seed: int = Field(1, description="Random seed (weights, dropout masks, state resets, episode order).")
     device: str = Field("auto", description="auto (CUDA when available), cpu, cuda or cuda:N.")
+    cuda_graphs: bool = Field(
+        False, description="CUDA only: replay each recurrent layer's fused window as a CUDA graph, captured once per "
+                           "window shape (one launch per window instead of one per kernel; docs/fused-recurrence.md).")
     threads: int | None = Field(None, ge=1, description="CPU threads for torch (null: torch's default).")
 
     @model_validator(mode="after")

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from ..errors import MoglmError
 from ..progress import progress_bar
+from ..recurrence import cuda_graphs
 from ..runs import RunDirectory, load_group
 from ..runs.checkpoints import load_state
 from .data_parallel import SINGLE, Group
@@ -78,6 +79,7 @@ class Settings:
     early_stopping_patience: int | None = None
     tokens_per_step: int = 1  # for the progress bar's tokens/s
     log_every: int = 10  # steps between training-loss records in metrics.jsonl
+    cuda_graphs: bool = False  # replay the recurrent layers' fused windows as CUDA graphs in training steps
 
     def __post_init__(self) -> None:
         for name in ("steps", "eval_every", "log_every"):
@@ -236,6 +238,9 @@ class Engine:
             log, progress = (lambda message: None), False
         self.model = task.model
         self.device = torch.device(device)
+        if settings.cuda_graphs and (self.device.type != "cuda" or group.distributed):
+            raise MoglmError("train.cuda_graphs needs one CUDA device (it is not supported on CPU or with data-"
+                             f"parallel training; the device here is {self.device})")
         self.title = title or run.path.name
         self.unit = unit
         self.progress_enabled, self.desc = progress, desc
@@ -345,7 +350,14 @@ class Engine:
         return TrainingDiverged(f"non-finite {what} at step {step}; training stopped and {kept}")
 
     def _step(self, step: int) -> tuple[float, int, float]:
-        """One optimizer step; returns (summed nll, scored tokens, gradient norm before clipping)."""
+        """One optimizer step; returns (summed nll, scored tokens, gradient norm before clipping). With
+        ``cuda_graphs`` the recurrent layers' windows replay as CUDA graphs (forward and backward)."""
+        if not self.settings.cuda_graphs:
+            return self._step_now(step)
+        with cuda_graphs.graphs():
+            return self._step_now(step)
+
+    def _step_now(self, step: int) -> tuple[float, int, float]:
         s = self.settings
         self.model.train()
         out = self.task.loss(step)

@@ -55,7 +55,8 @@ def engine_settings(cfg: RunConfig) -> Settings:
                     schedule=t.learning_rate_schedule, min_learning_rate=t.min_learning_rate,
                     adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, adam_eps=t.adam_eps, clip_norm=t.clip_norm, l2_penalty=t.l2_penalty,
                     averaging_patience=t.averaging_patience, averaging_start=t.averaging_start,
-                    early_stopping_patience=t.early_stopping_patience, tokens_per_step=t.batch_size * t.bptt)
+                    early_stopping_patience=t.early_stopping_patience, tokens_per_step=t.batch_size * t.bptt,
+                    cuda_graphs=t.cuda_graphs)
 
 
 class LanguageModelTask:
