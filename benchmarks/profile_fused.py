@@ -33,7 +33,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from moglm.bench.throughput import build
+from moglm.bench.throughput import PRECISIONS, build, precision
 
 HERE = Path(__file__).resolve().parent
 MODELS = ("torch.nn.LSTM", "LSTM, Python fused", "Mogrifier, Python fused")
@@ -155,14 +155,17 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--models", nargs="+", default=None, choices=sorted({*MODELS, *CUDA_MODELS}))
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", default="fp32", choices=list(PRECISIONS),
+                        help="products in fp32 (cuDNN's TF32 off too), tf32 (CUDA) or bf16 autocast")
     parser.add_argument("--out", default=None, help="default: benchmarks/results/profile_fused[_cuda].json")
     args = parser.parse_args(argv)
     cuda = args.device.startswith("cuda")
     args.models = args.models or list(CUDA_MODELS if cuda else MODELS)
     args.out = args.out or str(HERE / "results" / f"profile_fused{'_cuda' if cuda else ''}.json")
     torch.manual_seed(0)
-    rows = [profile_model(name, hidden, args.batch, args.bptt, args.passes, args.device)
-            for hidden in args.hidden for name in args.models]
+    with precision(args.precision, args.device):
+        rows = [profile_model(name, hidden, args.batch, args.bptt, args.passes, args.device)
+                for hidden in args.hidden for name in args.models]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"config": vars(args), "threads": torch.get_num_threads(), "results": rows}, indent=1))

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import tiny_config
 from moglm.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_bench_throughput_writes_ratios_to_nn_lstm_for_every_model(tmp_path, capsys):
@@ -155,3 +159,37 @@ def test_bench_hf_dyneval_times_dynamic_against_static_at_each_context(tmp_path,
         assert row["cost"] == pytest.approx(row["dynamic_cpu_seconds"] / row["static_cpu_seconds"])
         assert row["adapted_parameters"] < report["model"]["parameters"]  # the embeddings stay fixed
     assert "| 24 + 8 | 40 |" in capsys.readouterr().out
+
+
+def test_tf32_is_a_cuda_precision_refused_on_cpu_in_one_line(capsys):
+    assert main(["bench", "throughput", "--precision", "tf32", "--hidden-size", "8"]) == 1
+    err = capsys.readouterr().err
+    assert "tf32 is a CUDA precision" in err and err.count("\n") == 1
+
+
+def test_the_precision_context_sets_tf32_and_autocast_and_restores_them():
+    from moglm.bench.throughput import precision
+
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    with precision("bf16", "cpu"):
+        assert torch.is_autocast_cpu_enabled() and torch.get_autocast_cpu_dtype() == torch.bfloat16
+        assert not torch.backends.cudnn.allow_tf32  # fp32 and bf16 keep cuDNN off TF32
+    assert not torch.is_autocast_cpu_enabled()
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+    with pytest.raises(ValueError, match="CUDA precision"):
+        with precision("tf32", "cpu"):
+            pass
+
+
+def test_the_dynamic_evaluation_cost_benchmark_times_both_passes(tiny_corpus, tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dyneval_cost", ROOT / "benchmarks" / "dyneval_cost.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    config = tmp_path / "tiny.toml"
+    config.write_text(tiny_config(tiny_corpus).to_toml())
+    report = bench.measure(str(config), "cpu", tokens=60, segment_length=5)
+    assert report["tokens"] == 60 and report["static_seconds"] > 0 and report["dynamic_seconds"] > 0
+    assert report["cost"] == pytest.approx(report["dynamic_seconds"] / report["static_seconds"])
+    assert "graphs" not in report  # CUDA only

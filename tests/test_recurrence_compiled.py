@@ -128,13 +128,17 @@ WIDE_MODELS = [
 
 
 @pytest.mark.usefixtures("batch_parallel")
+@pytest.mark.parametrize("weight_gradients", ["brgemm", "aten"])
 @pytest.mark.parametrize("make", WIDE_MODELS, ids=["mogrifier_k64", "mogrifier_full", "lstm", "multiplicative_lstm"])
-def test_brgemm_route_at_panel_and_row_block_sizes_matches_reference(make, monkeypatch):
-    """float32 on oneDNN's ukernel (it has no float64) against the float32 reference loop."""
+def test_brgemm_route_at_panel_and_row_block_sizes_matches_reference(make, weight_gradients, monkeypatch):
+    """float32 on oneDNN's ukernel (it has no float64) against the float32 reference loop, with the weight
+    gradients after the loop on the ukernel too or on at::mm (which of the two runs is probed per machine)."""
     if "brgemm" not in compiled._candidate_routes(torch.float32):
         pytest.skip("this torch exports no float32 brgemm")
     monkeypatch.setitem(compiled._state, "routes", {})
     monkeypatch.setenv("MOGLM_GEMM_ROUTE", "brgemm")
+    monkeypatch.setitem(compiled._state, "weight_gradient_routes",
+                        {torch.float32: (compiled.ROUTES[weight_gradients], {})})
     torch.manual_seed(0)
     model = make().train()
     layers = model.num_layers
@@ -148,6 +152,28 @@ def test_brgemm_route_at_panel_and_row_block_sizes_matches_reference(make, monke
 
 
 @pytest.mark.usefixtures("built")
+def test_the_weight_gradient_route_is_probed_once_per_machine_and_forced_with_the_gemm_route(monkeypatch, tmp_path):
+    """oneDNN's ukernel or at::mm for the products over all T*B rows, whichever this CPU runs faster (the
+    ukernel wins on a Zen 4, MKL on an Intel Xeon): probed and stored beside the library, then read."""
+    if "brgemm" not in compiled._candidate_routes(torch.float32):
+        pytest.skip("this torch exports no float32 brgemm: at::mm is the only weight-gradient route")
+    monkeypatch.delenv("MOGLM_GEMM_ROUTE", raising=False)
+    monkeypatch.setattr(compiled, "_route_file", lambda dtype, kind="gemm_route": tmp_path / f"{kind}.json")
+    monkeypatch.setitem(compiled._state, "weight_gradient_routes", {})
+    monkeypatch.setattr(compiled, "_probe_weight_gradients",
+                        lambda dtype, candidates: {"aten": 2.0, "brgemm": 1.0})
+    assert compiled.weight_gradient_route(torch.float32) == compiled.ROUTES["brgemm"]
+    assert json.loads((tmp_path / "weight_gradient_route.json").read_text())["route"] == "brgemm"
+    monkeypatch.setattr(compiled, "_probe_weight_gradients", lambda *a: pytest.fail("probed although stored"))
+    monkeypatch.setitem(compiled._state, "weight_gradient_routes", {})
+    assert compiled.weight_gradient_route(torch.float32) == compiled.ROUTES["brgemm"]
+    for forced, route in (("aten", "aten"), ("panels", "aten"), ("brgemm", "brgemm")):
+        monkeypatch.setenv("MOGLM_GEMM_ROUTE", forced)
+        monkeypatch.setitem(compiled._state, "weight_gradient_routes", {})
+        assert compiled.weight_gradient_route(torch.float32) == compiled.ROUTES[route]
+
+
+@pytest.mark.usefixtures("built")
 @pytest.mark.parametrize("make", TWO_LAYER_MODELS, ids=TWO_LAYER_IDS)
 def test_compiled_forward_only_evaluation_equals_the_training_forward(make):
     assert_forward_only_equals_training(make, "compiled")
@@ -156,7 +182,7 @@ def test_compiled_forward_only_evaluation_equals_the_training_forward(make):
 @pytest.mark.usefixtures("built")
 def test_gemm_route_probe_does_not_consume_torchs_global_rng(monkeypatch, tmp_path):
     monkeypatch.setitem(compiled._state, "routes", {})
-    monkeypatch.setattr(compiled, "_route_file", lambda dtype: tmp_path / f"{dtype}.json")  # no stored choice
+    monkeypatch.setattr(compiled, "_route_file", lambda dtype, kind="gemm_route": tmp_path / f"{kind}{dtype}.json")
     monkeypatch.delenv("MOGLM_GEMM_ROUTE", raising=False)
     before = torch.get_rng_state()
     for dtype in (torch.float32, torch.float64):
@@ -174,7 +200,7 @@ def test_the_probed_route_is_stored_once_per_machine_and_every_later_process_use
     bit): the first probe is stored, later lookups read it without probing, a racing probe never
     overwrites it, and a corrupt file is probed again and replaced."""
     monkeypatch.delenv("MOGLM_GEMM_ROUTE", raising=False)
-    monkeypatch.setattr(compiled, "_route_file", lambda dtype: tmp_path / "route.json")
+    monkeypatch.setattr(compiled, "_route_file", lambda dtype, kind="gemm_route": tmp_path / "route.json")
     monkeypatch.setitem(compiled._state, "routes", {})
     first = compiled.gemm_route(torch.float32)
     assert json.loads((tmp_path / "route.json").read_text())["route"] == {v: k for k, v in compiled.ROUTES.items()}[first]

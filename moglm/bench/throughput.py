@@ -287,8 +287,11 @@ def window_memory(name: str, hidden: int, batch: int, bptt: int, device: str,
     """``{"bptt", "saved_mb", "peak_mb"}`` of one model over a ``bptt`` window. On CPU in a fresh
     subprocess, so that neither the allocator's leftovers of earlier measurements nor this process's
     other tensors count (and a window too big for the machine fails alone: its numbers are ``None``)."""
-    if device.startswith("cuda"):
-        return {"bptt": bptt, **_window_memory(name, hidden, batch, bptt, device, precision_name)}
+    if device.startswith("cuda"):  # in this process; a failure is recorded, as a failed subprocess is on CPU
+        try:
+            return {"bptt": bptt, **_window_memory(name, hidden, batch, bptt, device, precision_name)}
+        except RuntimeError as error:
+            return {"bptt": bptt, "saved_mb": None, "peak_mb": None, "error": str(error)[:300]}
     code = (
         "import json, torch; from moglm.bench.throughput import _window_memory; "
         f"print(json.dumps(_window_memory({name!r}, {hidden}, {batch}, {bptt}, 'cpu', {precision_name!r})))"

@@ -65,7 +65,7 @@ ROUTES = {"aten": 0, "blas": 1, "panels": 2, "mkl_packed": 3, "brgemm": 4}
 MIN_ROWS = 8
 
 _lock = threading.Lock()
-_state: dict = {"loaded": None, "reason": None, "build_dir": None, "routes": {}}
+_state: dict = {"loaded": None, "reason": None, "build_dir": None, "routes": {}, "weight_gradient_routes": {}}
 
 
 class CompiledUnavailableWarning(FusedFallbackWarning):
@@ -197,8 +197,8 @@ def _probe(dtype: torch.dtype, candidates: list[str]) -> dict[str, float]:
     return times
 
 
-def _route_file(dtype: torch.dtype) -> Path | None:
-    return Path(_state["build_dir"]) / f"gemm_route_{str(dtype).split('.')[-1]}.json" if _state["build_dir"] else None
+def _route_file(dtype: torch.dtype, kind: str = "gemm_route") -> Path | None:
+    return Path(_state["build_dir"]) / f"{kind}_{str(dtype).split('.')[-1]}.json" if _state["build_dir"] else None
 
 
 def _read_route(path: Path | None, candidates: list[str]) -> tuple[str, dict] | None:
@@ -209,30 +209,60 @@ def _read_route(path: Path | None, candidates: list[str]) -> tuple[str, dict] | 
         return None
 
 
+def _probed_route(kind: str, dtype: torch.dtype, candidates: list[str], probe) -> tuple[int, dict]:
+    """The fastest of ``candidates`` by ``probe(dtype, candidates)`` (seconds per route), probed once per
+    machine: the first process to probe stores its choice next to the built library (``<kind>_<dtype>.json``,
+    never overwritten by a racing process) and every process reads it from there, so that every run on a
+    machine computes with the same products (the routes round differently: a resumed run must continue bit
+    for bit). Delete that file to probe again; ``MOGLM_GEMM_ROUTE`` overrides every choice."""
+    forced = os.environ.get("MOGLM_GEMM_ROUTE", "").strip().lower()
+    if forced in candidates:
+        return ROUTES[forced], {}
+    if forced in ROUTES and kind != "gemm_route":  # a route with no weight-gradient form of its own: at::mm
+        return ROUTES["aten"], {}
+    if len(candidates) == 1:
+        return ROUTES[candidates[0]], {}
+    path = _route_file(dtype, kind)
+    stored = _read_route(path, candidates)
+    if stored is None:
+        times = probe(dtype, candidates)
+        stored = (min(times, key=times.get), times)
+        if path is not None:
+            _store_first(path, json.dumps({"route": stored[0], "seconds": stored[1]}))
+            stored = _read_route(path, candidates) or stored  # a racing process may have stored first
+    return ROUTES[stored[0]], stored[1]
+
+
 def gemm_route(dtype: torch.dtype) -> int:
-    """The GEMM route for products inside the loop (module docstring). Probed once per machine: the
-    first process to probe stores its choice next to the built library (``gemm_route_<dtype>.json``,
-    never overwritten by a racing process) and every process reads it from there, so that every run on
-    a machine computes with the same products (the routes round differently: a resumed run must continue
-    bit for bit). Delete that file to probe again; ``MOGLM_GEMM_ROUTE`` overrides it."""
+    """The GEMM route for products inside the loop (module docstring), probed once per machine
+    (:func:`_probed_route`, ``gemm_route_<dtype>.json``)."""
     routes = _state["routes"]
     if dtype not in routes:
-        forced = os.environ.get("MOGLM_GEMM_ROUTE", "").strip().lower()
-        candidates = _candidate_routes(dtype)
-        path = _route_file(dtype)
-        if forced in candidates:
-            routes[dtype] = (ROUTES[forced], {})
-        elif len(candidates) == 1:
-            routes[dtype] = (ROUTES[candidates[0]], {})
-        else:
-            stored = _read_route(path, candidates)
-            if stored is None:
-                times = _probe(dtype, candidates)
-                stored = (min(times, key=times.get), times)
-                if path is not None:
-                    _store_first(path, json.dumps({"route": stored[0], "seconds": stored[1]}))
-                    stored = _read_route(path, candidates) or stored  # a racing process may have stored first
-            routes[dtype] = (ROUTES[stored[0]], stored[1])
+        routes[dtype] = _probed_route("gemm_route", dtype, _candidate_routes(dtype), _probe)
+    return routes[dtype][0]
+
+
+def _probe_weight_gradients(dtype: torch.dtype, candidates: list[str]) -> dict[str, float]:
+    """Seconds per route of weight-gradient products ``A^T B`` over all T*B rows (T = 70, B = 64): a
+    gate-sized and a round-sized one, the best of three interleaved timings."""
+    shapes = ((4480, 1024, 512), (4480, 256, 64))  # (rows, N, K)
+    times = {route: float("inf") for route in candidates}
+    for _ in range(3):
+        for route in candidates:
+            seconds = sum(torch.ops.moglm.time_product_tn(ROUTES[route], rows, n, k, 1) for rows, n, k in shapes)
+            times[route] = min(times[route], seconds)
+    return times
+
+
+def weight_gradient_route(dtype: torch.dtype) -> int:
+    """The route of the weight-gradient products after the loop: oneDNN's ukernel (``brgemm``) or ``at::mm``
+    (MKL), whichever is faster here, probed once per machine (``weight_gradient_route_<dtype>.json``). Which
+    wins depends on the CPU: the ukernel at about 1.6x MKL's rate on an AMD EPYC (Zen 4), MKL at about 1.8x
+    the ukernel's on an Intel Xeon with AMX (``moglm bench gemm-routes``, "weight gradient" rows)."""
+    routes = _state["weight_gradient_routes"]
+    if dtype not in routes:
+        candidates = ["aten", "brgemm"] if "brgemm" in _candidate_routes(dtype) else ["aten"]
+        routes[dtype] = _probed_route("weight_gradient_route", dtype, candidates, _probe_weight_gradients)
     return routes[dtype][0]
 
 
@@ -254,6 +284,9 @@ def info(paths: bool = True) -> dict:
         code = gemm_route(torch.float32)
         out["gemm_route"] = {v: k for k, v in ROUTES.items()}[code]
         out["gemm_route_probe_seconds"] = _state["routes"][torch.float32][1]
+        code = weight_gradient_route(torch.float32)
+        out["weight_gradient_route"] = {v: k for k, v in ROUTES.items()}[code]
+        out["weight_gradient_route_probe_seconds"] = _state["weight_gradient_routes"][torch.float32][1]
         out["mkl_thread_control"] = bool(torch.ops.moglm.mkl_thread_control_available())
         from . import auto
 
@@ -350,7 +383,7 @@ class CompiledLSTMFunction(_CompiledFunction):
         g = torch.ops.moglm.mogrifier_lstm_backward(
             xs, h0, c0, mask, p["weight_ih"], p["weight_hh"], "bias_ih" in p, mats, lefts, biases, spec.rounds,
             spec.rank, spec.zigzag, spec.capped, saved, *grads_out, need_dx, need_weights, gemm_route(xs.dtype),
-            MIN_ROWS, adapt,
+            MIN_ROWS, adapt, weight_gradient_route(xs.dtype),
         )
         out = {"x": g[0], "h0": g[1], "c0": g[2], "weight_ih": g[3], "weight_hh": g[4], "adapt": g[-1]}
         if "bias_ih" in p:
@@ -388,6 +421,7 @@ class CompiledMultiplicativeLSTMFunction(_CompiledFunction):
         g = torch.ops.moglm.multiplicative_lstm_backward(
             xs, h0, c0, mask, p["weight_ih"], p["weight_hh"], "bias_ih" in p, p["weight_mx"], p["weight_mh"],
             spec.capped, saved, *grads_out, need_dx, need_weights, gemm_route(xs.dtype), MIN_ROWS, adapt,
+            weight_gradient_route(xs.dtype),
         )
         out = {"x": g[0], "h0": g[1], "c0": g[2], "weight_ih": g[3], "weight_hh": g[4], "weight_mx": g[6],
                "weight_mh": g[7], "adapt": g[8]}

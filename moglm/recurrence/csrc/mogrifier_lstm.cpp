@@ -183,7 +183,7 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
                                       bool has_bias, const Rounds& R, bool capped, const std::vector<at::Tensor>& saved,
                                       const at::Tensor& dys, const at::Tensor& dhT, const at::Tensor& dcT,
                                       bool need_dx, bool need_weights, Route route, i64 min_rows,
-                                      const at::Tensor& adapt) {
+                                      const at::Tensor& adapt, Route tn_route) {
   const i64 T_ = xs.size(0), B = xs.size(1), m = xs.size(2), n = h0.size(1), mn = m + n;
   auto opts = xs.options();
   const at::Tensor& ys = saved[0];
@@ -274,7 +274,7 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
   if (need_dx) grads[0] = dx;
   if (need_weights) {
     at::Tensor xh2 = xh.view({T_ * B, mn});
-    at::Tensor dW = product_tn(route, dG2, xh2);  // [4n, m + n]
+    at::Tensor dW = product_tn(tn_route, dG2, xh2);  // [4n, m + n]
     grads[3] = dW.narrow(1, 0, m).contiguous();  // [4n, m]
     grads[4] = dW.narrow(1, m, n).contiguous();  // [4n, n]
     if (has_bias) grads[5] = dG2.sum(0);
@@ -290,10 +290,10 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
       at::Tensor src = (q ? chh[sj] : cx[sj]).reshape({T_ * B, win});
       at::Tensor dp2 = dps[i - 1].view({T_ * B, w});
       if (R.rank > 0) {
-        grads[6 + 3 * (i - 1)] = product_tn(route, dlows[i - 1].view({T_ * B, R.rank}), src);      // right [k, in]
-        grads[6 + 3 * (i - 1) + 1] = product_tn(route, dp2, low[i - 1].view({T_ * B, R.rank}));  // left [out, k]
+        grads[6 + 3 * (i - 1)] = product_tn(tn_route, dlows[i - 1].view({T_ * B, R.rank}), src);      // right [k, in]
+        grads[6 + 3 * (i - 1) + 1] = product_tn(tn_route, dp2, low[i - 1].view({T_ * B, R.rank}));  // left [out, k]
       } else {
-        grads[6 + 3 * (i - 1)] = product_tn(route, dp2, src);  // [out, in]
+        grads[6 + 3 * (i - 1)] = product_tn(tn_route, dp2, src);  // [out, in]
       }
       if (!R.bias.empty()) grads[6 + 3 * (i - 1) + 2] = dp2.sum(0);
     }
@@ -362,7 +362,8 @@ std::vector<at::Tensor> mogrifier_lstm_backward(
     const at::Tensor& w_ih, const at::Tensor& w_hh, bool has_bias, at::TensorList mats, at::TensorList lefts,
     at::TensorList rbias, int64_t rounds, int64_t rank, bool zigzag, bool capped, at::TensorList saved,
     const std::optional<at::Tensor>& dys, const std::optional<at::Tensor>& dhT, const std::optional<at::Tensor>& dcT,
-    bool need_dx, bool need_weights, int64_t route, int64_t min_rows, const std::optional<at::Tensor>& adapt) {
+    bool need_dx, bool need_weights, int64_t route, int64_t min_rows, const std::optional<at::Tensor>& adapt,
+    int64_t tn_route) {
   Rounds R = make_rounds(rounds, rank, zigzag, mats, lefts, rbias);
   std::vector<at::Tensor> sv(saved.begin(), saved.end());
   at::Tensor wih = w_ih.contiguous(), whh = w_hh.contiguous();
@@ -374,7 +375,8 @@ std::vector<at::Tensor> mogrifier_lstm_backward(
   AT_DISPATCH_FLOATING_TYPES(xs.scalar_type(), "mogrifier_lstm_backward", [&] {
     out = backward_impl<scalar_t>(xs, h0, c0, mk, wih, whh, has_bias, R, capped, sv, gy, gh, gc, need_dx,
                                   need_weights, Route(route), min_rows,
-                                  adapt.has_value() ? adapt->contiguous() : at::Tensor());
+                                  adapt.has_value() ? adapt->contiguous() : at::Tensor(),
+                                  Route(tn_route < 0 ? route : tn_route));
   });
   return out;
 }
@@ -390,7 +392,7 @@ TORCH_LIBRARY_FRAGMENT(moglm, m) {
       "mogrifier_lstm_backward(Tensor xs, Tensor h0, Tensor c0, Tensor? mask, Tensor w_ih, Tensor w_hh, "
       "bool has_bias, Tensor[] mats, Tensor[] lefts, Tensor[] rbias, int rounds, int rank, bool zigzag, "
       "bool capped, Tensor[] saved, Tensor? dys, Tensor? dhT, Tensor? dcT, bool need_dx, bool need_weights, "
-      "int route, int min_rows, Tensor? adapt=None) -> Tensor[]");
+      "int route, int min_rows, Tensor? adapt=None, int tn_route=-1) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(moglm, CPU, m) {

@@ -75,7 +75,7 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
                                       bool has_bias, const at::Tensor& w_mx, const at::Tensor& w_mh, bool capped,
                                       const std::vector<at::Tensor>& saved, const at::Tensor& dys,
                                       const at::Tensor& dhT, const at::Tensor& dcT, bool need_dx, bool need_weights,
-                                      Route route, i64 min_rows, const at::Tensor& adapt) {
+                                      Route route, i64 min_rows, const at::Tensor& adapt, Route tn_route) {
   const i64 T_ = xs.size(0), B = xs.size(1), m = xs.size(2), n = h0.size(1);
   auto opts = xs.options();
   const at::Tensor &ys = saved[0], &acts = saved[1], &cs = saved[2], &ms = saved[3], &px = saved[4], &ph = saved[5];
@@ -113,11 +113,11 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
   }
   if (need_weights) {
     at::Tensor xs2 = xs.view({T_ * B, m});
-    grads[3] = product_tn(route, dG2, xs2);                       // [4n, m]
-    grads[4] = product_tn(route, dG2, ms.view({T_ * B, n}));      // [4n, n]
+    grads[3] = product_tn(tn_route, dG2, xs2);                       // [4n, m]
+    grads[4] = product_tn(tn_route, dG2, ms.view({T_ * B, n}));      // [4n, n]
     if (has_bias) grads[5] = dG2.sum(0);
-    grads[6] = product_tn(route, dpx2, xs2);
-    grads[7] = product_tn(route, d_ph.view({T_ * B, n}), h_tilde_all(h0, ys, mask).view({T_ * B, n}));
+    grads[6] = product_tn(tn_route, dpx2, xs2);
+    grads[7] = product_tn(tn_route, d_ph.view({T_ * B, n}), h_tilde_all(h0, ys, mask).view({T_ * B, n}));
   }
   grads[1] = cell.dh_next;
   grads[2] = cell.dc;
@@ -151,7 +151,7 @@ std::vector<at::Tensor> multiplicative_lstm_backward(
     const at::Tensor& w_ih, const at::Tensor& w_hh, bool has_bias, const at::Tensor& w_mx, const at::Tensor& w_mh,
     bool capped, at::TensorList saved, const std::optional<at::Tensor>& dys, const std::optional<at::Tensor>& dhT,
     const std::optional<at::Tensor>& dcT, bool need_dx, bool need_weights, int64_t route, int64_t min_rows,
-    const std::optional<at::Tensor>& adapt) {
+    const std::optional<at::Tensor>& adapt, int64_t tn_route) {
   std::vector<at::Tensor> sv(saved.begin(), saved.end());
   at::Tensor mk = mask.has_value() ? mask->contiguous() : at::Tensor();
   at::Tensor gy = dys.has_value() ? dys->contiguous() : at::Tensor();
@@ -161,7 +161,8 @@ std::vector<at::Tensor> multiplicative_lstm_backward(
   AT_DISPATCH_FLOATING_TYPES(xs.scalar_type(), "multiplicative_lstm_backward", [&] {
     out = backward_impl<scalar_t>(xs, h0, c0, mk, w_ih.contiguous(), w_hh.contiguous(), has_bias, w_mx.contiguous(),
                                   w_mh.contiguous(), capped, sv, gy, gh, gc, need_dx, need_weights, Route(route),
-                                  min_rows, adapt.has_value() ? adapt->contiguous() : at::Tensor());
+                                  min_rows, adapt.has_value() ? adapt->contiguous() : at::Tensor(),
+                                  Route(tn_route < 0 ? route : tn_route));
   });
   return out;
 }
@@ -219,7 +220,7 @@ TORCH_LIBRARY_FRAGMENT(moglm, m) {
   m.def(
       "multiplicative_lstm_backward(Tensor xs, Tensor h0, Tensor c0, Tensor? mask, Tensor w_ih, Tensor w_hh, "
       "bool has_bias, Tensor w_mx, Tensor w_mh, bool capped, Tensor[] saved, Tensor? dys, Tensor? dhT, Tensor? dcT, "
-      "bool need_dx, bool need_weights, int route, int min_rows, Tensor? adapt=None) -> Tensor[]");
+      "bool need_dx, bool need_weights, int route, int min_rows, Tensor? adapt=None, int tn_route=-1) -> Tensor[]");
   m.def("time_gemm_route(int route, int batch, int K, int N, int reps, bool dbl) -> float", &time_gemm_route);
   m.def("time_product_tn(int route, int rows, int N, int K, int reps) -> float", &time_product_tn);
   m.def("blas_route_available(bool dbl) -> bool", &blas_route_available);
