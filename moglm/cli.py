@@ -436,6 +436,11 @@ def _info(as_json: bool) -> str:
         lines["gemm_route"] = details["gemm_route"] + ("" if probe else " (not probed: forced or the only route)")
         if probe:
             lines["gemm_route_probe"] = ", ".join(f"{route} {seconds * 1e3:.2f} ms" for route, seconds in probe.items())
+        probe = details["weight_gradient_route_probe_seconds"]
+        lines["weight_gradient_route"] = details["weight_gradient_route"] + ("" if probe else " (not probed)")
+        if probe:
+            lines["weight_gradient_route_probe"] = ", ".join(f"{route} {seconds * 1e3:.2f} ms"
+                                                              for route, seconds in probe.items())
         lines["mkl_thread_control"] = "yes" if details["mkl_thread_control"] else "no"
         choices = details["auto_backend"]
         lines["auto_backend"] = (f"{len(choices)} shape classes probed on this machine" if choices
@@ -443,7 +448,8 @@ def _info(as_json: bool) -> str:
         for key, choice in sorted(choices.items()):
             times = ", ".join(f"{name} {seconds * 1e3:.2f} ms" for name, seconds in choice["seconds"].items())
             noise = "" if choice.get("separated") else ", within noise"
-            lines[f"  {key}"] = f"{choice['backend']} ({times}{noise})"
+            route = f", compiled on route {choice['route']}" if choice.get("route") else ""
+            lines[f"  {key}"] = f"{choice['backend']} ({times}{noise}{route})"
     lines["build_dir"] = details["build_dir"] or "-"
     return "\n".join(f"{key}: {value}" for key, value in lines.items())
 

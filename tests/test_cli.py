@@ -113,6 +113,7 @@ def test_info_prints_the_compiled_recurrence_and_its_gemm_route_as_json_and_as_l
     assert {"moglm", "torch", "threads", "cpu", "compiled", "reason", "build_dir"} <= set(details)
     if details["compiled"]:
         assert details["gemm_route"] in compiled.ROUTES and details["reason"] is None
+        assert details["weight_gradient_route"] in ("aten", "brgemm")
     else:
         assert details["reason"] and "gemm_route" not in details
     assert main(["info"]) == 0
@@ -121,6 +122,7 @@ def test_info_prints_the_compiled_recurrence_and_its_gemm_route_as_json_and_as_l
     recurrence = [line for line in lines if line.startswith("recurrence:")]
     assert len(recurrence) == 1 and recurrence[0].startswith("recurrence: compiled") == details["compiled"]
     assert any(line.startswith("gemm_route: ") for line in lines) == details["compiled"]
+    assert any(line.startswith("weight_gradient_route: ") for line in lines) == details["compiled"]
 
 
 def test_info_says_why_the_compiled_recurrence_is_unavailable(capsys, monkeypatch):

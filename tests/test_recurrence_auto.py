@@ -22,7 +22,7 @@ def choice_dir(tmp_path, monkeypatch):
     monkeypatch.setitem(compiled._state, "build_dir", str(tmp_path))
     monkeypatch.delenv("MOGLM_AUTO_BACKEND", raising=False)
     auto.forget()
-    yield tmp_path / "backend_choice.json"
+    yield tmp_path / "backend_choice_v2.json"
     auto.forget()
 
 
@@ -152,3 +152,52 @@ def test_an_early_outlier_ages_out_of_the_probes_window(monkeypatch):
     monkeypatch.setattr(auto, "_time", lambda run: next(times))
     result = auto.probe(moglm.LSTM(6, 5).cells[0], {}, torch.zeros(2, 3, 6), False, {"compiled": None, "fused": None})
     assert result["separated"] and result["backend"] == "compiled" and result["pairs"] == auto.MIN_PAIRS + 1
+
+
+def test_the_probe_chooses_the_compiled_windows_route_for_the_class_and_runs_it(choice_dir, spies, monkeypatch):
+    """The route is timed on the layer's own per-step products and stored with the class; every later
+    compiled window of the class runs on it, backward included."""
+    routes = []
+    real = recurrence.run_compiled
+    monkeypatch.setattr(recurrence, "run_compiled", lambda *a, **k: routes.append(k.get("route")) or real(*a, **k))
+    model, x = moglm.MogrifierLSTM(6, 5, rounds=3, rank=2), torch.randn(4, 3, 6)
+    monkeypatch.setattr(compiled, "class_route", lambda *a: ("aten", {"aten": 1.0, "blas": 2.0}))
+    train_step(model, x)
+    stored = json.loads(choice_dir.read_text())[the_class(model, x)]
+    assert stored["route"] == "aten" and stored["route_seconds"] == {"aten": 1.0, "blas": 2.0}
+    assert routes and all(r == compiled.ROUTES["aten"] for r in routes)  # the probe's windows and the real one
+
+    auto.forget()
+    monkeypatch.setitem(compiled._state, "routes", {})
+    backward_routes = []
+    real_backward = torch.ops.moglm.mogrifier_lstm_backward
+    monkeypatch.setattr(torch.ops.moglm, "mogrifier_lstm_backward",
+                        lambda *a: backward_routes.append(a[20]) or real_backward(*a))
+    train_step(model, x)
+    if stored["backend"] == "compiled":
+        assert backward_routes == [compiled.ROUTES["aten"]]  # the forward's route, kept for the backward
+
+
+def test_each_compiled_window_lists_the_per_step_products_its_route_is_timed_on():
+    from moglm.recurrence.compiled import CompiledLSTMFunction, CompiledMultiplicativeLSTMFunction
+    from moglm.recurrence.fused_lstm import layer_spec
+
+    def products(function, model, training):
+        cell = model.cells[0]
+        return function.step_products(layer_spec(cell, model.layer_parameters(0)), training)
+
+    assert products(CompiledLSTMFunction, moglm.LSTM(6, 5), True) == [(5, 20, 1)]  # W_ih x before the loop
+    assert products(CompiledLSTMFunction, moglm.LSTM(6, 5), False) == [(6, 20, 1), (5, 20, 1)]
+    assert products(CompiledLSTMFunction, moglm.MogrifierLSTM(6, 5, rounds=2, rank=3), True) == [
+        (6, 20, 1), (5, 20, 1), (5, 3, 1), (3, 6, 1), (6, 3, 1), (3, 5, 1)]  # x from h, then h from x
+    assert products(CompiledLSTMFunction, moglm.MogrifierLSTM(6, 5, rounds=1, rank=0), True) == [
+        (6, 20, 1), (5, 20, 1), (5, 6, 1)]
+    assert products(CompiledMultiplicativeLSTMFunction, moglm.MultiplicativeLSTM(6, 5), True) == [(5, 5, 1), (5, 20, 1)]
+
+
+@pytest.mark.usefixtures("choice_dir")
+def test_the_class_route_is_one_this_machine_has_with_its_timings():
+    model, x = moglm.MogrifierLSTM(6, 5, rounds=3, rank=2), torch.randn(4, 3, 6)
+    route, seconds = recurrence._class_route(model.cells[0], model.layer_parameters(0), x, True)
+    assert set(seconds) == set(compiled._candidate_routes(torch.float32))
+    assert route == min(seconds, key=seconds.get)

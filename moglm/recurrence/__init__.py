@@ -79,11 +79,18 @@ def _adaptation_fits(matrix: Tensor, xs: Tensor, cell: Cell) -> bool:
             and matrix.device == xs.device and (matrix.dim() == 2 or matrix.shape[0] == xs.shape[1]))
 
 
-#: how :mod:`.auto` runs each candidate path on its probe window: ``f(cell, params, xs, state)``
+#: how :mod:`.auto` runs each candidate path on its probe window: ``f(cell, params, xs, state)`` (the compiled
+#: window also takes ``route=``, its per-step GEMM route)
 AUTO_RUNNERS = {
-    "compiled": lambda cell, p, xs, state: run_compiled(COMPILED[type(cell)], layer_spec(cell, p), cell, p, xs, state, None),
+    "compiled": lambda cell, p, xs, state, route=None: run_compiled(COMPILED[type(cell)], layer_spec(cell, p), cell,
+                                                                    p, xs, state, None, route=route),
     "fused": lambda cell, p, xs, state: FUSED[type(cell)](cell, p, xs, state, None),
 }
+
+
+def _class_route(cell: Cell, params: Params, xs: Tensor, training: bool):
+    """The compiled window's per-step route for this layer's shape class (``compiled.class_route``)."""
+    return compiled.class_route(COMPILED[type(cell)], layer_spec(cell, params), xs, training)
 
 
 def run_layer(
@@ -112,9 +119,11 @@ def run_layer(
     reason = unsupported_reason(cell, params, xs, state, h_mask)
     if reason is None and backend in ("auto", "compiled"):
         why_not = compiled.can_run(xs)
-        if why_not is None and (backend == "compiled" or xs.shape[1] == 0
-                                or auto.choose(cell, params, xs, AUTO_RUNNERS) == "compiled"):
-            return run_compiled(COMPILED[type(cell)], layer_spec(cell, params), cell, params, xs, state, h_mask)
+        choice = auto.choose(cell, params, xs, AUTO_RUNNERS, _class_route) if (
+            why_not is None and backend == "auto" and xs.shape[1] > 0) else {"backend": "compiled"}
+        if why_not is None and choice["backend"] == "compiled":
+            return run_compiled(COMPILED[type(cell)], layer_spec(cell, params), cell, params, xs, state, h_mask,
+                                route=compiled.ROUTES.get(choice.get("route")))
         if backend == "compiled":
             raise ValueError(f"backend='compiled' cannot run this layer: {why_not} (use backend='auto' or 'fused')")
     if reason is None:

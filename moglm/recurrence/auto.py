@@ -15,7 +15,12 @@ median of all pairs wins. A probe that fails (out of memory running both, say) s
 for its class with the error, and where nothing can be stored (a read-only cache) ``auto`` runs the
 compiled window without probing: either way every process on the machine takes the same path.
 
-The choice is stored beside the compiled library (``backend_choice.json``, whose directory is keyed by the
+Before that probe, the compiled window's per-step route is chosen for the class
+(:func:`moglm.recurrence.compiled.class_route`: each GEMM route timed on the layer's own per-step products),
+since which route is fastest depends on the widths as well as the CPU; the probe runs the compiled window
+on that route, and the choice records it.
+
+The choice is stored beside the compiled library (``backend_choice_v2.json``, whose directory is keyed by the
 C++ sources, torch, Python and the CPU, so a change to any of them probes again), first writer per class
 wins, and every later process reads it: every run on a machine takes the same path for the same shapes,
 so a resumed run computes exactly as the uninterrupted one would have. ``moglm info`` lists the choices
@@ -76,11 +81,12 @@ def shape_class(cell: Cell, xs: Tensor, training: bool) -> str:
 def _path() -> Path | None:
     from . import compiled
 
-    return Path(compiled._state["build_dir"]) / "backend_choice.json" if compiled._state["build_dir"] else None
+    return Path(compiled._state["build_dir"]) / "backend_choice_v2.json" if compiled._state["build_dir"] else None
 
 
 def stored() -> dict[str, dict]:
-    """Every stored choice on this machine: ``{class: {"backend", "seconds", "pairs", "separated"}}``."""
+    """Every stored choice on this machine: ``{class: {"backend", "seconds", "pairs", "separated", "route",
+    "route_seconds"}}`` (``route``: the compiled window's per-step route for the class, where one was probed)."""
     path = _path()
     try:
         data = json.loads(path.read_text()) if path is not None else {}
@@ -154,11 +160,25 @@ def probe(cell: Cell, params: Params, xs: Tensor, training: bool, runners: dict)
             "separated": separated}
 
 
-def choose(cell: Cell, params: Params, xs: Tensor, runners: dict) -> str:
-    """``"compiled"`` or ``"fused"`` for this layer (module docstring)."""
+def _probe_class(cell: Cell, params: Params, xs: Tensor, training: bool, runners: dict, route_probe) -> dict:
+    """The class's route (where ``route_probe`` is given), then the compiled window on it against the fused."""
+    if route_probe is None:
+        return probe(cell, params, xs, training, runners)
+    from .compiled import ROUTES
+
+    route, route_seconds = route_probe(cell, params, xs, training)
+    compiled_run = runners["compiled"]
+    on_route = {"compiled": lambda *args: compiled_run(*args, route=ROUTES[route]), "fused": runners["fused"]}
+    return {**probe(cell, params, xs, training, on_route), "route": route, "route_seconds": route_seconds}
+
+
+def choose(cell: Cell, params: Params, xs: Tensor, runners: dict, route_probe=None) -> dict:
+    """The choice for this layer (module docstring): ``{"backend": "compiled" or "fused", ...}``, with the
+    compiled window's per-step ``"route"`` where ``route_probe(cell, params, xs, training) -> (route,
+    seconds per route)`` chose one for the class; ``runners["compiled"]`` takes it as ``route=``."""
     forced = os.environ.get("MOGLM_AUTO_BACKEND", "").strip().lower()
     if forced in ("compiled", "fused"):
-        return forced
+        return {"backend": forced}
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (xs, *params.values()))
     key = shape_class(cell, xs, training)
     if key not in _choices:
@@ -170,7 +190,7 @@ def choose(cell: Cell, params: Params, xs: Tensor, runners: dict) -> str:
                         found = UNSTORED  # nowhere to store: no probe, the same path in every process
                     else:
                         try:
-                            result = probe(cell, params, xs, training, runners)
+                            result = _probe_class(cell, params, xs, training, runners, route_probe)
                         except Exception as error:  # noqa: BLE001 - e.g. out of memory running both
                             warnings.warn(f"moglm: could not time the compiled and Python windows for {key} "
                                           f"({type(error).__name__}: {error}); this class runs the compiled "
@@ -178,7 +198,7 @@ def choose(cell: Cell, params: Params, xs: Tensor, runners: dict) -> str:
                             result = {**UNSTORED, "failed": f"{type(error).__name__}: {error}"[:200]}
                         found = _store(key, result) or UNSTORED
                 _choices[key] = found
-    return _choices[key]["backend"]
+    return _choices[key]
 
 
 def met() -> dict[str, dict]:

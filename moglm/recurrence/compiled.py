@@ -36,6 +36,7 @@ products); ``MOGLM_GEMM_ROUTE=aten|blas|mkl_packed|panels|brgemm`` forces one.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 from contextlib import contextmanager
 import json
@@ -266,6 +267,45 @@ def weight_gradient_route(dtype: torch.dtype) -> int:
     return routes[dtype][0]
 
 
+#: the per-step route of the window being run, where ``backend="auto"`` chose one for the layer's shape class
+_step_route: contextvars.ContextVar[int | None] = contextvars.ContextVar("moglm_step_route", default=None)
+
+
+def step_route(dtype: torch.dtype) -> int:
+    """The route of the per-step products now: the shape class's (:func:`class_route`, set by
+    :func:`run_compiled`), else the machine's (:func:`gemm_route`)."""
+    route = _step_route.get()
+    return gemm_route(dtype) if route is None else route
+
+
+@contextmanager
+def _using_route(route: int | None):
+    token = _step_route.set(route) if route is not None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _step_route.reset(token)
+
+
+def class_route(function, spec, xs: Tensor, training: bool, reps: int = 20) -> tuple[str, dict[str, float]]:
+    """The fastest route for one layer's per-step products at its own sizes and batch (``function``'s
+    :meth:`step_products`), each timed ``reps`` times batch-parallel as the window runs them, the best of
+    three interleaved timings: which route wins depends on the widths (on an Intel Xeon oneDNN's ukernel runs
+    the Mogrifier's ``low -> out`` at 73 GFLOP/s at H = 1024 and at 356 at H = 650, and MKL's packed GEMM the
+    gate product faster than the ukernel at H = 650), so ``auto`` stores one per shape class."""
+    candidates = _candidate_routes(xs.dtype)
+    double = xs.dtype == torch.float64
+    products = function.step_products(spec, training)
+    times = {route: float("inf") for route in candidates}
+    for _ in range(3):
+        for route in candidates:
+            seconds = sum(count * torch.ops.moglm.time_gemm_route(ROUTES[route], xs.shape[1], k, n, reps, double)
+                          for k, n, count in products)
+            times[route] = min(times[route], seconds)
+    return min(times, key=times.get), times
+
+
 def _store_first(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` unless it already holds a valid file (first writer wins, so every process
     on the machine uses one route); an unreadable file is replaced, a read-only cache skipped."""
@@ -339,7 +379,7 @@ class _CompiledFunction(torch.autograd.Function):
     def forward(cls, ctx, spec, cell, xs, h0, c0, mask, adapt, *params):
         p = dict(zip(spec.names, params))
         out = cls.run_forward(spec, xs, h0, c0, mask, p, save=True, adapt=adapt)
-        ctx.spec, ctx.cell = spec, cell
+        ctx.spec, ctx.cell, ctx.route = spec, cell, step_route(xs.dtype)  # the backward's products take it too
         ctx.save_for_backward(xs, h0, c0, mask, adapt, *params, out[0], *out[3:])
         return out[0], out[1], out[2]
 
@@ -359,8 +399,9 @@ class _CompiledFunction(torch.autograd.Function):
                                                  (dys, dh_T, dc_T))
             return (None, None, *grads[:4], None, *grads[4:])
         p = dict(zip(spec.names, tensors[5:k]))
-        grads = cls.run_backward(spec, xs, h0, c0, mask, p, list(tensors[k:]), (dys, dh_T, dc_T),
-                                 bool(needs[0]), any(needs[5:]), adapt)
+        with _using_route(ctx.route):
+            grads = cls.run_backward(spec, xs, h0, c0, mask, p, list(tensors[k:]), (dys, dh_T, dc_T),
+                                     bool(needs[0]), any(needs[5:]), adapt)
         out = [grads["x"], grads["h0"], grads["c0"], None, grads.get("adapt"), *(grads.get(name) for name in spec.names)]
         return (None, None, *(g if need else None for g, need in zip(out, needs)))
 
@@ -369,11 +410,22 @@ class CompiledLSTMFunction(_CompiledFunction):
     """The LSTM (rounds = 0) and the Mogrifier LSTM (``csrc/mogrifier_lstm.cpp``)."""
 
     @staticmethod
+    def step_products(spec, training: bool) -> list[tuple[int, int, int]]:
+        """``(K, N, count)`` of the products a step runs forward: the gate product's two halves (the LSTM in
+        training multiplies ``W_ih x`` for all rows before the loop) and each round's one or two."""
+        m, n, k = spec.input_size, spec.hidden_size, spec.rank
+        out = [(n, 4 * n, 1)] if spec.rounds == 0 and training else [(m, 4 * n, 1), (n, 4 * n, 1)]
+        for i in range(1, spec.rounds + 1):
+            src, dst = (n, m) if i % 2 == 1 else (m, n)  # odd rounds gate x from h, even ones h from x
+            out += [(src, k, 1), (k, dst, 1)] if k > 0 else [(src, dst, 1)]
+        return out
+
+    @staticmethod
     def run_forward(spec, xs, h0, c0, mask, p: Params, save: bool, adapt: Tensor | None = None) -> list[Tensor]:
         mats, lefts, biases = _round_lists(spec, p)
         return torch.ops.moglm.mogrifier_lstm_forward(
             xs, h0, c0, mask, p["weight_ih"], p["weight_hh"], _bias(p), mats, lefts, biases, spec.rounds,
-            spec.rank, spec.zigzag, spec.capped, save, gemm_route(xs.dtype), MIN_ROWS, adapt,
+            spec.rank, spec.zigzag, spec.capped, save, step_route(xs.dtype), MIN_ROWS, adapt,
         )
 
     @staticmethod
@@ -382,7 +434,7 @@ class CompiledLSTMFunction(_CompiledFunction):
         mats, lefts, biases = _round_lists(spec, p)
         g = torch.ops.moglm.mogrifier_lstm_backward(
             xs, h0, c0, mask, p["weight_ih"], p["weight_hh"], "bias_ih" in p, mats, lefts, biases, spec.rounds,
-            spec.rank, spec.zigzag, spec.capped, saved, *grads_out, need_dx, need_weights, gemm_route(xs.dtype),
+            spec.rank, spec.zigzag, spec.capped, saved, *grads_out, need_dx, need_weights, step_route(xs.dtype),
             MIN_ROWS, adapt, weight_gradient_route(xs.dtype),
         )
         out = {"x": g[0], "h0": g[1], "c0": g[2], "weight_ih": g[3], "weight_hh": g[4], "adapt": g[-1]}
@@ -409,10 +461,16 @@ class CompiledMultiplicativeLSTMFunction(_CompiledFunction):
     """Krause's multiplicative LSTM (``csrc/multiplicative_lstm.cpp``)."""
 
     @staticmethod
+    def step_products(spec, training: bool) -> list[tuple[int, int, int]]:
+        """``(K, N, count)`` of a step's products: ``W_mh h`` and ``W_hh m`` (the x parts run before the loop)."""
+        n = spec.hidden_size
+        return [(n, n, 1), (n, 4 * n, 1)]
+
+    @staticmethod
     def run_forward(spec, xs, h0, c0, mask, p: Params, save: bool, adapt: Tensor | None = None) -> list[Tensor]:
         return torch.ops.moglm.multiplicative_lstm_forward(
             xs, h0, c0, mask, p["weight_ih"], p["weight_hh"], _bias(p), p["weight_mx"], p["weight_mh"], spec.capped,
-            save, gemm_route(xs.dtype), MIN_ROWS, adapt,
+            save, step_route(xs.dtype), MIN_ROWS, adapt,
         )
 
     @staticmethod
@@ -420,7 +478,7 @@ class CompiledMultiplicativeLSTMFunction(_CompiledFunction):
                      adapt: Tensor | None = None) -> dict:
         g = torch.ops.moglm.multiplicative_lstm_backward(
             xs, h0, c0, mask, p["weight_ih"], p["weight_hh"], "bias_ih" in p, p["weight_mx"], p["weight_mh"],
-            spec.capped, saved, *grads_out, need_dx, need_weights, gemm_route(xs.dtype), MIN_ROWS, adapt,
+            spec.capped, saved, *grads_out, need_dx, need_weights, step_route(xs.dtype), MIN_ROWS, adapt,
             weight_gradient_route(xs.dtype),
         )
         out = {"x": g[0], "h0": g[1], "c0": g[2], "weight_ih": g[3], "weight_hh": g[4], "weight_mx": g[6],
@@ -431,10 +489,17 @@ class CompiledMultiplicativeLSTMFunction(_CompiledFunction):
 
 
 def run_compiled(function, spec, cell, params: Params, xs: Tensor, state, h_mask: Tensor | None,
-                 adapt: Tensor | None = None):
+                 adapt: Tensor | None = None, route: int | None = None):
     """Run ``function`` over ``xs`` ``[T, B, m]``; ``(ys, (h_T, c_T))``. ``adapt``: sparse dynamic
-    evaluation's M (``[U, U]`` or ``[B, U, U]``), applied to the first U units of h after every step. Without
+    evaluation's M (``[U, U]`` or ``[B, U, U]``), applied to the first U units of h after every step.
+    ``route``: the per-step products' route (``None``: the machine's, :func:`gemm_route`). Without
     anything to differentiate, only the forward runs, saving nothing."""
+    with _using_route(route):
+        return _run_compiled(function, spec, cell, params, xs, state, h_mask, adapt)
+
+
+def _run_compiled(function, spec, cell, params: Params, xs: Tensor, state, h_mask: Tensor | None,
+                  adapt: Tensor | None):
     xs = xs.contiguous()
     h0, c0 = (s.contiguous() for s in state)
     values = tuple(params.values())
