@@ -67,7 +67,9 @@ def test_the_probe_stores_its_choice_and_a_new_process_takes_the_same_path_witho
     model, x = moglm.LSTM(6, 5), torch.randn(4, 3, 6)
     train_step(model, x)
     stored = json.loads(choice_dir.read_text())[the_class(model, x)]
-    assert stored["backend"] in ("compiled", "fused") and set(stored["seconds"]) == {"compiled", "fused"}
+    probed_routes = sorted(stored["route_seconds"], key=stored["route_seconds"].get)[:auto.PROBED_ROUTES]
+    assert stored["backend"] in ("compiled", "fused") and stored["route"] in probed_routes
+    assert set(stored["seconds"]) == {"fused", *(f"compiled:{r}" for r in probed_routes)}
     assert auto.MIN_PAIRS <= stored["pairs"] <= auto.MAX_PAIRS
     assert spies["compiled"] > 1 and spies["fused"] > 1  # the probe ran both
 
@@ -154,28 +156,33 @@ def test_an_early_outlier_ages_out_of_the_probes_window(monkeypatch):
     assert result["separated"] and result["backend"] == "compiled" and result["pairs"] == auto.MIN_PAIRS + 1
 
 
-def test_the_probe_chooses_the_compiled_windows_route_for_the_class_and_runs_it(choice_dir, spies, monkeypatch):
-    """The route is timed on the layer's own per-step products and stored with the class; every later
-    compiled window of the class runs on it, backward included."""
+def test_the_probe_times_the_compiled_window_on_the_classs_fastest_routes_and_runs_the_winner(choice_dir, spies,
+                                                                                             monkeypatch):
+    """The routes are timed on the layer's own per-step products; the compiled window runs on the two
+    fastest in the probe; the winner is stored with the class, and every later compiled window of the class
+    runs on it, backward included."""
     routes = []
     real = recurrence.run_compiled
     monkeypatch.setattr(recurrence, "run_compiled", lambda *a, **k: routes.append(k.get("route")) or real(*a, **k))
     model, x = moglm.MogrifierLSTM(6, 5, rounds=3, rank=2), torch.randn(4, 3, 6)
-    monkeypatch.setattr(compiled, "class_route", lambda *a: ("aten", {"aten": 1.0, "blas": 2.0}))
+    monkeypatch.setattr(compiled, "class_route", lambda *a: ("aten", {"aten": 1.0, "blas": 2.0, "panels": 3.0}))
     train_step(model, x)
     stored = json.loads(choice_dir.read_text())[the_class(model, x)]
-    assert stored["route"] == "aten" and stored["route_seconds"] == {"aten": 1.0, "blas": 2.0}
-    assert routes and all(r == compiled.ROUTES["aten"] for r in routes)  # the probe's windows and the real one
+    assert stored["route"] in ("aten", "blas") and stored["route_seconds"] == {"aten": 1.0, "blas": 2.0, "panels": 3.0}
+    assert set(stored["seconds"]) == {"compiled:aten", "compiled:blas", "fused"}
+    assert {compiled.ROUTES["aten"], compiled.ROUTES["blas"]} <= set(routes)  # the probe ran both
+    assert compiled.ROUTES["panels"] not in routes
+    if stored["backend"] == "compiled":
+        assert routes[-1] == compiled.ROUTES[stored["route"]]  # the layer's own window, after the probe
 
     auto.forget()
-    monkeypatch.setitem(compiled._state, "routes", {})
     backward_routes = []
     real_backward = torch.ops.moglm.mogrifier_lstm_backward
     monkeypatch.setattr(torch.ops.moglm, "mogrifier_lstm_backward",
                         lambda *a: backward_routes.append(a[20]) or real_backward(*a))
     train_step(model, x)
     if stored["backend"] == "compiled":
-        assert backward_routes == [compiled.ROUTES["aten"]]  # the forward's route, kept for the backward
+        assert backward_routes == [compiled.ROUTES[stored["route"]]]  # the forward's route, kept for the backward
 
 
 def test_each_compiled_window_lists_the_per_step_products_its_route_is_timed_on():
@@ -201,3 +208,11 @@ def test_the_class_route_is_one_this_machine_has_with_its_timings():
     route, seconds = recurrence._class_route(model.cells[0], model.layer_parameters(0), x, True)
     assert set(seconds) == set(compiled._candidate_routes(torch.float32))
     assert route == min(seconds, key=seconds.get)
+
+
+def test_the_probe_separates_the_fastest_of_several_paths_as_soon_as_its_margin_exceeds_the_noise(monkeypatch):
+    monkeypatch.setattr(auto, "_time", lambda run: run())  # each runner returns its own timing
+    runners = {"compiled:aten": lambda *a: 1.5, "compiled:blas": lambda *a: 1.0, "fused": lambda *a: 2.0}
+    result = auto.probe(moglm.LSTM(6, 5).cells[0], {}, torch.zeros(2, 3, 6), False, runners)
+    assert result == {"backend": "compiled:blas", "seconds": {"compiled:aten": 1.5, "compiled:blas": 1.0, "fused": 2.0},
+                      "pairs": auto.MIN_PAIRS, "separated": True}

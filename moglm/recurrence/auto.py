@@ -15,10 +15,11 @@ median of all pairs wins. A probe that fails (out of memory running both, say) s
 for its class with the error, and where nothing can be stored (a read-only cache) ``auto`` runs the
 compiled window without probing: either way every process on the machine takes the same path.
 
-Before that probe, the compiled window's per-step route is chosen for the class
-(:func:`moglm.recurrence.compiled.class_route`: each GEMM route timed on the layer's own per-step products),
-since which route is fastest depends on the widths as well as the CPU; the probe runs the compiled window
-on that route, and the choice records it.
+The compiled window's per-step GEMM route is chosen with it, per class, since which route is fastest
+depends on the widths as well as the CPU: :func:`moglm.recurrence.compiled.class_route` times every route on
+the layer's own per-step products, and the probe above times the compiled window on each of the
+:data:`PROBED_ROUTES` fastest of them against the fused window (the rule generalises: one path's last
+timings all below every other's); the choice records the route.
 
 The choice is stored beside the compiled library (``backend_choice_v2.json``, whose directory is keyed by the
 C++ sources, torch, Python and the CPU, so a change to any of them probes again), first writer per class
@@ -151,25 +152,38 @@ def probe(cell: Cell, params: Params, xs: Tensor, training: bool, runners: dict)
     for pair in range(MAX_PAIRS):
         for name, run in (runners.items() if pair % 2 == 0 else reversed(runners.items())):
             seconds[name].append(once(run))
-        a, b = (v[-MIN_PAIRS:] for v in seconds.values())  # the last pairs: an early outlier ages out
-        if pair + 1 >= MIN_PAIRS and (max(a) < min(b) or max(b) < min(a)):  # the margin exceeds the noise
+        last = {name: v[-MIN_PAIRS:] for name, v in seconds.items()}  # the last rounds: an early outlier ages out
+        if pair + 1 >= MIN_PAIRS and any(all(max(last[name]) < min(other) for o, other in last.items() if o != name)
+                                         for name in last):  # one path's margin over every other exceeds the noise
             separated = True
             break
     med = {k: statistics.median(v) for k, v in seconds.items()}
-    return {"backend": min(med, key=med.get), "seconds": med, "pairs": len(seconds["compiled"]),
+    return {"backend": min(med, key=med.get), "seconds": med, "pairs": len(next(iter(seconds.values()))),
             "separated": separated}
 
 
+#: the per-step routes whose compiled windows the probe times (the fastest on the class's products by
+#: :func:`moglm.recurrence.compiled.class_route`; it times the forward products alone, so close routes are
+#: told apart on whole windows, backward included)
+PROBED_ROUTES = 2
+
+
 def _probe_class(cell: Cell, params: Params, xs: Tensor, training: bool, runners: dict, route_probe) -> dict:
-    """The class's route (where ``route_probe`` is given), then the compiled window on it against the fused."""
+    """Where ``route_probe`` is given: the compiled window on each of the class's :data:`PROBED_ROUTES`
+    fastest routes and the fused window, timed together; the fastest wins, with its route."""
     if route_probe is None:
         return probe(cell, params, xs, training, runners)
     from .compiled import ROUTES
 
-    route, route_seconds = route_probe(cell, params, xs, training)
+    _, route_seconds = route_probe(cell, params, xs, training)
+    routes = sorted(route_seconds, key=route_seconds.get)[:PROBED_ROUTES]
     compiled_run = runners["compiled"]
-    on_route = {"compiled": lambda *args: compiled_run(*args, route=ROUTES[route]), "fused": runners["fused"]}
-    return {**probe(cell, params, xs, training, on_route), "route": route, "route_seconds": route_seconds}
+    on_routes = {f"compiled:{route}": (lambda *args, _code=ROUTES[route]: compiled_run(*args, route=_code))
+                 for route in routes}
+    result = probe(cell, params, xs, training, {**on_routes, "fused": runners["fused"]})
+    backend, _, route = result["backend"].partition(":")
+    fastest_compiled = min(on_routes, key=result["seconds"].get).partition(":")[2]
+    return {**result, "backend": backend, "route": route or fastest_compiled, "route_seconds": route_seconds}
 
 
 def choose(cell: Cell, params: Params, xs: Tensor, runners: dict, route_probe=None) -> dict:
