@@ -216,3 +216,12 @@ def test_the_probe_separates_the_fastest_of_several_paths_as_soon_as_its_margin_
     result = auto.probe(moglm.LSTM(6, 5).cells[0], {}, torch.zeros(2, 3, 6), False, runners)
     assert result == {"backend": "compiled:blas", "seconds": {"compiled:aten": 1.5, "compiled:blas": 1.0, "fused": 2.0},
                       "pairs": auto.MIN_PAIRS, "separated": True}
+
+
+def test_a_forced_gemm_route_is_the_classs_route_too(choice_dir, monkeypatch):
+    monkeypatch.setenv("MOGLM_GEMM_ROUTE", "aten")
+    model, x = moglm.LSTM(6, 5), torch.randn(4, 3, 6)
+    assert recurrence._class_route(model.cells[0], model.layer_parameters(0), x, True) == ("aten", {})
+    train_step(model, x)
+    stored = json.loads(choice_dir.read_text())[the_class(model, x)]
+    assert stored["route"] == "aten" and set(stored["seconds"]) == {"compiled:aten", "fused"}

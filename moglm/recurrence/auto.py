@@ -175,8 +175,8 @@ def _probe_class(cell: Cell, params: Params, xs: Tensor, training: bool, runners
         return probe(cell, params, xs, training, runners)
     from .compiled import ROUTES
 
-    _, route_seconds = route_probe(cell, params, xs, training)
-    routes = sorted(route_seconds, key=route_seconds.get)[:PROBED_ROUTES]
+    forced, route_seconds = route_probe(cell, params, xs, training)
+    routes = sorted(route_seconds, key=route_seconds.get)[:PROBED_ROUTES] or [forced]  # no timings: forced
     compiled_run = runners["compiled"]
     on_routes = {f"compiled:{route}": (lambda *args, _code=ROUTES[route]: compiled_run(*args, route=_code))
                  for route in routes}

@@ -31,7 +31,10 @@ GEMM routes (the products inside the loop, each on one thread's rows):
 
 None is right on every machine, so :func:`gemm_route` times the available ones on this machine and keeps
 the fastest, once per machine (stored beside the built library, so every process computes with the same
-products); ``MOGLM_GEMM_ROUTE=aten|blas|mkl_packed|panels|brgemm`` forces one.
+products); ``backend="auto"`` refines it per layer shape class (:func:`class_route`, stored with the class's
+choice), since the ranking changes with the widths too. The weight-gradient products after the loop take
+their own route, the ukernel or ``at::mm``, probed once per machine (:func:`weight_gradient_route`).
+``MOGLM_GEMM_ROUTE=aten|blas|mkl_packed|panels|brgemm`` forces one everywhere.
 """
 
 from __future__ import annotations
@@ -293,8 +296,12 @@ def class_route(function, spec, xs: Tensor, training: bool, reps: int = 20) -> t
     :meth:`step_products`), each timed ``reps`` times batch-parallel as the window runs them, the best of
     three interleaved timings: which route wins depends on the widths (on an Intel Xeon oneDNN's ukernel runs
     the Mogrifier's ``low -> out`` at 73 GFLOP/s at H = 1024 and at 356 at H = 650, and MKL's packed GEMM the
-    gate product faster than the ukernel at H = 650), so ``auto`` stores one per shape class."""
+    gate product faster than the ukernel at H = 650), so ``auto`` stores one per shape class.
+    ``MOGLM_GEMM_ROUTE`` forces its route here too (no timings)."""
     candidates = _candidate_routes(xs.dtype)
+    forced = os.environ.get("MOGLM_GEMM_ROUTE", "").strip().lower()
+    if forced in candidates:
+        return forced, {}
     double = xs.dtype == torch.float64
     products = function.step_products(spec, training)
     times = {route: float("inf") for route in candidates}
