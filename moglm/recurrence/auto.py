@@ -8,8 +8,8 @@ a backward follows (docs/fused-recurrence.md, "Choosing the path"). So the first
 class that ``auto`` meets is run both ways on a window of random data of its own shape (at most
 :data:`PROBE_STEPS` steps), with copies of its weights and a private random generator (the user's
 gradients and RNG stream are untouched), in
-interleaved pairs until, over the last :data:`MIN_PAIRS` pairs, every timing of one path is below every
-timing of the other (equally fast paths separate that way by chance with probability 2/252 at each check,
+interleaved rounds until, over the last :data:`MIN_PAIRS` rounds, every timing of one path is below every
+timing of the others (equally fast paths separate that way by chance with probability 2/252 at each check,
 and where they are equally fast either choice is right), or :data:`MAX_PAIRS` pairs have run; the faster
 median of all pairs wins. A probe that fails (out of memory running both, say) stores the compiled window
 for its class with the error, and where nothing can be stored (a read-only cache) ``auto`` runs the
