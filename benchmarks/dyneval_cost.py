@@ -6,8 +6,8 @@
 The model is the config's, as initialised (the cost of a pass does not depend on the weights' values), in
 evaluation mode. It reads the first ``--tokens`` tokens of the config's test split as one stream: a static
 pass (windows of 70), then dynamic evaluation (thesis 4.2: score a segment, take one gradient step on it,
-go on; the default rule rms-rmsdecay, eq. 4.5-4.7, with segments of 20), each timed once after a warm-up on
-the first tokens. RMS statistics are ones (the cost of the update does not depend on their values). The
+go on; the default rule rms-rmsdecay, eq. 4.5-4.7, with segments of 20), each timed once after a warm-up of both on
+every window length they meet. RMS statistics are ones (the cost of the update does not depend on their values). The
 ratio of the two wall-clock times is what the GPU path's target (at most 3x static) is about. On CUDA it
 measures both again with every fused window replayed as a CUDA graph (``moglm.recurrence.cuda_graphs``).
 Writes JSON (default ``benchmarks/results/dyneval_cost_<device>.json``) and prints a line per way.
@@ -30,6 +30,8 @@ from moglm.train.build import build_model, load_data
 from moglm.train.config import load_config
 
 HERE = Path(__file__).resolve().parent
+#: the static pass's windows (static_pass's default)
+STATIC_WINDOW = 70
 
 
 def _sync(device: torch.device) -> None:
@@ -38,15 +40,8 @@ def _sync(device: torch.device) -> None:
 
 
 def measure(config: str, device: str, tokens: int, segment_length: int = 20) -> dict:
-    """Static and dynamic passes timed; on CUDA also with CUDA graphs (``"graphs"``)."""
-    report = _measure(config, device, tokens, segment_length, graphs=False)
-    if torch.device(device).type == "cuda":
-        with cuda_graphs.graphs():
-            report["graphs"] = _measure(config, device, tokens, segment_length, graphs=True)
-    return report
-
-
-def _measure(config: str, device: str, tokens: int, segment_length: int, graphs: bool) -> dict:
+    """Static and dynamic passes timed; on CUDA also with CUDA graphs (``"graphs"``), on the same model and
+    tokens."""
     cfg = load_config(config, [])
     corpus = load_data(cfg.data)
     where = torch.device(device)
@@ -54,26 +49,39 @@ def _measure(config: str, device: str, tokens: int, segment_length: int, graphs:
     ids = corpus["test"][: tokens + 1]
     hp = Hyperparameters(segment_length=segment_length)
     rms = {name: torch.ones_like(p) for name, p in model.named_parameters()}
-    warm = ids[: 4 * segment_length + 1]
-    dynamic_evaluate(model, warm, hp, rms)  # kernels, cuBLAS handles, Triton's JIT
+    machine = dict(platform=platform.platform(), processor=platform.processor(), torch=torch.__version__,
+                   threads=torch.get_num_threads())
+    if where.type == "cuda":
+        machine["gpu"] = torch.cuda.get_device_name(where)
+    report = {"config": config, "device": device, "tokens": int(len(ids) - 1), "machine": machine,
+              "hyperparameters": hp.as_dict(), "parameters": sum(p.numel() for p in model.parameters()),
+              **_timed(model, ids, hp, rms, where, graphs=False)}
+    if where.type == "cuda":
+        with cuda_graphs.graphs():
+            report["graphs"] = _timed(model, ids, hp, rms, where, graphs=True)
+    return report
+
+
+def _timed(model, ids, hp: Hyperparameters, rms: dict, where: torch.device, graphs: bool) -> dict:
+    """One static and one dynamic pass over ``ids``, timed after a warm-up of both."""
+    # warm-up on every window length each pass will meet (full windows and the last, shorter one): a first use
+    # that probes, compiles or captures (auto's probe on CPU, Triton's JIT, CUDA graphs) must not be timed
+    n, tokens = hp.segment_length, len(ids) - 1
+    static_pass(model, ids[: STATIC_WINDOW + tokens % STATIC_WINDOW + 1])
+    dynamic_evaluate(model, ids[: 4 * n + tokens % n + 1], hp, rms)
     _sync(where)
     start = time.perf_counter()
-    static = static_pass(model, ids)
+    static = static_pass(model, ids, bptt=STATIC_WINDOW)
     _sync(where)
     static_s = time.perf_counter() - start
     start = time.perf_counter()
     result = dynamic_evaluate(model, ids, hp, rms, static=static)
     _sync(where)
     dynamic_s = time.perf_counter() - start
-    machine = dict(platform=platform.platform(), processor=platform.processor(), torch=torch.__version__,
-                   threads=torch.get_num_threads())
-    if where.type == "cuda":
-        machine["gpu"] = torch.cuda.get_device_name(where)
-    return {"config": config, "device": device, "cuda_graphs": graphs, "tokens": int(len(ids) - 1), "machine": machine,
-            "hyperparameters": hp.as_dict(), "parameters": sum(p.numel() for p in model.parameters()),
-            "static_seconds": static_s, "dynamic_seconds": dynamic_s, "cost": dynamic_s / static_s,
-            "static_tokens_per_s": (len(ids) - 1) / static_s, "dynamic_tokens_per_s": (len(ids) - 1) / dynamic_s,
-            "static_xent": result.static.xent, "dynamic_xent": result.scores.xent}
+    return {"cuda_graphs": graphs, "static_seconds": static_s, "dynamic_seconds": dynamic_s,
+            "cost": dynamic_s / static_s, "static_tokens_per_s": tokens / static_s,
+            "dynamic_tokens_per_s": tokens / dynamic_s, "static_xent": result.static.xent,
+            "dynamic_xent": result.scores.xent}
 
 
 def main(argv=None) -> dict:

@@ -166,7 +166,7 @@ def fused_forward(spec: LayerSpec, xs: Tensor, h0: Tensor, c0: Tensor, mask: Ten
     ]
     xh_t = views(xh)
     fused_rounds = spec.rank > 0 and rounds_for(xs) is TritonRounds  # each round one kernel (GPU)
-    factors = [rd.weights() + (rd.bias,) for rd in rounds] if fused_rounds else None
+    factors = [(*rd.weights(), rd.bias) for rd in rounds] if fused_rounds else None  # (right, left, bias)
     for t in range(T):
         if nr == 0:  # h~ is h_up itself
             torch.mul(h_prev_t[t], mask, out=h_first_t[t]) if mask is not None else h_first_t[t].copy_(h_prev_t[t])
@@ -174,7 +174,7 @@ def fused_forward(spec: LayerSpec, xs: Tensor, h0: Tensor, c0: Tensor, mask: Ten
             torch.mul(h_prev_t[t], mask, out=h_first_t[t])  # h~ [B, n]
         for k, (old, new, src, sg, low_op, pre_op, low_list) in enumerate(plan):
             if fused_rounds:
-                low = TritonRounds.forward(src[t], *factors[k][:2], factors[k][2], old[t], sg[t], new[t])  # [B, k]
+                low = TritonRounds.forward(src[t], *factors[k], old[t], sg[t], new[t])  # [B, k]
                 if low_list is not None:
                     low_list.append(low)
                 continue
