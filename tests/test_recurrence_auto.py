@@ -204,10 +204,48 @@ def test_each_compiled_window_lists_the_per_step_products_its_route_is_timed_on(
 
 @pytest.mark.usefixtures("choice_dir")
 def test_the_class_route_is_one_this_machine_has_with_its_timings():
+    """One timing per gate route (5 units: too narrow to split by columns), each named with the rounds' own
+    fastest route where that differs."""
     model, x = moglm.MogrifierLSTM(6, 5, rounds=3, rank=2), torch.randn(4, 3, 6)
     route, seconds = recurrence._class_route(model.cells[0], model.layer_parameters(0), x, True)
-    assert set(seconds) == set(compiled._candidate_routes(torch.float32))
+    candidates = compiled._candidate_routes(torch.float32)
+    assert sorted(compiled._split_name(r)[0] for r in seconds) == sorted(candidates)
+    assert all(not columns and rounds in (None, *candidates) for _, columns, rounds in map(compiled._split_name, seconds))
+    assert len({compiled._split_name(r)[2] or compiled._split_name(r)[0] for r in seconds}) == 1  # one rounds route
     assert route == min(seconds, key=seconds.get)
+
+
+@pytest.mark.usefixtures("choice_dir")
+@pytest.mark.parametrize("make, splits", [
+    (lambda: moglm.LSTM(19, 37), True),
+    (lambda: moglm.MogrifierLSTM(19, 37, rounds=3, rank=4), True),
+    (lambda: moglm.MultiplicativeLSTM(19, 37), False),  # its window has no column split
+], ids=["lstm", "mogrifier", "multiplicative_lstm"])
+def test_on_two_threads_each_route_is_also_timed_split_by_columns_where_the_window_can(make, splits):
+    model, x = make(), torch.randn(4, 6, 19)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        route, seconds = recurrence._class_route(model.cells[0], model.layer_parameters(0), x, True)
+    finally:
+        torch.set_num_threads(threads)
+    candidates = compiled._candidate_routes(torch.float32)
+    split = {compiled._split_name(r)[0] for r in seconds if compiled._split_name(r)[1]}
+    assert split == (set(candidates) if splits else set())
+    assert route == min(seconds, key=seconds.get)
+
+
+def test_the_probe_times_the_two_fastest_routes_by_rows_and_the_fastest_by_columns(choice_dir, monkeypatch):
+    timings = {"aten": 1.0, "blas": 2.0, "panels": 3.0, "aten+columns": 2.5, "blas+columns:aten": 1.5}
+    monkeypatch.setattr(compiled, "class_route", lambda *a: ("aten", timings))
+    probed = {}
+    monkeypatch.setattr(auto, "probe", lambda cell, p, xs, training, runners: probed.update(runners) or {
+        "backend": "compiled:blas+columns:aten", "seconds": {k: 1.0 for k in runners}, "pairs": 5, "separated": True})
+    model, x = moglm.MogrifierLSTM(6, 5, rounds=3, rank=2), torch.randn(4, 3, 6)
+    train_step(model, x)
+    assert set(probed) == {"compiled:aten", "compiled:blas", "compiled:blas+columns:aten", "fused"}
+    stored = json.loads(choice_dir.read_text())[the_class(model, x)]
+    assert stored["backend"] == "compiled" and stored["route"] == "blas+columns:aten"
 
 
 def test_the_probe_separates_the_fastest_of_several_paths_as_soon_as_its_margin_exceeds_the_noise(monkeypatch):

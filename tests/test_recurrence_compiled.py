@@ -151,6 +151,95 @@ def test_brgemm_route_at_panel_and_row_block_sizes_matches_reference(make, weigh
         torch.testing.assert_close(a, e, rtol=1e-4, atol=2e-5, msg=lambda m: f"{name}: {m}")
 
 
+#: sizes at which the column split runs: 37 units over two threads (blocks of 16 and 21), and 261 (blocks
+#: on 64-wide panels: 128 and 133); batches of 1 (a thread with no rows in the rounds' phase), 5 and 37
+COLUMN_M, COLUMN_H, COLUMN_T = 19, 37, 6
+COLUMN_MODELS = [
+    lambda h, **kw: moglm.MogrifierLSTM(COLUMN_M, h, 2, rounds=5, rank=3, state_dropout=0.3, dropout=0.2, **kw),
+    lambda h, **kw: moglm.MogrifierLSTM(COLUMN_M, h, 1, rounds=4, rank=0, zigzag=False, capped_input_gate=True,
+                                        bias=False, **kw),
+    lambda h, **kw: moglm.LSTM(COLUMN_M, h, 2, state_dropout=0.3, dropout=0.2, **kw),
+    lambda h, **kw: moglm.LSTM(COLUMN_M, h, 1, capped_input_gate=True, bias=False, **kw),
+]
+COLUMN_IDS = ["mogrifier_k3", "mogrifier_full_no_zigzag_capped", "lstm_dropout", "lstm_capped_no_bias"]
+
+
+def assert_matches_reference(model, hidden, batch, dtype, **tol):
+    """The compiled window against the reference loop on one random window: outputs, final states and every
+    gradient (the input's, the initial state's, every weight's)."""
+    layers = model.num_layers
+    x = torch.randn(COLUMN_T, batch, COLUMN_M, dtype=dtype)
+    state = tuple(torch.randn(layers, batch, hidden, dtype=dtype) for _ in range(2))
+    actual = run_backend(model, "compiled", x, state)
+    expected = run_backend(model, "reference", x, state)
+    names = ["y", "h_n", "c_n", "d input", "d h0", "d c0", *(f"d {n}" for n, _ in model.named_parameters())]
+    for name, a, e in zip(names, actual, expected, strict=True):
+        assert a is not None and e is not None, name
+        torch.testing.assert_close(a, e, **tol, msg=lambda m: f"{name}: {m}")
+
+
+def force_route(monkeypatch, route: str) -> None:
+    monkeypatch.setitem(compiled._state, "routes", {})
+    monkeypatch.setenv("MOGLM_GEMM_ROUTE", route)
+
+
+@pytest.mark.usefixtures("batch_parallel")
+@pytest.mark.parametrize("route", ["aten+columns", "blas+columns:aten"])
+@pytest.mark.parametrize("batch", [1, 5, 37])
+@pytest.mark.parametrize("make", COLUMN_MODELS, ids=COLUMN_IDS)
+def test_column_split_window_matches_reference_in_float64_with_every_gradient(make, batch, route, monkeypatch):
+    if "blas" not in compiled._candidate_routes(torch.float64):
+        pytest.skip("this torch exports no BLAS")
+    force_route(monkeypatch, route)
+    assert compiled.gemm_route(torch.float64) == compiled.route_code(route)
+    with torch.random.fork_rng():
+        torch.set_num_threads(2)  # the split runs on two threads (the forward and backward ops set it too)
+        assert torch.ops.moglm.column_partitions(COLUMN_H) == 2, "the split would not run: nothing tested"
+        torch.set_num_threads(1)
+    torch.manual_seed(batch)
+    model = make(COLUMN_H, dtype=D).train()
+    assert_matches_reference(model, COLUMN_H, batch, D, rtol=1e-10, atol=1e-10)
+    x = torch.randn(COLUMN_T, batch, COLUMN_M, dtype=D)
+    y_saving, _ = model.eval()(x)  # the forward that saves for backward
+    with torch.no_grad():
+        y_free, _ = model(x)  # forward only, nothing saved: one slot reused by every step
+    torch.testing.assert_close(y_free, y_saving.detach(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.usefixtures("batch_parallel")
+@pytest.mark.parametrize("hidden", [COLUMN_H, 261])
+@pytest.mark.parametrize("route", list(compiled.ROUTES))
+@pytest.mark.parametrize("make", COLUMN_MODELS[:1] + COLUMN_MODELS[2:3], ids=["mogrifier", "lstm"])
+def test_column_split_on_every_route_in_float32_matches_reference(make, route, hidden, monkeypatch):
+    if route not in compiled._candidate_routes(torch.float32):
+        pytest.skip(f"GEMM route {route!r} not available here")
+    force_route(monkeypatch, route + compiled.COLUMNS_SUFFIX)
+    torch.manual_seed(0)
+    assert_matches_reference(make(hidden).train(), hidden, 37, torch.float32, rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.usefixtures("batch_parallel")
+@pytest.mark.parametrize("route", ["aten:blas", "blas:aten"])
+def test_the_rounds_on_their_own_route_match_reference_in_float64(route, monkeypatch):
+    """The Mogrifier's round products on another route than its gate products (``gates:rounds``), by rows."""
+    if "blas" not in compiled._candidate_routes(torch.float64):
+        pytest.skip("this torch exports no BLAS")
+    force_route(monkeypatch, route)
+    torch.manual_seed(0)
+    model = COLUMN_MODELS[0](COLUMN_H, dtype=D).train()
+    assert_matches_reference(model, COLUMN_H, 5, D, rtol=1e-10, atol=1e-10)
+
+
+def test_route_names_and_codes_round_trip_and_unknown_names_are_not_routes():
+    for name in ["aten", "brgemm+columns", "mkl_packed+columns:brgemm", "panels:aten"]:
+        assert compiled.route_name(compiled.route_code(name)) == name
+        assert compiled.stored_route(name) == compiled.route_code(name)
+    assert compiled.route_code("blas+columns:brgemm") == (compiled.ROUTES["blas"] | compiled.COLUMNS
+                                                          | (compiled.ROUTES["brgemm"] + 1) << 4)
+    assert compiled.stored_route("cublas") is None and compiled.stored_route("aten:cublas") is None
+    assert compiled.stored_route(None) is None
+
+
 @pytest.mark.usefixtures("built")
 def test_the_weight_gradient_route_is_probed_once_per_machine_and_forced_with_the_gemm_route(monkeypatch, tmp_path):
     """oneDNN's ukernel or at::mm for the products over all T*B rows, whichever this CPU runs faster (the

@@ -123,7 +123,7 @@ def run_layer(
             why_not is None and backend == "auto" and xs.shape[1] > 0) else {"backend": "compiled"}
         if why_not is None and choice["backend"] == "compiled":
             return run_compiled(COMPILED[type(cell)], layer_spec(cell, params), cell, params, xs, state, h_mask,
-                                route=compiled.ROUTES.get(choice.get("route")))
+                                route=compiled.stored_route(choice.get("route")))
         if backend == "compiled":
             raise ValueError(f"backend='compiled' cannot run this layer: {why_not} (use backend='auto' or 'fused')")
     if reason is None:

@@ -18,8 +18,9 @@ compiled window without probing: either way every process on the machine takes t
 The compiled window's per-step GEMM route is chosen with it, per class, since which route is fastest
 depends on the widths as well as the CPU: :func:`moglm.recurrence.compiled.class_route` times every route on
 the layer's own per-step products, and the probe above times the compiled window on each of the
-:data:`PROBED_ROUTES` fastest of them against the fused window (the rule generalises: one path's last
-timings all below every other's); the choice records the route.
+:data:`PROBED_ROUTES` fastest of them, and on the fastest that splits the gate products by columns
+(``+columns``), against the fused window (the rule generalises: one path's last timings all below every
+other's); the choice records the route.
 
 The choice is stored beside the compiled library (``backend_choice_v2.json``, whose directory is keyed by the
 C++ sources, torch, Python and the CPU, so a change to any of them probes again), first writer per class
@@ -173,12 +174,17 @@ def _probe_class(cell: Cell, params: Params, xs: Tensor, training: bool, runners
     fastest routes and the fused window, timed together; the fastest wins, with its route."""
     if route_probe is None:
         return probe(cell, params, xs, training, runners)
-    from .compiled import ROUTES
+    from .compiled import COLUMNS_SUFFIX, route_code
 
     forced, route_seconds = route_probe(cell, params, xs, training)
-    routes = sorted(route_seconds, key=route_seconds.get)[:PROBED_ROUTES] or [forced]  # no timings: forced
+    ranked = sorted(route_seconds, key=route_seconds.get)
+    # the fastest routes by rows, and the fastest split by columns: the product timings leave out the
+    # barriers and the rounds' phase, so both ways of splitting are timed as whole windows
+    routes = [r for r in ranked if COLUMNS_SUFFIX not in r][:PROBED_ROUTES]
+    routes += [r for r in ranked if COLUMNS_SUFFIX in r][:1]
+    routes = routes or [forced]  # no timings: forced
     compiled_run = runners["compiled"]
-    on_routes = {f"compiled:{route}": (lambda *args, _code=ROUTES[route]: compiled_run(*args, route=_code))
+    on_routes = {f"compiled:{route}": (lambda *args, _code=route_code(route): compiled_run(*args, route=_code))
                  for route in routes}
     result = probe(cell, params, xs, training, {**on_routes, "fused": runners["fused"]})
     backend, _, route = result["backend"].partition(":")

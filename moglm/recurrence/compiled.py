@@ -35,6 +35,12 @@ products); ``backend="auto"`` refines it per layer shape class (:func:`class_rou
 choice), since the ranking changes with the widths too. The weight-gradient products after the loop take
 their own route, the ukernel or ``at::mm``, probed once per machine (:func:`weight_gradient_route`).
 ``MOGLM_GEMM_ROUTE=aten|blas|mkl_packed|panels|brgemm`` forces one everywhere.
+
+The LSTM and Mogrifier windows can also split a step's gate product by output units instead of batch rows
+(a route with ``+columns``, e.g. ``brgemm+columns``): every thread then multiplies all rows by its own block
+of the weight, half the weight traffic per thread, and the threads meet at a barrier between a step's
+phases (``csrc/window.h``, "Column-split loops"). ``auto`` times it per shape class like the routes, and
+``MOGLM_GEMM_ROUTE=brgemm+columns`` forces it.
 """
 
 from __future__ import annotations
@@ -63,6 +69,42 @@ SOURCES = ("window.h", "mogrifier_lstm.cpp", "multiplicative_lstm.cpp")
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-trapping-math", "-fno-math-errno", "-fopenmp", "-DNDEBUG")
 LDFLAGS = ("-fopenmp",)
 ROUTES = {"aten": 0, "blas": 1, "panels": 2, "mkl_packed": 3, "brgemm": 4}
+#: added to a route's code: the LSTM and Mogrifier windows split their gate products by columns (``COLUMNS``
+#: in ``csrc/window.h``; the multiplicative LSTM's window ignores it)
+COLUMNS = 8
+COLUMNS_SUFFIX = "+columns"
+#: the Mogrifier rounds' own route, in a route's name after this (``mkl_packed+columns:brgemm``) and in its
+#: code as (route + 1) << 4 (``StepRoutes`` in ``csrc/window.h``)
+ROUNDS_SEPARATOR = ":"
+
+
+def _split_name(name: str) -> tuple[str, bool, str | None]:
+    gates, _, rounds = name.partition(ROUNDS_SEPARATOR)
+    return gates.removesuffix(COLUMNS_SUFFIX), gates.endswith(COLUMNS_SUFFIX), rounds or None
+
+
+def route_code(name: str) -> int:
+    """The code the ops take for a route name: ``<gates>[+columns][:<rounds>]``, e.g. ``brgemm``,
+    ``mkl_packed+columns`` or ``mkl_packed+columns:brgemm`` (the rounds on their own route)."""
+    gates, columns, rounds = _split_name(name)
+    return ROUTES[gates] | (COLUMNS if columns else 0) | ((ROUTES[rounds] + 1) << 4 if rounds else 0)
+
+
+def route_name(code: int) -> str:
+    """The inverse of :func:`route_code`."""
+    names = {v: k for k, v in ROUTES.items()}
+    rounds = (code >> 4) & 7
+    return (names[code & 7] + (COLUMNS_SUFFIX if code & COLUMNS else "")
+            + (ROUNDS_SEPARATOR + names[rounds - 1] if rounds else ""))
+
+
+def stored_route(name: str | None) -> int | None:
+    """The code of a route name stored with a choice (``None`` for none, or a name this version lacks)."""
+    if not name:
+        return None
+    gates, _, rounds = _split_name(name)
+    return route_code(name) if gates in ROUTES and (rounds is None or rounds in ROUTES) else None
+
 
 #: a worker thread takes at least this many batch rows; with fewer rows per thread the window runs on
 #: one thread and its products use every thread instead (batch 1 sampling, small dynamic evaluation)
@@ -222,8 +264,12 @@ def _probed_route(kind: str, dtype: torch.dtype, candidates: list[str], probe) -
     forced = os.environ.get("MOGLM_GEMM_ROUTE", "").strip().lower()
     if forced in candidates:
         return ROUTES[forced], {}
-    if forced in ROUTES and kind != "gemm_route":  # a route with no weight-gradient form of its own: at::mm
-        return ROUTES["aten"], {}
+    if stored_route(forced) is not None:  # a route this kind does not take as a whole
+        gates = _split_name(forced)[0]
+        if kind == "gemm_route" and gates in candidates:  # with the column split or the rounds' own route
+            return route_code(forced), {}
+        if kind != "gemm_route":  # the weight gradients take the gates' route, or at::mm where it has no form
+            return ROUTES[gates if gates in candidates else "aten"], {}
     if len(candidates) == 1:
         return ROUTES[candidates[0]], {}
     path = _route_file(dtype, kind)
@@ -293,24 +339,54 @@ def _using_route(route: int | None):
 
 def class_route(function, spec, xs: Tensor, training: bool, reps: int = 20) -> tuple[str, dict[str, float]]:
     """The fastest route for one layer's per-step products at its own sizes and batch (``function``'s
-    :meth:`step_products`), each timed ``reps`` times batch-parallel as the window runs them, the best of
-    three interleaved timings: which route wins depends on the widths (on an Intel Xeon oneDNN's ukernel runs
-    the Mogrifier's ``low -> out`` at 73 GFLOP/s at H = 1024 and at 356 at H = 650, and MKL's packed GEMM the
-    gate product faster than the ukernel at H = 650), so ``auto`` stores one per shape class.
-    ``MOGLM_GEMM_ROUTE`` forces its route here too (no timings)."""
-    candidates = _candidate_routes(xs.dtype)
+    :meth:`step_products`), each timed ``reps`` times as the window runs them, the best of three interleaved
+    timings: which route wins depends on the widths (on an Intel Xeon oneDNN's ukernel runs the Mogrifier's
+    ``low -> out`` at 73 GFLOP/s at H = 1024 and at 356 at H = 650, and MKL's packed GEMM the gate product
+    faster than the ukernel at H = 650), so ``auto`` stores one per shape class. The gate products and the
+    Mogrifier's round products are timed apart and take their own fastest routes (``gates:rounds`` where
+    they differ); where the window can split its gate products by columns (``function.column_split``, two
+    threads or more) each route is timed that way too (``<route>+columns``). Returns the fastest name and
+    the seconds of every gate route, each with the fastest rounds' route. ``MOGLM_GEMM_ROUTE`` forces its
+    route here too (no timings)."""
+    plain = _candidate_routes(xs.dtype)
+    gate_routes = plain + ([r + COLUMNS_SUFFIX for r in plain] if column_split_possible(function, spec) else [])
     forced = os.environ.get("MOGLM_GEMM_ROUTE", "").strip().lower()
-    if forced in candidates:
-        return forced, {}
+    if stored_route(forced) is not None and _split_name(forced)[0] in plain:
+        return forced, {}  # (where the window cannot split by columns, it runs by rows)
     double = xs.dtype == torch.float64
     products = function.step_products(spec, training)
-    times = {route: float("inf") for route in candidates}
-    for _ in range(3):
-        for route in candidates:
-            seconds = sum(count * torch.ops.moglm.time_gemm_route(ROUTES[route], xs.shape[1], k, n, reps, double)
-                          for k, n, count in products)
-            times[route] = min(times[route], seconds)
+    gate_width = 4 * spec.hidden_size
+    gate_products = [p for p in products if p[1] == gate_width]
+    round_products = [p for p in products if p[1] != gate_width]
+
+    def timed(routes: list[str], products) -> dict[str, float]:
+        times = {route: float("inf") for route in routes}
+        if not products:
+            return {route: 0.0 for route in routes}
+        for _ in range(3):
+            for route in routes:
+                code = route_code(route)
+                times[route] = min(times[route], sum(
+                    count * torch.ops.moglm.time_gemm_route(code, xs.shape[1], k, n, reps, double)
+                    for k, n, count in products))
+        return times
+
+    gate_times, round_times = timed(gate_routes, gate_products), timed(plain, round_products)
+    best_rounds = min(round_times, key=round_times.get)
+    times = {}
+    for route in gate_routes:
+        base = _split_name(route)[0]
+        rounds = base if not round_products or round_times[base] <= round_times[best_rounds] else best_rounds
+        name = route + (ROUNDS_SEPARATOR + rounds if rounds != base else "")
+        times[name] = gate_times[route] + round_times[rounds]
     return min(times, key=times.get), times
+
+
+def column_split_possible(function, spec) -> bool:
+    """Whether ``function``'s window would split its gate products by columns here (``csrc/window.h``,
+    ``column_partitions``: two threads or more, outside a parallel region, 16 units a thread at least)."""
+    return bool(getattr(function, "column_split", False)) and int(
+        torch.ops.moglm.column_partitions(spec.hidden_size)) > 1
 
 
 def _store_first(path: Path, text: str) -> None:
@@ -415,6 +491,9 @@ class _CompiledFunction(torch.autograd.Function):
 
 class CompiledLSTMFunction(_CompiledFunction):
     """The LSTM (rounds = 0) and the Mogrifier LSTM (``csrc/mogrifier_lstm.cpp``)."""
+
+    #: the window can split its gate products by columns (``+columns`` routes)
+    column_split = True
 
     @staticmethod
     def step_products(spec, training: bool) -> list[tuple[int, int, int]]:

@@ -72,8 +72,9 @@ Chains<T> chains_at(const Rounds& R, i64 m, i64 n, i64 B, i64 t, i64 s, i64 b0, 
 template <typename T>
 std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0, const at::Tensor& c0,
                                      const at::Tensor& mask, const at::Tensor& w_ih, const at::Tensor& w_hh,
-                                     const at::Tensor& bias, const Rounds& R, bool capped, bool save, Route route,
-                                     i64 min_rows, const at::Tensor& adapt) {
+                                     const at::Tensor& bias, const Rounds& R, bool capped, bool save,
+                                     const StepRoutes& routes, i64 min_rows, const at::Tensor& adapt) {
+  const Route route = routes.gates;
   const i64 T_ = xs.size(0), B = xs.size(1), m = xs.size(2), n = h0.size(1), mn = m + n;
   const i64 S = save ? T_ : 1;
   auto opts = xs.options();
@@ -97,71 +98,140 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
   const T* mk = ptr<T>(mask);
   const T* y = ptr<T>(cell.ys);
   PackCache cache;  // the weights packed once for all threads (brgemm route)
-  for_row_blocks(B, min_rows, [&](i64 b0, i64 b1, bool) {
-    const i64 rows = b1 - b0;
-    // this thread's products, their fixed operands packed once for the window
-    // [x_up; h_up] -> gate pre-activations, as x_up W_ih^T + h_up W_hh^T (no concatenated copy of the weights)
-    PackedB<T> gates_x(route, rows, 4 * n, m, ptr<T>(w_ih), m, true, hoisted ? 0 : T_, &cache);
-    PackedB<T> gates_h(route, rows, 4 * n, n, ptr<T>(w_hh), n, true, T_, &cache);
-    std::vector<PackedB<T>> first, second;  // per round: src -> low -> p (low rank) or src -> p (full)
+  // per round: src -> low -> p (low rank) or src -> p (full), for ``rows`` rows a product
+  auto round_products = [&](i64 rows) {
+    std::pair<std::vector<PackedB<T>>, std::vector<PackedB<T>>> out;
     for (i64 i = 1; i <= R.r; ++i) {
       const i64 w = R.is_q(i) ? m : n, win = R.is_q(i) ? n : m;
       if (R.rank > 0) {
-        first.emplace_back(route, rows, R.rank, win, ptr<T>(R.mats[i - 1]), win, true, T_, &cache);
-        second.emplace_back(route, rows, w, R.rank, ptr<T>(R.lefts[i - 1]), R.rank, true, T_, &cache);
+        out.first.emplace_back(routes.rounds, rows, R.rank, win, ptr<T>(R.mats[i - 1]), win, true, T_, &cache);
+        out.second.emplace_back(routes.rounds, rows, w, R.rank, ptr<T>(R.lefts[i - 1]), R.rank, true, T_, &cache);
       } else {
-        first.emplace_back(route, rows, w, win, ptr<T>(R.mats[i - 1]), win, true, T_, &cache);
+        out.first.emplace_back(routes.rounds, rows, w, win, ptr<T>(R.mats[i - 1]), win, true, T_, &cache);
       }
     }
-    for (i64 t = 0; t < T_; ++t) {
-      const i64 s = save ? t : 0;
-      T* xh_s = ptr<T>(xh) + (s * B + b0) * mn;
-      if (R.nq == 0) copy_rows(rows, m, ptr<T>(xs) + (t * B + b0) * m, m, xh_s, mn);  // x_up is x itself
-      // h^0 = h~
-      const T* hp = t == 0 ? ptr<T>(h0) + b0 * n : y + ((t - 1) * B + b0) * n;
-      T* h_first;
-      i64 ld_first;
-      if (R.nr == 0) {  // h_up is h~ itself: it goes straight into xh
-        h_first = xh_s + m;
-        ld_first = mn;
-        if (mk != nullptr)
-          mul_rows(rows, n, hp, n, mk + b0 * n, n, h_first, mn);
-        else
-          copy_rows(rows, n, hp, n, h_first, mn);
-      } else if (mk != nullptr) {
-        h_first = ptr<T>(htil) + b0 * n;
-        ld_first = n;
-        mul_rows(rows, n, hp, n, mk + b0 * n, n, h_first, n);
+    return out;
+  };
+  // step t of rows [b0, b0 + rows) up to the gate product: [x_up; h_up] into xh (h~, then the rounds)
+  auto rounds_step = [&](i64 t, i64 b0, i64 rows, const std::vector<PackedB<T>>& first,
+                         const std::vector<PackedB<T>>& second) {
+    const i64 s = save ? t : 0;
+    T* xh_s = ptr<T>(xh) + (s * B + b0) * mn;
+    if (R.nq == 0) copy_rows(rows, m, ptr<T>(xs) + (t * B + b0) * m, m, xh_s, mn);  // x_up is x itself
+    // h^0 = h~
+    const T* hp = t == 0 ? ptr<T>(h0) + b0 * n : y + ((t - 1) * B + b0) * n;
+    T* h_first;
+    i64 ld_first;
+    if (R.nr == 0) {  // h_up is h~ itself: it goes straight into xh
+      h_first = xh_s + m;
+      ld_first = mn;
+      if (mk != nullptr)
+        mul_rows(rows, n, hp, n, mk + b0 * n, n, h_first, mn);
+      else
+        copy_rows(rows, n, hp, n, h_first, mn);
+    } else if (mk != nullptr) {
+      h_first = ptr<T>(htil) + b0 * n;
+      ld_first = n;
+      mul_rows(rows, n, hp, n, mk + b0 * n, n, h_first, n);
+    } else {
+      h_first = const_cast<T*>(hp);
+      ld_first = n;
+    }
+    Chains<T> ch = chains_at<T>(R, m, n, B, t, s, b0, ptr<T>(xs), h_first, ld_first, xc, hc, ptr<T>(xh));
+    for (i64 i = 1; i <= R.r; ++i) {
+      const bool q = R.is_q(i);
+      const i64 j = R.j(i), sj = R.src_j(i), w = q ? m : n;
+      const T* src = q ? ch.h[sj] : ch.x[sj];
+      const i64 lds = q ? ch.ldh[sj] : ch.ldx[sj];
+      T* sg = ptr<T>(sig[i - 1]) + (s * B + b0) * w;
+      if (R.rank > 0) {
+        T* lw = ptr<T>(low[i - 1]) + (s * B + b0) * R.rank;
+        first[i - 1](rows, src, lds, T(0), lw, R.rank);  // low = src Right^T
+        second[i - 1](rows, lw, R.rank, T(0), sg, w);    // p = low Left^T
       } else {
-        h_first = const_cast<T*>(hp);
-        ld_first = n;
+        first[i - 1](rows, src, lds, T(0), sg, w);  // p = src M^T
       }
-      Chains<T> ch = chains_at<T>(R, m, n, B, t, s, b0, ptr<T>(xs), h_first, ld_first, xc, hc, ptr<T>(xh));
-      for (i64 i = 1; i <= R.r; ++i) {
-        const bool q = R.is_q(i);
-        const i64 j = R.j(i), sj = R.src_j(i), w = q ? m : n;
-        const T* src = q ? ch.h[sj] : ch.x[sj];
-        const i64 lds = q ? ch.ldh[sj] : ch.ldx[sj];
-        T* sg = ptr<T>(sig[i - 1]) + (s * B + b0) * w;
-        if (R.rank > 0) {
-          T* lw = ptr<T>(low[i - 1]) + (s * B + b0) * R.rank;
-          first[i - 1](rows, src, lds, T(0), lw, R.rank);  // low = src Right^T
-          second[i - 1](rows, lw, R.rank, T(0), sg, w);    // p = low Left^T
-        } else {
-          first[i - 1](rows, src, lds, T(0), sg, w);  // p = src M^T
+      const T* rb = R.bias.empty() ? nullptr : ptr<T>(R.bias[i - 1]);
+      if (q)
+        round_forward(rows, w, sg, w, rb, ch.x[j], ch.ldx[j], ch.x[j + 1], ch.ldx[j + 1]);
+      else
+        round_forward(rows, w, sg, w, rb, ch.h[j], ch.ldh[j], ch.h[j + 1], ch.ldh[j + 1]);
+    }
+    return xh_s;
+  };
+  const i64 P = routes.columns && !adapt.defined() ? column_partitions(n) : 1;
+  if (P > 1) {
+    // split by columns: a thread runs the rounds of its rows, then the gate product and cell of its units
+    // for every row, with a barrier after each phase (window.h, "Column-split loops")
+    const i64 align = column_align(n, P);
+    // each block's rows of W_ih and W_hh, its four gates' together ([4w, m], [4w, n]): one product a step
+    std::vector<at::Tensor> wx(P), wh(P);
+    auto gather = [&](const at::Tensor& w, i64 u0, i64 u1) {
+      return at::cat({w.narrow(0, u0, u1 - u0), w.narrow(0, n + u0, u1 - u0), w.narrow(0, 2 * n + u0, u1 - u0),
+                      w.narrow(0, 3 * n + u0, u1 - u0)});
+    };
+    for (i64 p = 0; p < P; ++p) {
+      auto [u0, u1] = column_block(n, p, P, align);
+      if (!hoisted) wx[p] = gather(w_ih, u0, u1);
+      wh[p] = gather(w_hh, u0, u1);
+    }
+    for_partitions(P, [&](i64 p0, i64 p1, TeamBarrier& barrier) {
+      struct Part {
+        i64 b0, rows, u0, units;
+        std::pair<std::vector<PackedB<T>>, std::vector<PackedB<T>>> rounds;
+        std::vector<PackedB<T>> gx, gh;  // its units' gates from x_up, h_up
+        at::Tensor g;  // their pre-activations, then activations: [B, 4 units]
+      };
+      std::vector<Part> parts;
+      for (i64 p = p0; p < p1; ++p) {
+        auto [b0, b1] = column_block(B, p, P, 1);
+        auto [u0, u1] = column_block(n, p, P, align);
+        const i64 w = u1 - u0;
+        Part part{b0, b1 - b0, u0, w, round_products(std::max<i64>(b1 - b0, 1)), {}, {}, at::empty({B, 4 * w}, opts)};
+        if (!hoisted) part.gx.emplace_back(route, B, 4 * w, m, ptr<T>(wx[p]), m, true, T_);
+        part.gh.emplace_back(route, B, 4 * w, n, ptr<T>(wh[p]), n, true, T_);
+        parts.push_back(std::move(part));
+      }
+      for (i64 t = 0; t < T_; ++t) {
+        const i64 s = save ? t : 0;
+        for (auto& q : parts)
+          if (q.rows > 0) rounds_step(t, q.b0, q.rows, q.rounds.first, q.rounds.second);
+        barrier.wait(p1 - p0);
+        const T* xh_s = ptr<T>(xh) + s * B * mn;
+        T* a = ptr<T>(acts) + (hoisted ? t : s) * B * 4 * n;  // [B, 4n]
+        for (auto& q : parts) {
+          const i64 w = q.units;
+          T* g = ptr<T>(q.g);
+          if (hoisted)  // W_ih x, from the product before the loop
+            for (i64 k = 0; k < 4; ++k) copy_rows(B, w, a + k * n + q.u0, 4 * n, g + k * w, 4 * w);
+          else
+            q.gx[0](B, xh_s, mn, T(0), g, 4 * w);
+          q.gh[0](B, xh_s + m, mn, T(1), g, 4 * w);
+          cell.step_units(t, q.u0, w, g);
+          if (save)  // the activations, where the backward reads them
+            for (i64 k = 0; k < 4; ++k) copy_rows(B, w, g + k * w, 4 * w, a + k * n + q.u0, 4 * n);
         }
-        const T* rb = R.bias.empty() ? nullptr : ptr<T>(R.bias[i - 1]);
-        if (q)
-          round_forward(rows, w, sg, w, rb, ch.x[j], ch.ldx[j], ch.x[j + 1], ch.ldx[j + 1]);
-        else
-          round_forward(rows, w, sg, w, rb, ch.h[j], ch.ldh[j], ch.h[j + 1], ch.ldh[j + 1]);
+        barrier.wait(p1 - p0);
       }
-      T* g = ptr<T>(acts) + ((hoisted ? t : s) * B + b0) * 4 * n;
-      if (!hoisted) gates_x(rows, xh_s, mn, T(0), g, 4 * n);
-      gates_h(rows, xh_s + m, mn, T(1), g, 4 * n);
-      cell.step(t, b0, rows, g);
-    }
-  });
+    });
+  } else {
+    for_row_blocks(B, min_rows, [&](i64 b0, i64 b1, bool) {
+      const i64 rows = b1 - b0;
+      // this thread's products, their fixed operands packed once for the window
+      // [x_up; h_up] -> gate pre-activations, as x_up W_ih^T + h_up W_hh^T (no concatenated copy of the weights)
+      PackedB<T> gates_x(route, rows, 4 * n, m, ptr<T>(w_ih), m, true, hoisted ? 0 : T_, &cache);
+      PackedB<T> gates_h(route, rows, 4 * n, n, ptr<T>(w_hh), n, true, T_, &cache);
+      auto rounds = round_products(rows);
+      for (i64 t = 0; t < T_; ++t) {
+        const i64 s = save ? t : 0;
+        T* xh_s = rounds_step(t, b0, rows, rounds.first, rounds.second);
+        T* g = ptr<T>(acts) + ((hoisted ? t : s) * B + b0) * 4 * n;
+        if (!hoisted) gates_x(rows, xh_s, mn, T(0), g, 4 * n);
+        gates_h(rows, xh_s + m, mn, T(1), g, 4 * n);
+        cell.step(t, b0, rows, g);
+      }
+    });
+  }
   std::vector<at::Tensor> out = cell.outputs();
   if (save) {
     out.push_back(acts);
@@ -182,8 +252,9 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
                                       const at::Tensor& mask, const at::Tensor& w_ih, const at::Tensor& w_hh,
                                       bool has_bias, const Rounds& R, bool capped, const std::vector<at::Tensor>& saved,
                                       const at::Tensor& dys, const at::Tensor& dhT, const at::Tensor& dcT,
-                                      bool need_dx, bool need_weights, Route route, i64 min_rows,
+                                      bool need_dx, bool need_weights, const StepRoutes& routes, i64 min_rows,
                                       const at::Tensor& adapt, Route tn_route) {
+  const Route route = routes.gates;
   const i64 T_ = xs.size(0), B = xs.size(1), m = xs.size(2), n = h0.size(1), mn = m + n;
   auto opts = xs.options();
   const at::Tensor& ys = saved[0];
@@ -214,59 +285,110 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
   const T* mk = ptr<T>(mask);
   T* dg = ptr<T>(dG);
   PackCache cache;  // the weights packed once for all threads (brgemm route)
-  for_row_blocks(B, min_rows, [&](i64 b0, i64 b1, bool) {
-    const i64 rows = b1 - b0;
-    // dG -> dx_up (in the loop only with rounds)
-    PackedB<T> d_gates_x(route, rows, m, 4 * n, ptr<T>(w_ih), m, false, dx_after ? 0 : T_, &cache);
-    PackedB<T> d_gates_h(route, rows, n, 4 * n, ptr<T>(w_hh), n, false, T_, &cache);  // dG -> dh_up
-    std::vector<PackedB<T>> d_first, d_second;  // per round: dp -> dlow -> d src (low rank) or dp -> d src
+  // per round: dp -> dlow -> d src (low rank) or dp -> d src, for ``rows`` rows a product
+  auto round_products = [&](i64 rows) {
+    std::pair<std::vector<PackedB<T>>, std::vector<PackedB<T>>> out;
     for (i64 i = 1; i <= R.r; ++i) {
       const i64 w = R.is_q(i) ? m : n, win = R.is_q(i) ? n : m;
       if (R.rank > 0) {
-        d_first.emplace_back(route, rows, R.rank, w, ptr<T>(R.lefts[i - 1]), R.rank, false, T_, &cache);
-        d_second.emplace_back(route, rows, win, R.rank, ptr<T>(R.mats[i - 1]), win, false, T_, &cache);
+        out.first.emplace_back(routes.rounds, rows, R.rank, w, ptr<T>(R.lefts[i - 1]), R.rank, false, T_, &cache);
+        out.second.emplace_back(routes.rounds, rows, win, R.rank, ptr<T>(R.mats[i - 1]), win, false, T_, &cache);
       } else {
-        d_first.emplace_back(route, rows, win, w, ptr<T>(R.mats[i - 1]), win, false, T_, &cache);
+        out.first.emplace_back(routes.rounds, rows, win, w, ptr<T>(R.mats[i - 1]), win, false, T_, &cache);
       }
     }
+    return out;
+  };
+  // step t of rows [b0, b0 + rows) after the gate product gave [dx_up; dh_up] in gxh: back through the
+  // rounds, then dx and the dh carried to step t-1
+  auto rounds_step = [&](i64 t, i64 b0, i64 rows, const std::vector<PackedB<T>>& d_first,
+                         const std::vector<PackedB<T>>& d_second) {
     T* gx = ptr<T>(gxh) + b0 * mn;
     T* gh = gx + m;
-    T* ex = R.zigzag ? nullptr : ptr<T>(extra) + b0 * mn;
-    T* dhn = cell.carried(b0);
-    for (i64 t = T_ - 1; t >= 0; --t) {
-      T* g = dg + (t * B + b0) * 4 * n;
-      cell.step(t, b0, rows, g);
-      if (!dx_after) d_gates_x(rows, g, 4 * n, T(0), gx, mn);
-      d_gates_h(rows, g, 4 * n, T(0), gh, mn);
-      if (R.r > 0) {
-        if (ex != nullptr)
-          for (i64 r = 0; r < rows; ++r) std::fill(ex + r * mn, ex + r * mn + mn, T(0));
-        Chains<T> ch = chains_at<T>(R, m, n, B, t, t, b0, ptr<T>(xs), ptr<T>(htil) + (t * B + b0) * n, n, xc, hc,
-                                    ptr<T>(xh));
-        for (i64 i = R.r; i >= 1; --i) {
-          const bool q = R.is_q(i);
-          const i64 j = R.j(i), w = q ? m : n;
-          T* dp = ptr<T>(dps[i - 1]) + (t * B + b0) * w;
-          round_backward(rows, w, q ? gx : gh, mn, q ? ch.x[j] : ch.h[j], q ? ch.ldx[j] : ch.ldh[j],
-                         ptr<T>(sig[i - 1]) + (t * B + b0) * w, w, dp, w);
-          T* dst = R.zigzag ? (q ? gh : gx) : (q ? ex + m : ex);  // the source's gradient (accumulated)
-          if (R.rank > 0) {
-            T* dl = ptr<T>(dlows[i - 1]) + (t * B + b0) * R.rank;
-            d_first[i - 1](rows, dp, w, T(0), dl, R.rank);  // dlow = dp Left
-            d_second[i - 1](rows, dl, R.rank, T(1), dst, mn);  // d src += dlow Right
-          } else {
-            d_first[i - 1](rows, dp, w, T(1), dst, mn);  // d src += dp M
-          }
+    if (R.r > 0) {
+      T* ex = R.zigzag ? nullptr : ptr<T>(extra) + b0 * mn;
+      if (ex != nullptr)
+        for (i64 r = 0; r < rows; ++r) std::fill(ex + r * mn, ex + r * mn + mn, T(0));
+      Chains<T> ch = chains_at<T>(R, m, n, B, t, t, b0, ptr<T>(xs), ptr<T>(htil) + (t * B + b0) * n, n, xc, hc,
+                                  ptr<T>(xh));
+      for (i64 i = R.r; i >= 1; --i) {
+        const bool q = R.is_q(i);
+        const i64 j = R.j(i), w = q ? m : n;
+        T* dp = ptr<T>(dps[i - 1]) + (t * B + b0) * w;
+        round_backward(rows, w, q ? gx : gh, mn, q ? ch.x[j] : ch.h[j], q ? ch.ldx[j] : ch.ldh[j],
+                       ptr<T>(sig[i - 1]) + (t * B + b0) * w, w, dp, w);
+        T* dst = R.zigzag ? (q ? gh : gx) : (q ? ex + m : ex);  // the source's gradient (accumulated)
+        if (R.rank > 0) {
+          T* dl = ptr<T>(dlows[i - 1]) + (t * B + b0) * R.rank;
+          d_first[i - 1](rows, dp, w, T(0), dl, R.rank);  // dlow = dp Left
+          d_second[i - 1](rows, dl, R.rank, T(1), dst, mn);  // d src += dlow Right
+        } else {
+          d_first[i - 1](rows, dp, w, T(1), dst, mn);  // d src += dp M
         }
-        if (ex != nullptr) add_rows(rows, mn, gx, mn, ex, mn, gx, mn);
       }
-      if (need_dx && !dx_after) copy_rows(rows, m, gx, mn, ptr<T>(dx) + (t * B + b0) * m, m);
-      if (mk != nullptr)
-        mul_rows(rows, n, gh, mn, mk + b0 * n, n, dhn, n);
-      else
-        copy_rows(rows, n, gh, mn, dhn, n);
+      if (ex != nullptr) add_rows(rows, mn, gx, mn, ex, mn, gx, mn);
     }
-  });
+    if (need_dx && !dx_after) copy_rows(rows, m, gx, mn, ptr<T>(dx) + (t * B + b0) * m, m);
+    T* dhn = cell.carried(b0);
+    if (mk != nullptr)
+      mul_rows(rows, n, gh, mn, mk + b0 * n, n, dhn, n);
+    else
+      copy_rows(rows, n, gh, mn, dhn, n);
+  };
+  const i64 P = routes.columns && !adapt.defined() ? column_partitions(n) : 1;
+  if (P > 1) {
+    // split by columns: a thread runs the cell's derivative for its units and [dx_up; dh_up] for its block
+    // of their columns over every row, then the rounds of its rows, with a barrier after each phase
+    const i64 align = column_align(n, P);
+    for_partitions(P, [&](i64 p0, i64 p1, TeamBarrier& barrier) {
+      struct Part {
+        i64 b0, rows, u0, units, x0, xw, h0, hw;
+        std::pair<std::vector<PackedB<T>>, std::vector<PackedB<T>>> rounds;
+        std::vector<PackedB<T>> dx_up, dh_up;  // dG -> its columns of dx_up (with rounds), of dh_up
+      };
+      std::vector<Part> parts;
+      for (i64 p = p0; p < p1; ++p) {
+        auto [b0, b1] = column_block(B, p, P, 1);
+        auto [u0, u1] = column_block(n, p, P, align);
+        auto [x0, x1] = column_block(m, p, P, column_align(m, P));
+        Part part{b0, b1 - b0, u0, u1 - u0, x0, x1 - x0, u0, u1 - u0,
+                  round_products(std::max<i64>(b1 - b0, 1)), {}, {}};
+        if (!dx_after && part.xw > 0)
+          part.dx_up.emplace_back(route, B, part.xw, 4 * n, ptr<T>(w_ih) + x0, m, false, T_);
+        part.dh_up.emplace_back(route, B, part.hw, 4 * n, ptr<T>(w_hh) + u0, n, false, T_);
+        parts.push_back(std::move(part));
+      }
+      for (i64 t = T_ - 1; t >= 0; --t) {
+        T* g = dg + t * B * 4 * n;  // [B, 4n]
+        for (auto& q : parts) cell.step_units(t, q.u0, q.units, g);
+        barrier.wait(p1 - p0);
+        for (auto& q : parts) {
+          if (!q.dx_up.empty()) q.dx_up[0](B, g, 4 * n, T(0), ptr<T>(gxh) + q.x0, mn);
+          q.dh_up[0](B, g, 4 * n, T(0), ptr<T>(gxh) + m + q.h0, mn);
+        }
+        barrier.wait(p1 - p0);
+        for (auto& q : parts)
+          if (q.rows > 0) rounds_step(t, q.b0, q.rows, q.rounds.first, q.rounds.second);
+        barrier.wait(p1 - p0);
+      }
+    });
+  } else {
+    for_row_blocks(B, min_rows, [&](i64 b0, i64 b1, bool) {
+      const i64 rows = b1 - b0;
+      // dG -> dx_up (in the loop only with rounds)
+      PackedB<T> d_gates_x(route, rows, m, 4 * n, ptr<T>(w_ih), m, false, dx_after ? 0 : T_, &cache);
+      PackedB<T> d_gates_h(route, rows, n, 4 * n, ptr<T>(w_hh), n, false, T_, &cache);  // dG -> dh_up
+      auto rounds = round_products(rows);
+      T* gx = ptr<T>(gxh) + b0 * mn;
+      for (i64 t = T_ - 1; t >= 0; --t) {
+        T* g = dg + (t * B + b0) * 4 * n;
+        cell.step(t, b0, rows, g);
+        if (!dx_after) d_gates_x(rows, g, 4 * n, T(0), gx, mn);
+        d_gates_h(rows, g, 4 * n, T(0), gx + m, mn);
+        rounds_step(t, b0, rows, rounds.first, rounds.second);
+      }
+    });
+  }
   std::vector<at::Tensor> grads(7 + 3 * R.r);  // the last: dL/dM of the adaptation
   if (adapt.defined()) grads[6 + 3 * R.r] = adaptation_grad(cell.d_adapted, acts, cs, adapt);
   at::Tensor dG2 = dG.view({T_ * B, 4 * n});
@@ -351,7 +473,7 @@ std::vector<at::Tensor> mogrifier_lstm_forward(const at::Tensor& xs, const at::T
   check_rounds(R, xs.size(2), h0.size(1), xs.scalar_type());
   std::vector<at::Tensor> out;
   AT_DISPATCH_FLOATING_TYPES(xs.scalar_type(), "mogrifier_lstm_forward", [&] {
-    out = forward_impl<scalar_t>(xs, h0, c0, mk, wih, whh, b, R, capped, save, Route(route), min_rows,
+    out = forward_impl<scalar_t>(xs, h0, c0, mk, wih, whh, b, R, capped, save, decode_routes(route), min_rows,
                                  adapt.has_value() ? adapt->contiguous() : at::Tensor());
   });
   return out;
@@ -374,9 +496,9 @@ std::vector<at::Tensor> mogrifier_lstm_backward(
   std::vector<at::Tensor> out;
   AT_DISPATCH_FLOATING_TYPES(xs.scalar_type(), "mogrifier_lstm_backward", [&] {
     out = backward_impl<scalar_t>(xs, h0, c0, mk, wih, whh, has_bias, R, capped, sv, gy, gh, gc, need_dx,
-                                  need_weights, Route(route), min_rows,
+                                  need_weights, decode_routes(route), min_rows,
                                   adapt.has_value() ? adapt->contiguous() : at::Tensor(),
-                                  Route(tn_route < 0 ? route : tn_route));
+                                  decode_routes(tn_route < 0 ? route : tn_route).gates);
   });
   return out;
 }

@@ -140,7 +140,7 @@ std::vector<at::Tensor> multiplicative_lstm_forward(const at::Tensor& xs, const 
   std::vector<at::Tensor> out;
   AT_DISPATCH_FLOATING_TYPES(xs.scalar_type(), "multiplicative_lstm_forward", [&] {
     out = forward_impl<scalar_t>(xs, h0, c0, mk, w_ih.contiguous(), w_hh.contiguous(), b, w_mx.contiguous(),
-                                 w_mh.contiguous(), capped, save, Route(route), min_rows,
+                                 w_mh.contiguous(), capped, save, decode_routes(route).gates, min_rows,
                                  adapt.has_value() ? adapt->contiguous() : at::Tensor());
   });
   return out;
@@ -160,26 +160,48 @@ std::vector<at::Tensor> multiplicative_lstm_backward(
   std::vector<at::Tensor> out;
   AT_DISPATCH_FLOATING_TYPES(xs.scalar_type(), "multiplicative_lstm_backward", [&] {
     out = backward_impl<scalar_t>(xs, h0, c0, mk, w_ih.contiguous(), w_hh.contiguous(), has_bias, w_mx.contiguous(),
-                                  w_mh.contiguous(), capped, sv, gy, gh, gc, need_dx, need_weights, Route(route),
+                                  w_mh.contiguous(), capped, sv, gy, gh, gc, need_dx, need_weights, decode_routes(route).gates,
                                   min_rows, adapt.has_value() ? adapt->contiguous() : at::Tensor(),
-                                  Route(tn_route < 0 ? route : tn_route));
+                                  decode_routes(tn_route < 0 ? route : tn_route).gates);
   });
   return out;
 }
 
 // Time ``reps`` calls of a row-major [rows, K] @ [N, K]^T product per thread, batch-parallel over
 // ``batch`` rows as the windows run them: how the GEMM-route probe compares the routes on this machine.
+// With ``COLUMNS`` in the route code, split by columns as a column-split window runs its gate products
+// instead: every thread all rows of its block of the N columns, the threads meeting after each product.
 double time_gemm_route(int64_t route, int64_t batch, int64_t K, int64_t N, int64_t reps, bool dbl) {
   auto opts = at::TensorOptions().dtype(dbl ? at::kDouble : at::kFloat);
   // constant operands: the probe must not draw from torch's global generator (it would shift the user's RNG)
   at::Tensor a = at::full({batch, K}, 0.01, opts), w = at::full({N, K}, 0.02, opts), c = at::empty({batch, N}, opts);
+  const bool columns = decode_routes(route).columns;
+  const Route r = decode_routes(route).gates;
+  const i64 P = columns ? column_partitions(N) : 1;
   double seconds = 0;
   AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "time_gemm_route", [&] {
     auto run = [&] {
       PackCache cache;
+      if (P > 1) {
+        for_partitions(P, [&](i64 p0, i64 p1, TeamBarrier& barrier) {
+          std::vector<PackedB<scalar_t>> ops;
+          std::vector<i64> lo;
+          for (i64 p = p0; p < p1; ++p) {
+            auto [c0, c1] = column_block(N, p, P, column_align(N, P));
+            ops.emplace_back(r, batch, c1 - c0, K, ptr<scalar_t>(w) + c0 * K, K, true, reps);
+            lo.push_back(c0);
+          }
+          for (i64 i = 0; i < reps; ++i) {
+            for (size_t j = 0; j < ops.size(); ++j)
+              ops[j](batch, ptr<scalar_t>(a), K, scalar_t(0), ptr<scalar_t>(c) + lo[j], N);
+            barrier.wait(p1 - p0);
+          }
+        });
+        return;
+      }
       for_row_blocks(batch, 1, [&](i64 b0, i64 b1, bool) {
-        PackedB<scalar_t> op(Route(route), b1 - b0, N, K, ptr<scalar_t>(w), K, true, reps, &cache);
-        for (i64 r = 0; r < reps; ++r)
+        PackedB<scalar_t> op(r, b1 - b0, N, K, ptr<scalar_t>(w), K, true, reps, &cache);
+        for (i64 i = 0; i < reps; ++i)
           op(b1 - b0, ptr<scalar_t>(a) + b0 * K, K, scalar_t(0), ptr<scalar_t>(c) + b0 * N, N);
       });
     };
@@ -210,6 +232,9 @@ bool packed_gemm_available() { return packed_available(); }
 
 bool brgemm_route_available() { return brgemm_available(); }
 
+// How many threads a column-split window over n units runs on here (1: it runs batch-parallel instead).
+int64_t column_partitions_op(int64_t n) { return column_partitions(n); }
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(moglm, m) {
@@ -222,6 +247,7 @@ TORCH_LIBRARY_FRAGMENT(moglm, m) {
       "bool has_bias, Tensor w_mx, Tensor w_mh, bool capped, Tensor[] saved, Tensor? dys, Tensor? dhT, Tensor? dcT, "
       "bool need_dx, bool need_weights, int route, int min_rows, Tensor? adapt=None, int tn_route=-1) -> Tensor[]");
   m.def("time_gemm_route(int route, int batch, int K, int N, int reps, bool dbl) -> float", &time_gemm_route);
+  m.def("column_partitions(int n) -> int", &column_partitions_op);
   m.def("time_product_tn(int route, int rows, int N, int K, int reps) -> float", &time_product_tn);
   m.def("blas_route_available(bool dbl) -> bool", &blas_route_available);
   m.def("mkl_thread_control_available() -> bool", &mkl_thread_control_available);

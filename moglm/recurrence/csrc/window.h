@@ -28,13 +28,16 @@
 #include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <tuple>
+#include <utility>
 #include <type_traits>
 #include <vector>
 
@@ -473,6 +476,92 @@ inline void for_row_blocks(i64 B, i64 min_rows, const F& fn) {
 }
 
 // ---------------------------------------------------------------------------------------------------
+// Column-split loops
+// ---------------------------------------------------------------------------------------------------
+//
+// The batch-parallel loop gives each thread a block of batch rows and the whole weight, so every thread
+// streams every weight at every step with its few rows (32 of 64 on two threads). Splitting a step's gate
+// product by output units instead gives each thread every row and its own block of the weight: half the
+// weight traffic per thread and twice the rows per weight panel. The price is synchronisation: a step's
+// gate product needs every row's [x_up; h_up], and the next step's rounds every unit of h, so the threads
+// meet at a barrier between the phases (two per step forward, three backward). Measured on two cores of an
+// Intel Xeon (AMX, float32, B = 64): the H = 1024 gate product at 341 GFLOP/s split by columns against 266
+// by rows, 383 against 331 at H = 650, 387 against 373 at H = 256 (docs/fused-recurrence.md). The
+// window's route code carries the choice (``COLUMNS``), which ``auto`` probes per shape class.
+
+//: the flag, added to a route code, that asks the LSTM window to split its gate products by columns
+constexpr int64_t COLUMNS = 8;
+
+// A window's per-step routes, from the code the ops take: bits 0-2 the gate products' route, bit 3
+// ``COLUMNS``, bits 4-6 the Mogrifier rounds' route plus one (0: the gates' route), since which route runs
+// the narrow round products fastest need not be the one for the wide gate products.
+struct StepRoutes {
+  Route gates, rounds;
+  bool columns;
+};
+
+inline StepRoutes decode_routes(int64_t code) {
+  const Route gates = Route(code & 7);
+  const int64_t rounds = (code >> 4) & 7;
+  return {gates, rounds == 0 ? gates : Route(rounds - 1), (code & COLUMNS) != 0};
+}
+
+// A spinning barrier over P partitions, where each arriving thread counts for the partitions it runs
+// (more than one when OpenMP gave the region fewer threads than asked): it opens when all P arrived.
+struct TeamBarrier {
+  std::atomic<i64> arrived{0}, generation{0};
+  const i64 total;
+  explicit TeamBarrier(i64 total_) : total(total_) {}
+  void wait(i64 weight) {
+    const i64 gen = generation.load(std::memory_order_acquire);
+    if (arrived.fetch_add(weight, std::memory_order_acq_rel) + weight == total) {
+      arrived.store(0, std::memory_order_relaxed);
+      generation.fetch_add(1, std::memory_order_release);
+      return;
+    }
+    for (i64 spins = 0; generation.load(std::memory_order_acquire) == gen; ++spins) {
+      if (spins > 4096) std::this_thread::yield();  // the other thread was descheduled
+#if defined(__x86_64__) || defined(__i386__)
+      else __builtin_ia32_pause();
+#endif
+    }
+  }
+};
+
+// [lo, hi) of the p-th of P blocks of n columns, block edges on multiples of ``align`` (but the last)
+inline std::pair<i64, i64> column_block(i64 n, i64 p, i64 P, i64 align) {
+  const i64 units = (n + align - 1) / align;
+  const i64 lo = std::min(n, (units * p / P) * align), hi = p + 1 == P ? n : std::min(n, (units * (p + 1) / P) * align);
+  return {lo, hi};
+}
+
+// block edges for n columns over P threads: whole 64-wide panels of the brgemm route where the blocks are wide
+inline i64 column_align(i64 n, i64 P) { return n >= 128 * P ? 64 : 16; }
+
+// The partitions of a column-split window: the threads it runs on (1 where it cannot split: one thread,
+// a nested parallel region, a threading backend whose tasks may not run at once, or n too narrow).
+inline i64 column_partitions(i64 n) {
+#if AT_PARALLEL_OPENMP
+  if (at::in_parallel_region()) return 1;
+  return std::max<i64>(1, std::min<i64>(at::get_num_threads(), n / 16));
+#else
+  (void)n;
+  return 1;
+#endif
+}
+
+// Run fn(p0, p1, barrier) on the threads: partitions [p0, p1) of P each (one per thread unless OpenMP gave
+// fewer threads), every product inside single-threaded. ``barrier.wait(p1 - p0)`` meets the others.
+template <typename F>
+inline void for_partitions(i64 P, const F& fn) {
+  TeamBarrier barrier(P);
+  at::parallel_for(0, P, 1, [&](i64 p0, i64 p1) {
+    ThreadGemmScope scope(true);
+    fn(p0, p1, barrier);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------
 // Pointwise math
 // ---------------------------------------------------------------------------------------------------
 
@@ -510,21 +599,23 @@ inline double tanh_<double>(double x) { return std::tanh(x); }
 
 // LSTM cell forward for rows of one step, torch's gate order [i, f, j, o] (Mogrifier paper, section 2):
 //   g (in: pre-activations without bias, out: activations), ld 4n;  c = f c_prev + i j (capped:
-//   min(1 - f, i) j);  h = o tanh(c).  c_prev and c_out may alias (in-place update).
+//   min(1 - f, i) j);  h = o tanh(c).  c_prev and c_out may alias (in-place update). ``w`` units of each row
+//   (all n, or one thread's column block: pointers then start at its first unit; c and h have ld n, the
+//   bias gate stride n), the gates ``gs`` apart in g (n, or w in a block's own gate buffer).
 template <typename T, bool Capped>
-inline void cell_forward_(i64 rows, i64 n, T* g, i64 ldg, const T* bias, const T* c_prev, T* c_out, T* h_out,
-                          i64 ldh) {
+inline void cell_forward_(i64 rows, i64 n, i64 w, i64 gs, T* g, i64 ldg, const T* bias, const T* c_prev,
+                          T* c_out, T* h_out, i64 ldh) {
   for (i64 r = 0; r < rows; ++r) {
     T* gi = g + r * ldg;
-    T* gf = gi + n;
-    T* gj = gi + 2 * n;
-    T* go = gi + 3 * n;
+    T* gf = gi + gs;
+    T* gj = gi + 2 * gs;
+    T* go = gi + 3 * gs;
     const T* cp = c_prev + r * n;
     T* co = c_out + r * n;
     T* ho = h_out + r * ldh;
     if (bias != nullptr) {
 #pragma GCC ivdep
-      for (i64 k = 0; k < n; ++k) {
+      for (i64 k = 0; k < w; ++k) {
         gi[k] += bias[k];
         gf[k] += bias[n + k];
         gj[k] += bias[2 * n + k];
@@ -532,7 +623,7 @@ inline void cell_forward_(i64 rows, i64 n, T* g, i64 ldg, const T* bias, const T
       }
     }
 #pragma GCC ivdep
-    for (i64 k = 0; k < n; ++k) {
+    for (i64 k = 0; k < w; ++k) {
       const T i = sigmoid<T>(gi[k]);
       const T f = sigmoid<T>(gf[k]);
       const T j = tanh_<T>(gj[k]);
@@ -552,11 +643,13 @@ inline void cell_forward_(i64 rows, i64 n, T* g, i64 ldg, const T* bias, const T
 
 template <typename T>
 inline void cell_forward(i64 rows, i64 n, T* g, i64 ldg, const T* bias, const T* c_prev, T* c_out, T* h_out,
-                         i64 ldh, bool capped) {
+                         i64 ldh, bool capped, i64 w = -1, i64 gs = -1) {
+  w = w < 0 ? n : w;
+  gs = gs < 0 ? n : gs;
   if (capped)
-    cell_forward_<T, true>(rows, n, g, ldg, bias, c_prev, c_out, h_out, ldh);
+    cell_forward_<T, true>(rows, n, w, gs, g, ldg, bias, c_prev, c_out, h_out, ldh);
   else
-    cell_forward_<T, false>(rows, n, g, ldg, bias, c_prev, c_out, h_out, ldh);
+    cell_forward_<T, false>(rows, n, w, gs, g, ldg, bias, c_prev, c_out, h_out, ldh);
 }
 
 // LSTM cell backward for rows of one step. In: activations ``act`` (ld 4n), c_prev, c_t, dL/dh_t (all of
@@ -564,8 +657,8 @@ inline void cell_forward(i64 rows, i64 n, T* g, i64 ldg, const T* bias, const T*
 // ``dc`` overwritten with dL/dc_{t-1}. torch.minimum's derivative: all to the smaller argument, half to
 // each on a tie.
 template <typename T, bool Capped>
-inline void cell_backward_(i64 rows, i64 n, const T* act, const T* c_prev, const T* c_t, const T* dh, T* dc,
-                           T* dg) {
+inline void cell_backward_(i64 rows, i64 n, i64 w, const T* act, const T* c_prev, const T* c_t, const T* dh,
+                           T* dc, T* dg) {
   for (i64 r = 0; r < rows; ++r) {
     const T* ai = act + r * 4 * n;
     const T* af = ai + n;
@@ -580,7 +673,7 @@ inline void cell_backward_(i64 rows, i64 n, const T* act, const T* c_prev, const
     T* gj = gi + 2 * n;
     T* go = gi + 3 * n;
 #pragma GCC ivdep
-    for (i64 k = 0; k < n; ++k) {
+    for (i64 k = 0; k < w; ++k) {
       const T i = ai[k], f = af[k], j = aj[k], o = ao[k];
       const T tc = tanh_<T>(ct[k]);
       const T d_o = dhr[k] * tc;
@@ -609,11 +702,12 @@ inline void cell_backward_(i64 rows, i64 n, const T* act, const T* c_prev, const
 
 template <typename T>
 inline void cell_backward(i64 rows, i64 n, const T* act, const T* c_prev, const T* c_t, const T* dh, T* dc,
-                          T* dg, bool capped) {
+                          T* dg, bool capped, i64 w = -1) {
+  w = w < 0 ? n : w;
   if (capped)
-    cell_backward_<T, true>(rows, n, act, c_prev, c_t, dh, dc, dg);
+    cell_backward_<T, true>(rows, n, w, act, c_prev, c_t, dh, dc, dg);
   else
-    cell_backward_<T, false>(rows, n, act, c_prev, c_t, dh, dc, dg);
+    cell_backward_<T, false>(rows, n, w, act, c_prev, c_t, dh, dc, dg);
 }
 
 // One mogrifier round (Mogrifier paper, eq. 1-2) for rows of one step:
@@ -823,6 +917,16 @@ struct CellForward {
     adaptation.forward(route, rows, b0, h, n, adapt_tmp.data_ptr<T>() + b0 * adaptation.units);
   }
 
+  // step t of every row for units [u0, u0 + w) (a column-split window; no adaptation): g holds their gate
+  // pre-activations, the block's own [B, 4w] (gates w apart, ld 4w)
+  void step_units(i64 t, i64 u0, i64 w, T* g) const {
+    T* c = cs.data_ptr<T>();
+    const T* cp = save ? (t == 0 ? c0 : c + (t - 1) * B * n) : c;
+    T* co = save ? c + t * B * n : c;
+    cell_forward(B, n, g, 4 * w, bias == nullptr ? nullptr : bias + u0, cp + u0, co + u0,
+                 ys.data_ptr<T>() + t * B * n + u0, n, capped, w, w);
+  }
+
   // [ys, h_T, c_T]
   std::vector<at::Tensor> outputs() const { return {ys, ys[T_ - 1].clone(), save ? cs[T_ - 1].clone() : cs}; }
 };
@@ -863,6 +967,19 @@ struct CellBackward {
     const T* cp = t == 0 ? c0 + b0 * n : c + ((t - 1) * B + b0) * n;
     cell_backward(rows, n, acts + (t * B + b0) * 4 * n, cp, c + (t * B + b0) * n, dhr, dc.data_ptr<T>() + b0 * n,
                   dg, capped);
+  }
+
+  // step t of every row for units [u0, u0 + w) (a column-split window; no adaptation); dg: the step's
+  // [B, 4n], unit 0
+  void step_units(i64 t, i64 u0, i64 w, T* dg) const {
+    T* dhr = dh.data_ptr<T>() + u0;
+    if (dy != nullptr)
+      add_rows(B, w, dy + t * B * n + u0, n, carried(0) + u0, n, dhr, n);
+    else
+      copy_rows(B, w, carried(0) + u0, n, dhr, n);
+    const T* cp = t == 0 ? c0 : c + (t - 1) * B * n;
+    cell_backward(B, n, acts + t * B * 4 * n + u0, cp + u0, c + t * B * n + u0, dhr, dc.data_ptr<T>() + u0,
+                  dg + u0, capped, w);
   }
 };
 
