@@ -219,8 +219,9 @@ def test_the_class_route_is_one_this_machine_has_with_its_timings():
 @pytest.mark.parametrize("make, splits", [
     (lambda: moglm.LSTM(19, 37), True),
     (lambda: moglm.MogrifierLSTM(19, 37, rounds=3, rank=4), True),
-    (lambda: moglm.MultiplicativeLSTM(19, 37), False),  # its window has no column split
-], ids=["lstm", "mogrifier", "multiplicative_lstm"])
+    (lambda: moglm.MultiplicativeLSTM(19, 37), True),
+    (lambda: moglm.LSTM(19, 31), False),  # 31 units: fewer than 16 a thread
+], ids=["lstm", "mogrifier", "multiplicative_lstm", "lstm_too_narrow"])
 def test_on_two_threads_each_route_is_also_timed_split_by_columns_where_the_window_can(make, splits):
     model, x = make(), torch.randn(4, 6, 19)
     threads = torch.get_num_threads()

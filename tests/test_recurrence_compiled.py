@@ -160,8 +160,11 @@ COLUMN_MODELS = [
                                         bias=False, **kw),
     lambda h, **kw: moglm.LSTM(COLUMN_M, h, 2, state_dropout=0.3, dropout=0.2, **kw),
     lambda h, **kw: moglm.LSTM(COLUMN_M, h, 1, capped_input_gate=True, bias=False, **kw),
+    lambda h, **kw: moglm.MultiplicativeLSTM(COLUMN_M, h, 2, state_dropout=0.3, dropout=0.2, **kw),
+    lambda h, **kw: moglm.MultiplicativeLSTM(COLUMN_M, h, 1, capped_input_gate=True, bias=False, **kw),
 ]
-COLUMN_IDS = ["mogrifier_k3", "mogrifier_full_no_zigzag_capped", "lstm_dropout", "lstm_capped_no_bias"]
+COLUMN_IDS = ["mogrifier_k3", "mogrifier_full_no_zigzag_capped", "lstm_dropout", "lstm_capped_no_bias",
+              "multiplicative_lstm_dropout", "multiplicative_lstm_capped_no_bias"]
 
 
 def assert_matches_reference(model, hidden, batch, dtype, **tol):
@@ -209,7 +212,8 @@ def test_column_split_window_matches_reference_in_float64_with_every_gradient(ma
 @pytest.mark.usefixtures("batch_parallel")
 @pytest.mark.parametrize("hidden", [COLUMN_H, 261])
 @pytest.mark.parametrize("route", list(compiled.ROUTES))
-@pytest.mark.parametrize("make", COLUMN_MODELS[:1] + COLUMN_MODELS[2:3], ids=["mogrifier", "lstm"])
+@pytest.mark.parametrize("make", COLUMN_MODELS[:1] + COLUMN_MODELS[2:3] + COLUMN_MODELS[4:5],
+                         ids=["mogrifier", "lstm", "multiplicative_lstm"])
 def test_column_split_on_every_route_in_float32_matches_reference(make, route, hidden, monkeypatch):
     if route not in compiled._candidate_routes(torch.float32):
         pytest.skip(f"GEMM route {route!r} not available here")

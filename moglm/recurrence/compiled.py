@@ -36,11 +36,12 @@ choice), since the ranking changes with the widths too. The weight-gradient prod
 their own route, the ukernel or ``at::mm``, probed once per machine (:func:`weight_gradient_route`).
 ``MOGLM_GEMM_ROUTE=aten|blas|mkl_packed|panels|brgemm`` forces one everywhere.
 
-The LSTM and Mogrifier windows can also split a step's gate product by output units instead of batch rows
-(a route with ``+columns``, e.g. ``brgemm+columns``): every thread then multiplies all rows by its own block
-of the weight, half the weight traffic per thread, and the threads meet at a barrier between a step's
-phases (``csrc/window.h``, "Column-split loops"). ``auto`` times it per shape class like the routes, and
-``MOGLM_GEMM_ROUTE=brgemm+columns`` forces it.
+The windows can also split a step's products by output units instead of batch rows (a route with
+``+columns``, e.g. ``brgemm+columns``): every thread then multiplies all rows by its own block of the
+weight, half the weight traffic per thread, and the threads meet at a barrier between a step's phases
+(``csrc/window.h``, "Column-split loops"; the Mogrifier's rounds stay split by rows). The rounds may take
+a route of their own (``mkl_packed+columns:brgemm``). ``auto`` times all of these per shape class, and
+``MOGLM_GEMM_ROUTE`` forces any of them.
 """
 
 from __future__ import annotations
@@ -69,8 +70,8 @@ SOURCES = ("window.h", "mogrifier_lstm.cpp", "multiplicative_lstm.cpp")
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-trapping-math", "-fno-math-errno", "-fopenmp", "-DNDEBUG")
 LDFLAGS = ("-fopenmp",)
 ROUTES = {"aten": 0, "blas": 1, "panels": 2, "mkl_packed": 3, "brgemm": 4}
-#: added to a route's code: the LSTM and Mogrifier windows split their gate products by columns (``COLUMNS``
-#: in ``csrc/window.h``; the multiplicative LSTM's window ignores it)
+#: added to a route's code: the windows split their per-step products by columns (``COLUMNS`` in
+#: ``csrc/window.h``)
 COLUMNS = 8
 COLUMNS_SUFFIX = "+columns"
 #: the Mogrifier rounds' own route, in a route's name after this (``mkl_packed+columns:brgemm``) and in its
@@ -356,8 +357,9 @@ def class_route(function, spec, xs: Tensor, training: bool, reps: int = 20) -> t
     double = xs.dtype == torch.float64
     products = function.step_products(spec, training)
     gate_width = 4 * spec.hidden_size
-    gate_products = [p for p in products if p[1] == gate_width]
-    round_products = [p for p in products if p[1] != gate_width]
+    rounds = getattr(function, "has_rounds", False)  # the Mogrifier's rounds: products not 4n wide
+    gate_products = [p for p in products if not rounds or p[1] == gate_width]
+    round_products = [p for p in products if rounds and p[1] != gate_width]
 
     def timed(routes: list[str], products) -> dict[str, float]:
         times = {route: float("inf") for route in routes}
@@ -494,6 +496,8 @@ class CompiledLSTMFunction(_CompiledFunction):
 
     #: the window can split its gate products by columns (``+columns`` routes)
     column_split = True
+    #: its products not 4n wide are the Mogrifier's rounds, which may take a route of their own
+    has_rounds = True
 
     @staticmethod
     def step_products(spec, training: bool) -> list[tuple[int, int, int]]:
@@ -545,6 +549,9 @@ class CompiledLSTMFunction(_CompiledFunction):
 
 class CompiledMultiplicativeLSTMFunction(_CompiledFunction):
     """Krause's multiplicative LSTM (``csrc/multiplicative_lstm.cpp``)."""
+
+    #: the window can split both its per-step products by columns (``+columns`` routes)
+    column_split = True
 
     @staticmethod
     def step_products(spec, training: bool) -> list[tuple[int, int, int]]:

@@ -166,14 +166,9 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
     const i64 align = column_align(n, P);
     // each block's rows of W_ih and W_hh, its four gates' together ([4w, m], [4w, n]): one product a step
     std::vector<at::Tensor> wx(P), wh(P);
-    auto gather = [&](const at::Tensor& w, i64 u0, i64 u1) {
-      return at::cat({w.narrow(0, u0, u1 - u0), w.narrow(0, n + u0, u1 - u0), w.narrow(0, 2 * n + u0, u1 - u0),
-                      w.narrow(0, 3 * n + u0, u1 - u0)});
-    };
     for (i64 p = 0; p < P; ++p) {
-      auto [u0, u1] = column_block(n, p, P, align);
-      if (!hoisted) wx[p] = gather(w_ih, u0, u1);
-      wh[p] = gather(w_hh, u0, u1);
+      if (!hoisted) wx[p] = gate_rows(w_ih, column_block(n, p, P, align));
+      wh[p] = gate_rows(w_hh, column_block(n, p, P, align));
     }
     for_partitions(P, [&](i64 p0, i64 p1, TeamBarrier& barrier) {
       struct Part {

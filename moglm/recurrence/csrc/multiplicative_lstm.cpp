@@ -27,7 +27,9 @@ template <typename T>
 std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0, const at::Tensor& c0,
                                      const at::Tensor& mask, const at::Tensor& w_ih, const at::Tensor& w_hh,
                                      const at::Tensor& bias, const at::Tensor& w_mx, const at::Tensor& w_mh,
-                                     bool capped, bool save, Route route, i64 min_rows, const at::Tensor& adapt) {
+                                     bool capped, bool save, const StepRoutes& routes, i64 min_rows,
+                                     const at::Tensor& adapt) {
+  const Route route = routes.gates;
   const i64 T_ = xs.size(0), B = xs.size(1), m = xs.size(2), n = h0.size(1);
   const i64 S = save ? T_ : 1;
   auto opts = xs.options();
@@ -42,25 +44,73 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
   const T* mk = ptr<T>(mask);
   const T* y = ptr<T>(cell.ys);
   PackCache cache;  // the weights packed once for all threads (brgemm route)
-  for_row_blocks(B, min_rows, [&](i64 b0, i64 b1, bool) {
-    const i64 rows = b1 - b0;
-    PackedB<T> gates_m(route, rows, 4 * n, n, ptr<T>(w_hh), n, true, T_, &cache);  // m_t -> W_hh m_t
-    PackedB<T> proj_h(route, rows, n, n, ptr<T>(w_mh), n, true, T_, &cache);
-    for (i64 t = 0; t < T_; ++t) {
-      const i64 s = save ? t : 0, o = (s * B + b0) * n;
-      const T* hp = t == 0 ? ptr<T>(h0) + b0 * n : y + ((t - 1) * B + b0) * n;
-      if (mk != nullptr) {
-        T* ht = ptr<T>(htil) + b0 * n;
-        mul_rows(rows, n, hp, n, mk + b0 * n, n, ht, n);
-        hp = ht;
+  const i64 P = routes.columns && !adapt.defined() ? column_partitions(n) : 1;
+  if (P > 1) {
+    // split by columns (window.h, "Column-split loops"): a thread computes m_t for its block of units over
+    // every row, then, after a barrier, its units' gates (its rows of W_hh, gathered) and cell; h~ for the
+    // next step as it writes h
+    const i64 align = column_align(n, P);
+    std::vector<at::Tensor> wg(P);
+    for (i64 p = 0; p < P; ++p) wg[p] = gate_rows(w_hh, column_block(n, p, P, align));
+    if (mk != nullptr) at::mul_out(htil, h0, mask);
+    for_partitions(P, [&](i64 p0, i64 p1, TeamBarrier& barrier) {
+      struct Part {
+        i64 u0, w;
+        std::vector<PackedB<T>> proj, gates;  // h~ -> its units of W_mh h~; m -> its units' gates
+        at::Tensor g;  // its units' gates [B, 4w]
+      };
+      std::vector<Part> parts;
+      for (i64 p = p0; p < p1; ++p) {
+        auto [u0, u1] = column_block(n, p, P, align);
+        const i64 w = u1 - u0;
+        Part part{u0, w, {}, {}, at::empty({B, 4 * w}, opts)};
+        part.proj.emplace_back(route, B, w, n, ptr<T>(w_mh) + u0 * n, n, true, T_);
+        part.gates.emplace_back(route, B, 4 * w, n, ptr<T>(wg[p]), n, true, T_);
+        parts.push_back(std::move(part));
       }
-      proj_h(rows, hp, n, T(0), ptr<T>(ph) + o, n);  // W_mh h~
-      mul_rows(rows, n, ptr<T>(px) + (t * B + b0) * n, n, ptr<T>(ph) + o, n, ptr<T>(ms) + o, n);  // m_t (eq. 3.5)
-      T* g = ptr<T>(acts) + (t * B + b0) * 4 * n;  // holds W_ih x_t
-      gates_m(rows, ptr<T>(ms) + o, n, T(1), g, 4 * n);
-      cell.step(t, b0, rows, g);
-    }
-  });
+      for (i64 t = 0; t < T_; ++t) {
+        const i64 o = (save ? t : 0) * B * n;
+        const T* hp = mk != nullptr ? ptr<T>(htil) : t == 0 ? ptr<T>(h0) : y + (t - 1) * B * n;
+        for (auto& q : parts) {
+          q.proj[0](B, hp, n, T(0), ptr<T>(ph) + o + q.u0, n);  // W_mh h~
+          mul_rows(B, q.w, ptr<T>(px) + t * B * n + q.u0, n, ptr<T>(ph) + o + q.u0, n, ptr<T>(ms) + o + q.u0, n);
+        }
+        barrier.wait(p1 - p0);
+        T* a = ptr<T>(acts) + t * B * 4 * n;  // holds W_ih x_t
+        for (auto& q : parts) {
+          T* g = ptr<T>(q.g);
+          for (i64 k = 0; k < 4; ++k) copy_rows(B, q.w, a + k * n + q.u0, 4 * n, g + k * q.w, 4 * q.w);
+          q.gates[0](B, ptr<T>(ms) + o, n, T(1), g, 4 * q.w);
+          cell.step_units(t, q.u0, q.w, g);
+          if (save)  // the activations, where the backward reads them
+            for (i64 k = 0; k < 4; ++k) copy_rows(B, q.w, g + k * q.w, 4 * q.w, a + k * n + q.u0, 4 * n);
+          if (mk != nullptr)  // the next step's h~
+            mul_rows(B, q.w, y + t * B * n + q.u0, n, mk + q.u0, n, ptr<T>(htil) + q.u0, n);
+        }
+        barrier.wait(p1 - p0);
+      }
+    });
+  } else {
+    for_row_blocks(B, min_rows, [&](i64 b0, i64 b1, bool) {
+      const i64 rows = b1 - b0;
+      PackedB<T> gates_m(route, rows, 4 * n, n, ptr<T>(w_hh), n, true, T_, &cache);  // m_t -> W_hh m_t
+      PackedB<T> proj_h(route, rows, n, n, ptr<T>(w_mh), n, true, T_, &cache);
+      for (i64 t = 0; t < T_; ++t) {
+        const i64 s = save ? t : 0, o = (s * B + b0) * n;
+        const T* hp = t == 0 ? ptr<T>(h0) + b0 * n : y + ((t - 1) * B + b0) * n;
+        if (mk != nullptr) {
+          T* ht = ptr<T>(htil) + b0 * n;
+          mul_rows(rows, n, hp, n, mk + b0 * n, n, ht, n);
+          hp = ht;
+        }
+        proj_h(rows, hp, n, T(0), ptr<T>(ph) + o, n);  // W_mh h~
+        mul_rows(rows, n, ptr<T>(px) + (t * B + b0) * n, n, ptr<T>(ph) + o, n, ptr<T>(ms) + o, n);  // m_t (eq. 3.5)
+        T* g = ptr<T>(acts) + (t * B + b0) * 4 * n;  // holds W_ih x_t
+        gates_m(rows, ptr<T>(ms) + o, n, T(1), g, 4 * n);
+        cell.step(t, b0, rows, g);
+      }
+    });
+  }
   std::vector<at::Tensor> out = cell.outputs();
   if (save) {
     for (const auto& t : {acts, cell.cs, ms, px, ph}) out.push_back(t);
@@ -75,7 +125,9 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
                                       bool has_bias, const at::Tensor& w_mx, const at::Tensor& w_mh, bool capped,
                                       const std::vector<at::Tensor>& saved, const at::Tensor& dys,
                                       const at::Tensor& dhT, const at::Tensor& dcT, bool need_dx, bool need_weights,
-                                      Route route, i64 min_rows, const at::Tensor& adapt, Route tn_route) {
+                                      const StepRoutes& routes, i64 min_rows, const at::Tensor& adapt,
+                                      Route tn_route) {
+  const Route route = routes.gates;
   const i64 T_ = xs.size(0), B = xs.size(1), m = xs.size(2), n = h0.size(1);
   auto opts = xs.options();
   const at::Tensor &ys = saved[0], &acts = saved[1], &cs = saved[2], &ms = saved[3], &px = saved[4], &ph = saved[5];
@@ -86,23 +138,63 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
   const CellBackward<T> cell(c0, cs, acts, dys, dhT, dcT, adapt, capped, route);
   const T* mk = ptr<T>(mask);
   PackCache cache;  // the weights packed once for all threads (brgemm route)
-  for_row_blocks(B, min_rows, [&](i64 b0, i64 b1, bool) {
-    const i64 rows = b1 - b0;
-    PackedB<T> d_gates_m(route, rows, n, 4 * n, ptr<T>(w_hh), n, false, T_, &cache);  // dG -> dm
-    PackedB<T> d_proj_h(route, rows, n, n, ptr<T>(w_mh), n, false, T_, &cache);       // d(W_mh h~) -> dh~
-    T* dmr = ptr<T>(dm) + b0 * n;
-    T* dhn = cell.carried(b0);
-    for (i64 t = T_ - 1; t >= 0; --t) {
-      const i64 o = (t * B + b0) * n;
-      T* g = ptr<T>(dG) + (t * B + b0) * 4 * n;
-      cell.step(t, b0, rows, g);
-      d_gates_m(rows, g, 4 * n, T(0), dmr, n);
-      mul_rows(rows, n, dmr, n, ptr<T>(ph) + o, n, ptr<T>(d_px) + o, n);
-      mul_rows(rows, n, dmr, n, ptr<T>(px) + o, n, ptr<T>(d_ph) + o, n);
-      d_proj_h(rows, ptr<T>(d_ph) + o, n, T(0), dhn, n);  // dL/dh~
-      if (mk != nullptr) mul_rows(rows, n, dhn, n, mk + b0 * n, n, dhn, n);
-    }
-  });
+  const i64 P = routes.columns && !adapt.defined() ? column_partitions(n) : 1;
+  if (P > 1) {
+    // split by columns: per step a thread runs the cell's derivative for its units, then (after a barrier)
+    // dm for its units from every gate's dG, then dh~ for its units from every unit's d(W_mh h~)
+    const i64 align = column_align(n, P);
+    for_partitions(P, [&](i64 p0, i64 p1, TeamBarrier& barrier) {
+      struct Part {
+        i64 u0, w;
+        std::vector<PackedB<T>> d_gates_m, d_proj_h;  // dG -> its units of dm; d(W_mh h~) -> its units of dh~
+      };
+      std::vector<Part> parts;
+      for (i64 p = p0; p < p1; ++p) {
+        auto [u0, u1] = column_block(n, p, P, align);
+        Part part{u0, u1 - u0, {}, {}};
+        part.d_gates_m.emplace_back(route, B, u1 - u0, 4 * n, ptr<T>(w_hh) + u0, n, false, T_);
+        part.d_proj_h.emplace_back(route, B, u1 - u0, n, ptr<T>(w_mh) + u0, n, false, T_);
+        parts.push_back(std::move(part));
+      }
+      T* dhn = cell.carried(0);
+      for (i64 t = T_ - 1; t >= 0; --t) {
+        const i64 o = t * B * n;
+        T* g = ptr<T>(dG) + t * B * 4 * n;
+        for (auto& q : parts) cell.step_units(t, q.u0, q.w, g);
+        barrier.wait(p1 - p0);
+        for (auto& q : parts) {
+          T* dmq = ptr<T>(dm) + q.u0;
+          q.d_gates_m[0](B, g, 4 * n, T(0), dmq, n);
+          mul_rows(B, q.w, dmq, n, ptr<T>(ph) + o + q.u0, n, ptr<T>(d_px) + o + q.u0, n);
+          mul_rows(B, q.w, dmq, n, ptr<T>(px) + o + q.u0, n, ptr<T>(d_ph) + o + q.u0, n);
+        }
+        barrier.wait(p1 - p0);
+        for (auto& q : parts) {
+          q.d_proj_h[0](B, ptr<T>(d_ph) + o, n, T(0), dhn + q.u0, n);  // dL/dh~
+          if (mk != nullptr) mul_rows(B, q.w, dhn + q.u0, n, mk + q.u0, n, dhn + q.u0, n);
+        }
+        barrier.wait(p1 - p0);
+      }
+    });
+  } else {
+    for_row_blocks(B, min_rows, [&](i64 b0, i64 b1, bool) {
+      const i64 rows = b1 - b0;
+      PackedB<T> d_gates_m(route, rows, n, 4 * n, ptr<T>(w_hh), n, false, T_, &cache);  // dG -> dm
+      PackedB<T> d_proj_h(route, rows, n, n, ptr<T>(w_mh), n, false, T_, &cache);       // d(W_mh h~) -> dh~
+      T* dmr = ptr<T>(dm) + b0 * n;
+      T* dhn = cell.carried(b0);
+      for (i64 t = T_ - 1; t >= 0; --t) {
+        const i64 o = (t * B + b0) * n;
+        T* g = ptr<T>(dG) + (t * B + b0) * 4 * n;
+        cell.step(t, b0, rows, g);
+        d_gates_m(rows, g, 4 * n, T(0), dmr, n);
+        mul_rows(rows, n, dmr, n, ptr<T>(ph) + o, n, ptr<T>(d_px) + o, n);
+        mul_rows(rows, n, dmr, n, ptr<T>(px) + o, n, ptr<T>(d_ph) + o, n);
+        d_proj_h(rows, ptr<T>(d_ph) + o, n, T(0), dhn, n);  // dL/dh~
+        if (mk != nullptr) mul_rows(rows, n, dhn, n, mk + b0 * n, n, dhn, n);
+      }
+    });
+  }
   std::vector<at::Tensor> grads(9);  // the last: dL/dM of the adaptation
   if (adapt.defined()) grads[8] = adaptation_grad(cell.d_adapted, acts, cs, adapt);
   at::Tensor dG2 = dG.view({T_ * B, 4 * n});
@@ -140,7 +232,7 @@ std::vector<at::Tensor> multiplicative_lstm_forward(const at::Tensor& xs, const 
   std::vector<at::Tensor> out;
   AT_DISPATCH_FLOATING_TYPES(xs.scalar_type(), "multiplicative_lstm_forward", [&] {
     out = forward_impl<scalar_t>(xs, h0, c0, mk, w_ih.contiguous(), w_hh.contiguous(), b, w_mx.contiguous(),
-                                 w_mh.contiguous(), capped, save, decode_routes(route).gates, min_rows,
+                                 w_mh.contiguous(), capped, save, decode_routes(route), min_rows,
                                  adapt.has_value() ? adapt->contiguous() : at::Tensor());
   });
   return out;
@@ -160,7 +252,7 @@ std::vector<at::Tensor> multiplicative_lstm_backward(
   std::vector<at::Tensor> out;
   AT_DISPATCH_FLOATING_TYPES(xs.scalar_type(), "multiplicative_lstm_backward", [&] {
     out = backward_impl<scalar_t>(xs, h0, c0, mk, w_ih.contiguous(), w_hh.contiguous(), has_bias, w_mx.contiguous(),
-                                  w_mh.contiguous(), capped, sv, gy, gh, gc, need_dx, need_weights, decode_routes(route).gates,
+                                  w_mh.contiguous(), capped, sv, gy, gh, gc, need_dx, need_weights, decode_routes(route),
                                   min_rows, adapt.has_value() ? adapt->contiguous() : at::Tensor(),
                                   decode_routes(tn_route < 0 ? route : tn_route).gates);
   });

@@ -538,6 +538,14 @@ inline std::pair<i64, i64> column_block(i64 n, i64 p, i64 P, i64 align) {
 // block edges for n columns over P threads: whole 64-wide panels of the brgemm route where the blocks are wide
 inline i64 column_align(i64 n, i64 P) { return n >= 128 * P ? 64 : 16; }
 
+// The rows of a gate weight W [4n, k] (torch's gate order [i, f, j, o]) for units [u0, u1) of each gate,
+// together: [4 (u1 - u0), k], so that a block's gates are one product
+inline at::Tensor gate_rows(const at::Tensor& w, std::pair<i64, i64> units) {
+  const i64 n = w.size(0) / 4, u0 = units.first, width = units.second - units.first;
+  return at::cat({w.narrow(0, u0, width), w.narrow(0, n + u0, width), w.narrow(0, 2 * n + u0, width),
+                  w.narrow(0, 3 * n + u0, width)});
+}
+
 // The partitions of a column-split window: the threads it runs on (1 where it cannot split: one thread,
 // a nested parallel region, a threading backend whose tasks may not run at once, or n too narrow).
 inline i64 column_partitions(i64 n) {
