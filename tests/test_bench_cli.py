@@ -87,6 +87,28 @@ def test_bench_gemm_routes_writes_under_the_bench_directory_never_the_working_tr
     assert "| 8 | gate forward (16 -> 32) |" in out and "| 8 | weight gradient (280 rows -> [32, 16]) |" in out
 
 
+def test_bench_gemm_routes_times_the_gate_products_split_by_columns_on_two_threads(tmp_path):
+    from moglm.bench.gemm_routes import markdown_table, run_gemm_routes
+    from moglm.recurrence import compiled
+
+    if not compiled.available():
+        pytest.skip(f"compiled recurrence unavailable: {compiled.unavailable_reason()}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        report = run_gemm_routes((37,), batch=4, steps=3, repeats=1, out_path=tmp_path / "r.json", log=lambda _: None)
+    finally:
+        torch.set_num_threads(threads)
+    routes = compiled._candidate_routes(torch.float32)
+    split = {r + compiled.COLUMNS_SUFFIX for r in routes}
+    for row in report["results"]:
+        expected = set(routes) | (split if row["product"].startswith("gate") else set())
+        assert set(row["gflops"]) == expected and min(row["gflops"].values()) > 0, row["product"]
+    table = markdown_table(report)
+    assert "aten+columns" in table.splitlines()[0]
+    assert table.splitlines()[-2].count("| -") == len(routes)  # a round's row: no split timings
+
+
 def test_bench_end_to_end_times_a_config_on_both_paths(tiny_corpus, tmp_path, capsys):
     path = tmp_path / "tiny.toml"
     path.write_text(BUDGET.format(arch="mogrifier", cell="cell = { rounds = 2, rank = 2 }").replace(

@@ -4,7 +4,9 @@ For each hidden size H (input = H, batch B split over the threads as the windows
 available route (:mod:`moglm.recurrence.compiled`), the best of ``repeats`` timings of ``steps``
 products per thread of each shape: the forward gate product ``[x; h] @ [W_ih, W_hh]^T`` (K = 2H, N = 4H),
 its backward ``dG @ [W_ih, W_hh]`` (K = 4H, N = 2H), and a rank-64 round's two products (K = H, N = 64
-and K = 64, N = H). Each route's weight packing is included, once per timing, as in a window. Then the
+and K = 64, N = H). Each route's weight packing is included, once per timing, as in a window. The gate
+products are also timed split by columns (``<route>+columns``: every thread all rows and its block of the
+N columns, meeting the others after each product, as a column-split window runs them). Then the
 weight gradient of the gates after the loop, ``dG^T [x; h~]`` over all ``batch * steps`` rows
 (``[4H, 2H]``), as each route computes it (oneDNN's ukernel on ``brgemm``, ``at::mm`` on the others).
 """
@@ -43,8 +45,9 @@ def run_gemm_routes(hidden_sizes=(256, 650, 1024), batch: int = 64, steps: int =
     for hidden in hidden_sizes:
         for name, (k, n) in shapes(hidden).items():
             row = {"hidden": hidden, "product": name, "K": k, "N": n, "gflops": {}}
-            for route in routes:
-                best = min(torch.ops.moglm.time_gemm_route(compiled.ROUTES[route], batch, k, n, steps, False)
+            split = name.startswith("gate") and torch.ops.moglm.column_partitions(hidden) > 1
+            for route in routes + ([r + compiled.COLUMNS_SUFFIX for r in routes] if split else []):
+                best = min(torch.ops.moglm.time_gemm_route(compiled.route_code(route), batch, k, n, steps, False)
                            for _ in range(repeats))
                 row["gflops"][route] = 2 * batch * k * n * steps / best / 1e9
             report["results"].append(row)
@@ -61,11 +64,12 @@ def run_gemm_routes(hidden_sizes=(256, 650, 1024), batch: int = 64, steps: int =
 
 
 def markdown_table(report: dict[str, Any]) -> str:
-    routes = list(report["results"][0]["gflops"]) if report["results"] else []
+    routes = list(dict.fromkeys(route for r in report["results"] for route in r["gflops"]))
     lines = ["| H | product (K -> N) | " + " | ".join(routes) + " |", "| ---: | --- |" + " ---: |" * len(routes)]
     for r in report["results"]:
         best = max(r["gflops"].values())
-        cells = [f"**{g:.0f}**" if g == best else f"{g:.0f}" for g in r["gflops"].values()]
+        cells = ["-" if (g := r["gflops"].get(route)) is None else f"**{g:.0f}**" if g == best else f"{g:.0f}"
+                 for route in routes]
         shape = f"({r['K']} -> {r['N']})" if "M" not in r else f"({r['K']} rows -> [{r['N']}, {r['M']}])"
         lines.append(f"| {r['hidden']} | {r['product']} {shape} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
