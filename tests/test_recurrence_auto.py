@@ -236,15 +236,17 @@ def test_on_two_threads_each_route_is_also_timed_split_by_columns_where_the_wind
     assert route == min(seconds, key=seconds.get)
 
 
-def test_the_probe_times_the_two_fastest_routes_by_rows_and_the_fastest_by_columns(choice_dir, monkeypatch):
-    timings = {"aten": 1.0, "blas": 2.0, "panels": 3.0, "aten+columns": 2.5, "blas+columns:aten": 1.5}
+def test_the_probe_times_the_two_fastest_routes_by_rows_and_the_two_fastest_by_columns(choice_dir, monkeypatch):
+    timings = {"aten": 1.0, "blas": 2.0, "panels": 3.0, "aten+columns": 2.5, "blas+columns:aten": 1.5,
+               "panels+columns": 2.7}
     monkeypatch.setattr(compiled, "class_route", lambda *a: ("aten", timings))
     probed = {}
     monkeypatch.setattr(auto, "probe", lambda cell, p, xs, training, runners: probed.update(runners) or {
         "backend": "compiled:blas+columns:aten", "seconds": {k: 1.0 for k in runners}, "pairs": 5, "separated": True})
     model, x = moglm.MogrifierLSTM(6, 5, rounds=3, rank=2), torch.randn(4, 3, 6)
     train_step(model, x)
-    assert set(probed) == {"compiled:aten", "compiled:blas", "compiled:blas+columns:aten", "fused"}
+    assert set(probed) == {"compiled:aten", "compiled:blas", "compiled:blas+columns:aten", "compiled:aten+columns",
+                           "fused"}
     stored = json.loads(choice_dir.read_text())[the_class(model, x)]
     assert stored["backend"] == "compiled" and stored["route"] == "blas+columns:aten"
 

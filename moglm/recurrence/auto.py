@@ -18,9 +18,9 @@ compiled window without probing: either way every process on the machine takes t
 The compiled window's per-step GEMM route is chosen with it, per class, since which route is fastest
 depends on the widths as well as the CPU: :func:`moglm.recurrence.compiled.class_route` times every route on
 the layer's own per-step products, and the probe above times the compiled window on each of the
-:data:`PROBED_ROUTES` fastest of them, and on the fastest that splits the gate products by columns
-(``+columns``), against the fused window (the rule generalises: one path's last timings all below every
-other's); the choice records the route.
+:data:`PROBED_ROUTES` fastest of them that split a step by rows and the :data:`PROBED_ROUTES` fastest that
+split it by columns (``+columns``), against the fused window (the rule generalises: one path's last
+timings all below every other's); the choice records the route.
 
 The choice is stored beside the compiled library (``backend_choice_v2.json``, whose directory is keyed by the
 C++ sources, torch, Python and the CPU, so a change to any of them probes again), first writer per class
@@ -163,9 +163,11 @@ def probe(cell: Cell, params: Params, xs: Tensor, training: bool, runners: dict)
             "separated": separated}
 
 
-#: the per-step routes whose compiled windows the probe times (the fastest on the class's products by
-#: :func:`moglm.recurrence.compiled.class_route`; it times the forward products alone, so close routes are
-#: told apart on whole windows, backward included)
+#: the per-step routes whose compiled windows the probe times, of each way of splitting a step (by rows,
+#: by columns): the fastest on the class's products by :func:`moglm.recurrence.compiled.class_route`, which
+#: times the forward products alone, so close routes are told apart on whole windows, backward included.
+#: (On an Intel Xeon the product timings ranked oneDNN's ukernel first among the column splits for the
+#: multiplicative LSTM's forward at H = 1024, and its whole window ran slower than on MKL's packed GEMM.)
 PROBED_ROUTES = 2
 
 
@@ -178,10 +180,10 @@ def _probe_class(cell: Cell, params: Params, xs: Tensor, training: bool, runners
 
     forced, route_seconds = route_probe(cell, params, xs, training)
     ranked = sorted(route_seconds, key=route_seconds.get)
-    # the fastest routes by rows, and the fastest split by columns: the product timings leave out the
-    # barriers and the rounds' phase, so both ways of splitting are timed as whole windows
+    # the fastest routes by rows and the fastest split by columns: the product timings leave out the
+    # barriers, the rounds' phase and the backward, so both ways of splitting are timed as whole windows
     routes = [r for r in ranked if COLUMNS_SUFFIX not in r][:PROBED_ROUTES]
-    routes += [r for r in ranked if COLUMNS_SUFFIX in r][:1]
+    routes += [r for r in ranked if COLUMNS_SUFFIX in r][:PROBED_ROUTES]
     routes = routes or [forced]  # no timings: forced
     compiled_run = runners["compiled"]
     on_routes = {f"compiled:{route}": (lambda *args, _code=route_code(route): compiled_run(*args, route=_code))

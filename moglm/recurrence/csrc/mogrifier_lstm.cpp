@@ -5,7 +5,8 @@
 //   [i, f, j, o] = [x_up; h_up] @ [W_ih, W_hh]^T + b          c = f c_prev + i j,  h = o tanh(c)
 //
 // Forward and the backward data-gradient loop run batch-parallel (window.h), with each thread's fixed
-// operands packed once per window. Per step: the rounds (low rank: two small products each) and the
+// operands packed once per window, or with the gate products split by units over the threads and the
+// rounds by rows, a barrier between (``COLUMNS`` in the route code; window.h, "Column-split loops"). Per step: the rounds (low rank: two small products each) and the
 // [x_up; h_up] @ [W_ih, W_hh]^T gate product; backward per step: the cell's derivative, dG @ [W_ih, W_hh]
 // giving [dx_up; dh_up], and the rounds' derivatives. The LSTM (rounds = 0) has x_up = x, which does not
 // depend on the recurrence: in training W_ih x is one product over all T*B rows before the loop (a step adds

@@ -9,7 +9,8 @@
 // each weight packed once per window, then runs per step only W_mh h~, m_t, W_hh m_t and the cell.
 // Backward per step: the cell's derivative, dG @ W_hh giving dm, and W_mh's data gradient; the input's
 // gradient (dG W_ih + d(W_mx x) W_mx) and the four weight gradients are products over all T*B rows after
-// the loop.
+// the loop. With ``COLUMNS`` in the route code the loop is split by units instead (window.h, "Column-split
+// loops"): per step m_t for a thread's block of units over every row, a barrier, its units' gates and cell.
 // Saved: gate activations [T, B, 4n], c [T, B, n], m [T, B, n], W_mx x and W_mh h~ ([T, B, n]); h~ is
 // recomputed.
 

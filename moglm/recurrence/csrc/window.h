@@ -485,9 +485,11 @@ inline void for_row_blocks(i64 B, i64 min_rows, const F& fn) {
 // weight traffic per thread and twice the rows per weight panel. The price is synchronisation: a step's
 // gate product needs every row's [x_up; h_up], and the next step's rounds every unit of h, so the threads
 // meet at a barrier between the phases (two per step forward, three backward). Measured on two cores of an
-// Intel Xeon (AMX, float32, B = 64): the H = 1024 gate product at 341 GFLOP/s split by columns against 266
-// by rows, 383 against 331 at H = 650, 387 against 373 at H = 256 (docs/fused-recurrence.md). The
-// window's route code carries the choice (``COLUMNS``), which ``auto`` probes per shape class.
+// Intel Xeon (AMX, float32, B = 64, ``moglm bench gemm-routes``): the forward gate product at 350 GFLOP/s
+// split by columns against at most 242 by rows at H = 1024, 349 against 314 at H = 650, 376 against 353
+// at H = 256 (docs/fused-recurrence.md). The window's route code carries the choice (``COLUMNS``), which
+// ``auto`` probes per shape class; the Mogrifier's rounds (narrow products on each row's own chain) stay
+// split by rows, between the barriers.
 
 //: the flag, added to a route code, that asks the LSTM window to split its gate products by columns
 constexpr int64_t COLUMNS = 8;
