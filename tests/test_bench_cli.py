@@ -215,3 +215,36 @@ def test_the_dynamic_evaluation_cost_benchmark_times_both_passes(tiny_corpus, tm
     assert report["tokens"] == 60 and report["static_seconds"] > 0 and report["dynamic_seconds"] > 0
     assert report["cost"] == pytest.approx(report["dynamic_seconds"] / report["static_seconds"])
     assert "graphs" not in report  # CUDA only
+
+
+def test_the_compiled_phases_benchmark_times_every_phase_and_counts_its_products(tmp_path):
+    """Small sizes (the Mogrifier's rank 64 needs 64 units): every model's phases are timed, the weight-gradient shapes are the models' own weights,
+    and the FLOPs of the phases add up to the training step's count in the throughput bench."""
+    import importlib.util
+
+    from moglm.bench.throughput import flops_per_token
+
+    spec = importlib.util.spec_from_file_location("compiled_phases", ROOT / "benchmarks" / "compiled_phases.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for name in bench.MODELS[1:]:
+        weights = sum(p.numel() for n, p in bench.build(name, 64).named_parameters() if "bias" not in n)
+        assert sum(a * b for a, b in bench.weight_gradient_shapes(name, 64)) == weights, name
+        flops = bench.phase_flops(name, rows=10, n=64)
+        assert sum(flops.values()) == pytest.approx(3 * flops_per_token(name, 64) * 10), name
+    if not compiled_available():
+        pytest.skip("the weight-gradient timing needs the compiled recurrence")
+    report = bench.main(["--hidden-size", "64", "--batch-size", "4", "--bptt", "3", "--repeats", "1",
+                         "--out", str(tmp_path / "phases.json")])
+    assert {r["model"] for r in report["results"]} == set(bench.MODELS)
+    for r in report["results"]:
+        expected = {"forward", "backward"} | (set() if r["model"] == "torch.nn.LSTM" else
+                                              {"backward, data", "weight gradients"})
+        assert set(r["phases"]) == expected and all(v["ms"] > 0 for v in r["phases"].values()), r["model"]
+    assert (tmp_path / "phases.json").is_file()
+
+
+def compiled_available() -> bool:
+    from moglm.recurrence import compiled
+
+    return compiled.available()

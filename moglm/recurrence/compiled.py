@@ -342,7 +342,7 @@ def class_route(function, spec, xs: Tensor, training: bool, reps: int = 20) -> t
     """The fastest route for one layer's per-step products at its own sizes and batch (``function``'s
     :meth:`step_products`), each timed ``reps`` times as the window runs them, the best of three interleaved
     timings: which route wins depends on the widths (on an Intel Xeon oneDNN's ukernel runs the Mogrifier's
-    ``low -> out`` at 73 GFLOP/s at H = 1024 and at 356 at H = 650, and MKL's packed GEMM the gate product
+    ``low -> out`` at 73 GFLOP/s at H = 1024 and at 356 at H = 650 in one run, and MKL's packed GEMM the gate product
     faster than the ukernel at H = 650), so ``auto`` stores one per shape class. The gate products and the
     Mogrifier's round products are timed apart and take their own fastest routes (``gates:rounds`` where
     they differ); where the window can split its gate products by columns (``function.column_split``, two
