@@ -195,10 +195,7 @@ def test_column_split_window_matches_reference_in_float64_with_every_gradient(ma
         pytest.skip("this torch exports no BLAS")
     force_route(monkeypatch, route)
     assert compiled.gemm_route(torch.float64) == compiled.route_code(route)
-    with torch.random.fork_rng():
-        torch.set_num_threads(2)  # the split runs on two threads (the forward and backward ops set it too)
-        assert torch.ops.moglm.column_partitions(COLUMN_H) == 2, "the split would not run: nothing tested"
-        torch.set_num_threads(1)
+    assert on_two_threads(torch.ops.moglm.column_partitions)(COLUMN_H) == 2, "the split would not run here"
     torch.manual_seed(batch)
     model = make(COLUMN_H, dtype=D).train()
     assert_matches_reference(model, COLUMN_H, batch, D, rtol=1e-10, atol=1e-10)
@@ -218,8 +215,48 @@ def test_column_split_on_every_route_in_float32_matches_reference(make, route, h
     if route not in compiled._candidate_routes(torch.float32):
         pytest.skip(f"GEMM route {route!r} not available here")
     force_route(monkeypatch, route + compiled.COLUMNS_SUFFIX)
+    assert compiled.gemm_route(torch.float32) == compiled.ROUTES[route] | compiled.COLUMNS
     torch.manual_seed(0)
     assert_matches_reference(make(hidden).train(), hidden, 37, torch.float32, rtol=1e-4, atol=2e-5)
+
+
+COLUMN_THREADS_SCRIPT = """
+import json, torch, moglm
+torch.set_num_threads(4)
+out = {"partitions": torch.ops.moglm.column_partitions(67) if moglm.recurrence.compiled.available() else 0,
+       "max_difference": 0.0}
+for make in (lambda: moglm.MogrifierLSTM(19, 67, rounds=3, rank=5, state_dropout=0.3, dtype=torch.float64),
+             lambda: moglm.MultiplicativeLSTM(19, 67, state_dropout=0.3, dtype=torch.float64)):
+    torch.manual_seed(0)
+    model = make().train()
+    x = torch.randn(5, 7, 19, dtype=torch.float64, requires_grad=True)
+    grads = []
+    for backend in ("compiled", "reference"):
+        model.backend = backend
+        torch.manual_seed(1)  # the same state-dropout mask
+        y, (h, c) = model(x)
+        (y.sum() + h.sum() + c.sum()).backward()
+        grads.append([y.detach(), x.grad.clone()] + [p.grad.clone() for p in model.parameters()])
+        x.grad = None
+        model.zero_grad(set_to_none=True)
+    out["max_difference"] = max(out["max_difference"], *((a - b).abs().max().item() for a, b in zip(*grads)))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.usefixtures("built")
+@pytest.mark.parametrize("thread_limit", ["2", "4"], ids=["fewer_threads_than_partitions", "four_threads"])
+def test_column_split_over_four_partitions_matches_reference_on_any_number_of_threads(thread_limit):
+    """Four partitions (67 units, four threads asked), run by four threads or, with OMP_THREAD_LIMIT=2, by
+    two threads that each run two partitions and count for both at every barrier (in a fresh process: the
+    OpenMP limit is read at start)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "4", "OMP_THREAD_LIMIT": thread_limit,
+           "MOGLM_GEMM_ROUTE": "aten+columns", "MOGLM_AUTO_BACKEND": "compiled"}
+    done = subprocess.run([sys.executable, "-c", COLUMN_THREADS_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["partitions"] == 4 and report["max_difference"] < 1e-10, report
 
 
 @pytest.mark.usefixtures("batch_parallel")
@@ -232,6 +269,14 @@ def test_the_rounds_on_their_own_route_match_reference_in_float64(route, monkeyp
     torch.manual_seed(0)
     model = COLUMN_MODELS[0](COLUMN_H, dtype=D).train()
     assert_matches_reference(model, COLUMN_H, 5, D, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.usefixtures("built")
+def test_info_names_a_forced_route_with_the_column_split_and_the_rounds_route(monkeypatch):
+    if not {"blas", "brgemm"} <= set(compiled._candidate_routes(torch.float32)):
+        pytest.skip("this torch exports no BLAS or no float32 brgemm")
+    force_route(monkeypatch, "blas+columns:brgemm")
+    assert compiled.info(paths=False)["gemm_route"] == "blas+columns:brgemm"
 
 
 def test_route_names_and_codes_round_trip_and_unknown_names_are_not_routes():

@@ -356,10 +356,8 @@ def class_route(function, spec, xs: Tensor, training: bool, reps: int = 20) -> t
         return forced, {}  # (where the window cannot split by columns, it runs by rows)
     double = xs.dtype == torch.float64
     products = function.step_products(spec, training)
-    gate_width = 4 * spec.hidden_size
-    rounds = getattr(function, "has_rounds", False)  # the Mogrifier's rounds: products not 4n wide
-    gate_products = [p for p in products if not rounds or p[1] == gate_width]
-    round_products = [p for p in products if rounds and p[1] != gate_width]
+    round_products = function.round_products(spec) if hasattr(function, "round_products") else []
+    gate_products = products[:len(products) - len(round_products)]
 
     def timed(routes: list[str], products) -> dict[str, float]:
         times = {route: float("inf") for route in routes}
@@ -406,11 +404,9 @@ def info(paths: bool = True) -> dict:
     if paths:
         out["build_dir"] = _state["build_dir"]
     if ok:
-        code = gemm_route(torch.float32)
-        out["gemm_route"] = {v: k for k, v in ROUTES.items()}[code]
+        out["gemm_route"] = route_name(gemm_route(torch.float32))
         out["gemm_route_probe_seconds"] = _state["routes"][torch.float32][1]
-        code = weight_gradient_route(torch.float32)
-        out["weight_gradient_route"] = {v: k for k, v in ROUTES.items()}[code]
+        out["weight_gradient_route"] = route_name(weight_gradient_route(torch.float32))
         out["weight_gradient_route_probe_seconds"] = _state["weight_gradient_routes"][torch.float32][1]
         out["mkl_thread_control"] = bool(torch.ops.moglm.mkl_thread_control_available())
         from . import auto
@@ -496,15 +492,21 @@ class CompiledLSTMFunction(_CompiledFunction):
 
     #: the window can split its gate products by columns (``+columns`` routes)
     column_split = True
-    #: its products not 4n wide are the Mogrifier's rounds, which may take a route of their own
-    has_rounds = True
 
     @staticmethod
     def step_products(spec, training: bool) -> list[tuple[int, int, int]]:
         """``(K, N, count)`` of the products a step runs forward: the gate product's two halves (the LSTM in
         training multiplies ``W_ih x`` for all rows before the loop) and each round's one or two."""
+        m, n = spec.input_size, spec.hidden_size
+        gates = [(n, 4 * n, 1)] if spec.rounds == 0 and training else [(m, 4 * n, 1), (n, 4 * n, 1)]
+        return gates + CompiledLSTMFunction.round_products(spec)
+
+    @staticmethod
+    def round_products(spec) -> list[tuple[int, int, int]]:
+        """The rounds' ``(K, N, count)`` among :meth:`step_products` (the last ones), which may take a route of
+        their own."""
         m, n, k = spec.input_size, spec.hidden_size, spec.rank
-        out = [(n, 4 * n, 1)] if spec.rounds == 0 and training else [(m, 4 * n, 1), (n, 4 * n, 1)]
+        out = []
         for i in range(1, spec.rounds + 1):
             src, dst = (n, m) if i % 2 == 1 else (m, n)  # odd rounds gate x from h, even ones h from x
             out += [(src, k, 1), (k, dst, 1)] if k > 0 else [(src, dst, 1)]

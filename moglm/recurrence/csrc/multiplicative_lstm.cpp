@@ -142,7 +142,8 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
   const i64 P = routes.columns && !adapt.defined() ? column_partitions(n) : 1;
   if (P > 1) {
     // split by columns: per step a thread runs the cell's derivative for its units, then (after a barrier)
-    // dm for its units from every gate's dG, then dh~ for its units from every unit's d(W_mh h~)
+    // dm for its units from every gate's dG, then (after another) dh~ for its units from every unit's
+    // d(W_mh h~)
     const i64 align = column_align(n, P);
     for_partitions(P, [&](i64 p0, i64 p1, TeamBarrier& barrier) {
       struct Part {
@@ -170,11 +171,11 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
           mul_rows(B, q.w, dmq, n, ptr<T>(px) + o + q.u0, n, ptr<T>(d_ph) + o + q.u0, n);
         }
         barrier.wait(p1 - p0);
+        // no barrier after this phase: a thread writes dh~ for its own units, which only it reads next
         for (auto& q : parts) {
           q.d_proj_h[0](B, ptr<T>(d_ph) + o, n, T(0), dhn + q.u0, n);  // dL/dh~
           if (mk != nullptr) mul_rows(B, q.w, dhn + q.u0, n, mk + q.u0, n, dhn + q.u0, n);
         }
-        barrier.wait(p1 - p0);
       }
     });
   } else {

@@ -32,9 +32,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -509,11 +511,19 @@ inline StepRoutes decode_routes(int64_t code) {
 }
 
 // A spinning barrier over P partitions, where each arriving thread counts for the partitions it runs
-// (more than one when OpenMP gave the region fewer threads than asked): it opens when all P arrived.
+// (more than one when OpenMP gave the region fewer threads than asked): it opens when all P arrived. A
+// thread that fails calls ``abort``, and the others leave their wait with ``Aborted`` instead of waiting
+// for it forever.
 struct TeamBarrier {
-  std::atomic<i64> arrived{0}, generation{0};
+  struct Aborted : std::runtime_error {
+    Aborted() : std::runtime_error("moglm: another thread of the column-split window failed") {}
+  };
+  alignas(64) std::atomic<i64> arrived{0};
+  alignas(64) std::atomic<i64> generation{0};
+  std::atomic<bool> aborted{false};
   const i64 total;
   explicit TeamBarrier(i64 total_) : total(total_) {}
+  void abort() { aborted.store(true, std::memory_order_release); }
   void wait(i64 weight) {
     const i64 gen = generation.load(std::memory_order_acquire);
     if (arrived.fetch_add(weight, std::memory_order_acq_rel) + weight == total) {
@@ -522,6 +532,7 @@ struct TeamBarrier {
       return;
     }
     for (i64 spins = 0; generation.load(std::memory_order_acquire) == gen; ++spins) {
+      if (aborted.load(std::memory_order_acquire)) throw Aborted();
       if (spins > 4096) std::this_thread::yield();  // the other thread was descheduled
 #if defined(__x86_64__) || defined(__i386__)
       else __builtin_ia32_pause();
@@ -561,14 +572,33 @@ inline i64 column_partitions(i64 n) {
 }
 
 // Run fn(p0, p1, barrier) on the threads: partitions [p0, p1) of P each (one per thread unless OpenMP gave
-// fewer threads), every product inside single-threaded. ``barrier.wait(p1 - p0)`` meets the others.
+// fewer threads), every product inside single-threaded. ``barrier.wait(p1 - p0)`` meets the others. An
+// exception in one thread (out of memory, say) releases the others and is rethrown here.
 template <typename F>
 inline void for_partitions(i64 P, const F& fn) {
   TeamBarrier barrier(P);
-  at::parallel_for(0, P, 1, [&](i64 p0, i64 p1) {
-    ThreadGemmScope scope(true);
-    fn(p0, p1, barrier);
-  });
+  std::exception_ptr first;
+  std::mutex first_mutex;
+  try {
+    at::parallel_for(0, P, 1, [&](i64 p0, i64 p1) {
+      ThreadGemmScope scope(true);
+      try {
+        fn(p0, p1, barrier);
+      } catch (const TeamBarrier::Aborted&) {
+        throw;
+      } catch (...) {
+        {
+          std::lock_guard<std::mutex> lock(first_mutex);
+          if (!first) first = std::current_exception();
+        }
+        barrier.abort();
+        throw;
+      }
+    });
+  } catch (...) {
+    if (first) std::rethrow_exception(first);  // the failure itself, not another thread's release
+    throw;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------
