@@ -210,7 +210,8 @@ def test_the_class_route_is_one_this_machine_has_with_its_timings():
     route, seconds = recurrence._class_route(model.cells[0], model.layer_parameters(0), x, True)
     candidates = compiled._candidate_routes(torch.float32)
     assert sorted(compiled._split_name(r)[0] for r in seconds) == sorted(candidates)
-    assert all(not columns and rounds in (None, *candidates) for _, columns, rounds in map(compiled._split_name, seconds))
+    names = [compiled._split_name(r) for r in seconds]
+    assert all(not columns and rounds in (None, *candidates) for _, columns, rounds in names)
     assert len({compiled._split_name(r)[2] or compiled._split_name(r)[0] for r in seconds}) == 1  # one rounds route
     assert route == min(seconds, key=seconds.get)
 

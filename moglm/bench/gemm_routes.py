@@ -47,7 +47,8 @@ def run_gemm_routes(hidden_sizes=(256, 650, 1024), batch: int = 64, steps: int =
             row = {"hidden": hidden, "product": name, "K": k, "N": n, "gflops": {}}
             split = name.startswith("gate") and torch.ops.moglm.column_partitions(hidden) > 1
             for route in routes + ([r + compiled.COLUMNS_SUFFIX for r in routes] if split else []):
-                best = min(torch.ops.moglm.time_gemm_route(compiled.route_code(route), batch, k, n, steps, False)
+                code = compiled.route_code(route)
+                best = min(torch.ops.moglm.time_gemm_route(code, batch, k, n, steps, False, hidden)
                            for _ in range(repeats))
                 row["gflops"][route] = 2 * batch * k * n * steps / best / 1e9
             report["results"].append(row)

@@ -367,7 +367,7 @@ def class_route(function, spec, xs: Tensor, training: bool, reps: int = 20) -> t
             for route in routes:
                 code = route_code(route)
                 times[route] = min(times[route], sum(
-                    count * torch.ops.moglm.time_gemm_route(code, xs.shape[1], k, n, reps, double)
+                    count * torch.ops.moglm.time_gemm_route(code, xs.shape[1], k, n, reps, double, spec.hidden_size)
                     for k, n, count in products))
         return times
 

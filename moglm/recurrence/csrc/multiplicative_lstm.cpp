@@ -264,14 +264,15 @@ std::vector<at::Tensor> multiplicative_lstm_backward(
 // Time ``reps`` calls of a row-major [rows, K] @ [N, K]^T product per thread, batch-parallel over
 // ``batch`` rows as the windows run them: how the GEMM-route probe compares the routes on this machine.
 // With ``COLUMNS`` in the route code, split by columns as a column-split window runs its gate products
-// instead: every thread all rows of its block of the N columns, the threads meeting after each product.
-double time_gemm_route(int64_t route, int64_t batch, int64_t K, int64_t N, int64_t reps, bool dbl) {
+// instead: every thread all rows of its block of the N columns, the threads meeting after each product,
+// over as many threads as a window of ``units`` units splits into (default: N).
+double time_gemm_route(int64_t route, int64_t batch, int64_t K, int64_t N, int64_t reps, bool dbl, int64_t units) {
   auto opts = at::TensorOptions().dtype(dbl ? at::kDouble : at::kFloat);
   // constant operands: the probe must not draw from torch's global generator (it would shift the user's RNG)
   at::Tensor a = at::full({batch, K}, 0.01, opts), w = at::full({N, K}, 0.02, opts), c = at::empty({batch, N}, opts);
   const bool columns = decode_routes(route).columns;
   const Route r = decode_routes(route).gates;
-  const i64 P = columns ? column_partitions(N) : 1;
+  const i64 P = columns ? column_partitions(units > 0 ? units : N) : 1;
   double seconds = 0;
   AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "time_gemm_route", [&] {
     auto run = [&] {
@@ -340,7 +341,8 @@ TORCH_LIBRARY_FRAGMENT(moglm, m) {
       "multiplicative_lstm_backward(Tensor xs, Tensor h0, Tensor c0, Tensor? mask, Tensor w_ih, Tensor w_hh, "
       "bool has_bias, Tensor w_mx, Tensor w_mh, bool capped, Tensor[] saved, Tensor? dys, Tensor? dhT, Tensor? dcT, "
       "bool need_dx, bool need_weights, int route, int min_rows, Tensor? adapt=None, int tn_route=-1) -> Tensor[]");
-  m.def("time_gemm_route(int route, int batch, int K, int N, int reps, bool dbl) -> float", &time_gemm_route);
+  m.def("time_gemm_route(int route, int batch, int K, int N, int reps, bool dbl, int units=-1) -> float",
+        &time_gemm_route);
   m.def("column_partitions(int n) -> int", &column_partitions_op);
   m.def("time_product_tn(int route, int rows, int N, int K, int reps) -> float", &time_product_tn);
   m.def("blas_route_available(bool dbl) -> bool", &blas_route_available);
