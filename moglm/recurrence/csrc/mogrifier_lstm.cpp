@@ -199,13 +199,13 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
           const i64 w = q.units;
           T* g = ptr<T>(q.g);
           if (hoisted)  // W_ih x, from the product before the loop
-            for (i64 k = 0; k < 4; ++k) copy_rows(B, w, a + k * n + q.u0, 4 * n, g + k * w, 4 * w);
+            copy_gate_block(B, n, q.u0, w, a, g, true);
           else
             q.gx[0](B, xh_s, mn, T(0), g, 4 * w);
           q.gh[0](B, xh_s + m, mn, T(1), g, 4 * w);
           cell.step_units(t, q.u0, w, g);
           if (save)  // the activations, where the backward reads them
-            for (i64 k = 0; k < 4; ++k) copy_rows(B, w, g + k * w, 4 * w, a + k * n + q.u0, 4 * n);
+            copy_gate_block(B, n, q.u0, w, a, g, false);
         }
         barrier.wait(p1 - p0);
       }
@@ -338,7 +338,7 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
     const i64 align = column_align(n, P);
     for_partitions(P, [&](i64 p0, i64 p1, TeamBarrier& barrier) {
       struct Part {
-        i64 b0, rows, u0, units, x0, xw, h0, hw;
+        i64 b0, rows, u0, units, x0, xw;
         std::pair<std::vector<PackedB<T>>, std::vector<PackedB<T>>> rounds;
         std::vector<PackedB<T>> dx_up, dh_up;  // dG -> its columns of dx_up (with rounds), of dh_up
       };
@@ -347,11 +347,10 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
         auto [b0, b1] = column_block(B, p, P, 1);
         auto [u0, u1] = column_block(n, p, P, align);
         auto [x0, x1] = column_block(m, p, P, column_align(m, P));
-        Part part{b0, b1 - b0, u0, u1 - u0, x0, x1 - x0, u0, u1 - u0,
-                  round_products(std::max<i64>(b1 - b0, 1)), {}, {}};
+        Part part{b0, b1 - b0, u0, u1 - u0, x0, x1 - x0, round_products(std::max<i64>(b1 - b0, 1)), {}, {}};
         if (!dx_after && part.xw > 0)
           part.dx_up.emplace_back(route, B, part.xw, 4 * n, ptr<T>(w_ih) + x0, m, false, T_);
-        part.dh_up.emplace_back(route, B, part.hw, 4 * n, ptr<T>(w_hh) + u0, n, false, T_);
+        part.dh_up.emplace_back(route, B, part.units, 4 * n, ptr<T>(w_hh) + u0, n, false, T_);
         parts.push_back(std::move(part));
       }
       for (i64 t = T_ - 1; t >= 0; --t) {
@@ -360,7 +359,7 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
         barrier.wait(p1 - p0);
         for (auto& q : parts) {
           if (!q.dx_up.empty()) q.dx_up[0](B, g, 4 * n, T(0), ptr<T>(gxh) + q.x0, mn);
-          q.dh_up[0](B, g, 4 * n, T(0), ptr<T>(gxh) + m + q.h0, mn);
+          q.dh_up[0](B, g, 4 * n, T(0), ptr<T>(gxh) + m + q.u0, mn);
         }
         barrier.wait(p1 - p0);
         for (auto& q : parts)

@@ -80,11 +80,11 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
         T* a = ptr<T>(acts) + t * B * 4 * n;  // holds W_ih x_t
         for (auto& q : parts) {
           T* g = ptr<T>(q.g);
-          for (i64 k = 0; k < 4; ++k) copy_rows(B, q.w, a + k * n + q.u0, 4 * n, g + k * q.w, 4 * q.w);
+          copy_gate_block(B, n, q.u0, q.w, a, g, true);
           q.gates[0](B, ptr<T>(ms) + o, n, T(1), g, 4 * q.w);
           cell.step_units(t, q.u0, q.w, g);
           if (save)  // the activations, where the backward reads them
-            for (i64 k = 0; k < 4; ++k) copy_rows(B, q.w, g + k * q.w, 4 * q.w, a + k * n + q.u0, 4 * n);
+            copy_gate_block(B, n, q.u0, q.w, a, g, false);
           if (mk != nullptr)  // the next step's h~
             mul_rows(B, q.w, y + t * B * n + q.u0, n, mk + q.u0, n, ptr<T>(htil) + q.u0, n);
         }

@@ -818,6 +818,19 @@ inline void copy_rows(i64 rows, i64 w, const T* a, i64 lda, T* out, i64 ldo) {
   for (i64 r = 0; r < rows; ++r) std::memcpy(out + r * ldo, a + r * lda, sizeof(T) * w);
 }
 
+// Units [u0, u0 + w) of each gate between a step's gates in torch's layout (``a``: [B, 4n], the gates n
+// apart) and a block's own gate buffer (``g``: [B, 4w], the gates w apart, as ``gate_rows`` orders them):
+// into the block (``to_block``) or back.
+template <typename T>
+inline void copy_gate_block(i64 B, i64 n, i64 u0, i64 w, T* a, T* g, bool to_block) {
+  for (i64 k = 0; k < 4; ++k) {
+    if (to_block)
+      copy_rows(B, w, a + k * n + u0, 4 * n, g + k * w, 4 * w);
+    else
+      copy_rows(B, w, g + k * w, 4 * w, a + k * n + u0, 4 * n);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Small helpers for the op wrappers
 // ---------------------------------------------------------------------------------------------------
