@@ -67,7 +67,7 @@ def test_the_probe_stores_its_choice_and_a_new_process_takes_the_same_path_witho
     model, x = moglm.LSTM(6, 5), torch.randn(4, 3, 6)
     train_step(model, x)
     stored = json.loads(choice_dir.read_text())[the_class(model, x)]
-    probed_routes = sorted(stored["route_seconds"], key=stored["route_seconds"].get)[:auto.PROBED_ROUTES]
+    probed_routes = auto.probed_routes(stored["route_seconds"])  # from the stored file, whose keys are sorted
     assert stored["backend"] in ("compiled", "fused") and stored["route"] in probed_routes
     assert set(stored["seconds"]) == {"fused", *(f"compiled:{r}" for r in probed_routes)}
     assert auto.MIN_PAIRS <= stored["pairs"] <= auto.MAX_PAIRS
@@ -267,3 +267,11 @@ def test_a_forced_gemm_route_is_the_classs_route_too(choice_dir, monkeypatch):
     train_step(model, x)
     stored = json.loads(choice_dir.read_text())[the_class(model, x)]
     assert stored["route"] == "aten" and set(stored["seconds"]) == {"compiled:aten", "fused"}
+
+
+def test_probed_routes_break_ties_by_name_so_a_stored_probe_names_the_same_routes():
+    seconds = {"aten": 2.0, "panels": 1.0, "brgemm": 1.0, "blas+columns": 3.0, "aten+columns": 3.0,
+               "panels+columns": 0.5}
+    assert auto.probed_routes(seconds) == ["brgemm", "panels", "panels+columns", "aten+columns"]
+    stored = json.loads(json.dumps(seconds, sort_keys=True))  # as the choice file stores them
+    assert auto.probed_routes(stored) == auto.probed_routes(seconds)

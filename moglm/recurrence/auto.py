@@ -171,20 +171,26 @@ def probe(cell: Cell, params: Params, xs: Tensor, training: bool, runners: dict)
 PROBED_ROUTES = 2
 
 
+def probed_routes(route_seconds: dict[str, float]) -> list[str]:
+    """The routes whose whole windows the probe times, from the product timings: the :data:`PROBED_ROUTES`
+    fastest by rows and the fastest split by columns (the product timings leave out the barriers, the rounds'
+    phase and the backward). Ties go by name, so a stored probe (whose keys are sorted) names the same."""
+    from .compiled import COLUMNS_SUFFIX
+
+    ranked = sorted(route_seconds, key=lambda route: (route_seconds[route], route))
+    return ([r for r in ranked if COLUMNS_SUFFIX not in r][:PROBED_ROUTES]
+            + [r for r in ranked if COLUMNS_SUFFIX in r][:PROBED_ROUTES])
+
+
 def _probe_class(cell: Cell, params: Params, xs: Tensor, training: bool, runners: dict, route_probe) -> dict:
     """Where ``route_probe`` is given: the compiled window on each of the class's :data:`PROBED_ROUTES`
     fastest routes and the fused window, timed together; the fastest wins, with its route."""
     if route_probe is None:
         return probe(cell, params, xs, training, runners)
-    from .compiled import COLUMNS_SUFFIX, route_code
+    from .compiled import route_code
 
     forced, route_seconds = route_probe(cell, params, xs, training)
-    ranked = sorted(route_seconds, key=route_seconds.get)
-    # the fastest routes by rows and the fastest split by columns: the product timings leave out the
-    # barriers, the rounds' phase and the backward, so both ways of splitting are timed as whole windows
-    routes = [r for r in ranked if COLUMNS_SUFFIX not in r][:PROBED_ROUTES]
-    routes += [r for r in ranked if COLUMNS_SUFFIX in r][:PROBED_ROUTES]
-    routes = routes or [forced]  # no timings: forced
+    routes = probed_routes(route_seconds) or [forced]  # no timings: forced
     compiled_run = runners["compiled"]
     on_routes = {f"compiled:{route}": (lambda *args, _code=route_code(route): compiled_run(*args, route=_code))
                  for route in routes}
