@@ -581,3 +581,96 @@ def test_a_build_lock_left_by_a_killed_build_is_cleared_not_waited_for(tmp_path)
     (tmp_path / "lock").touch()
     with compiled._build_lock(tmp_path):
         assert not (tmp_path / "lock").exists()
+
+
+WORKSPACE_SCRIPT = """
+import json, math, torch, moglm
+from moglm.recurrence import compiled
+assert compiled.available(), compiled.unavailable_reason()
+torch.set_num_threads(2)
+D = torch.float64
+models = {
+    "mogrifier": lambda dt: moglm.MogrifierLSTM(19, 37, 2, rounds=5, rank=3, state_dropout=0.3, dropout=0.2, dtype=dt),
+    "mogrifier_full_no_zigzag": lambda dt: moglm.MogrifierLSTM(19, 37, rounds=4, rank=0, zigzag=False,
+                                                               capped_input_gate=True, dtype=dt),
+    "lstm": lambda dt: moglm.LSTM(19, 37, 2, state_dropout=0.3, dropout=0.2, dtype=dt),
+    "multiplicative_lstm": lambda dt: moglm.MultiplicativeLSTM(19, 37, 2, state_dropout=0.3, dtype=dt),
+}
+
+def run(model, backend, x, state):
+    model.backend = backend
+    model.zero_grad(set_to_none=True)
+    x = x.clone().requires_grad_()
+    state = tuple(s.clone().requires_grad_() for s in state)
+    torch.manual_seed(1)
+    y, (h, c) = model(x, state)
+    g = torch.Generator().manual_seed(2)
+    sum((t * torch.randn(t.shape, generator=g, dtype=t.dtype)).sum() for t in (y, h, c)).backward()
+    return [y, h, c, x.grad, *(s.grad for s in state), *(p.grad for p in model.parameters())]
+
+out = {}
+for route, dtype in (("aten", D), ("aten+columns", D), ("brgemm+columns", torch.float32), ("brgemm", torch.float32)):
+    if compiled._split_name(route)[0] not in compiled._candidate_routes(dtype):
+        continue
+    compiled._state["routes"] = {}
+    import os; os.environ["MOGLM_GEMM_ROUTE"] = route
+    for name, make in models.items():
+        torch.manual_seed(0)
+        model = make(dtype).train()
+        x = torch.randn(6, 5, 19, dtype=dtype)
+        state = tuple(torch.randn(model.num_layers, 5, 37, dtype=dtype) for _ in range(2))
+        run(model, "compiled", torch.full_like(x, math.nan), state)  # every cached block now holds NaN
+        hits = compiled.workspace_cache()["hits"]
+        actual = run(model, "compiled", x, state)
+        expected = run(model, "reference", x, state)
+        out[f"{route} {name}"] = {
+            "hits": compiled.workspace_cache()["hits"] - hits,
+            "max_difference": max((a - e).abs().max().item() for a, e in zip(actual, expected, strict=True)),
+            "dtype": str(dtype)}
+compiled.empty_cache()
+out["after_empty_cache"] = compiled.workspace_cache()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.usefixtures("built")
+def test_windows_on_reused_workspace_blocks_full_of_nan_still_match_reference_on_every_route():
+    """Every buffer a window takes from the workspace cache (its smallest block set to 0 KiB here) first
+    holds NaN from a window run on NaN input: a window that read one before writing it would fail parity
+    (outputs, final states, every gradient) against the reference loop, in float64 and on oneDNN's float32
+    route, split by rows and by columns (in a fresh process: the cache reads its settings at start)."""
+    env = {**os.environ, "MOGLM_WORKSPACE_CACHE_MIN_KB": "0", "MOGLM_AUTO_BACKEND": "compiled"}
+    done = subprocess.run([sys.executable, "-c", WORKSPACE_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    cleared = report.pop("after_empty_cache")
+    assert cleared["cached_bytes"] == 0 and cleared["cached_blocks"] == 0, cleared
+    assert len(report) >= 8, report  # both float64 routes at least, four models each
+    for case, row in report.items():
+        assert row["hits"] > 0, case  # the second window ran on the poisoned blocks
+        assert row["max_difference"] < (1e-10 if row["dtype"] == "torch.float64" else 1e-4), (case, row)
+
+
+@pytest.mark.usefixtures("built")
+def test_the_workspace_cache_keeps_a_large_windows_buffers_for_the_next_and_empty_cache_frees_them():
+    model = moglm.MogrifierLSTM(64, 256, rounds=5, rank=64)  # [T, B, 4H] float32 gates: 2 MiB
+    model.backend = "compiled"
+    x = torch.randn(16, 32, 64)
+    model(x)[0].sum().backward()
+    first = compiled.workspace_cache()
+    assert first["cached_blocks"] > 0 and first["cached_bytes"] >= 2 << 20, first
+    model(x)[0].sum().backward()
+    second = compiled.workspace_cache()
+    assert second["misses"] == first["misses"] and second["hits"] > first["hits"], (first, second)
+    assert second["cached_bytes"] == first["cached_bytes"]
+    compiled.empty_cache()
+    assert compiled.workspace_cache()["cached_bytes"] == 0
+
+
+def test_a_bad_workspace_cache_setting_is_one_line_naming_the_variable():
+    env = {**os.environ, "MOGLM_WORKSPACE_CACHE_MB": "lots"}
+    done = subprocess.run([sys.executable, "-m", "moglm", "info"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 1
+    assert done.stderr.strip() == "error: MOGLM_WORKSPACE_CACHE_MB must be a whole number >= 0, got 'lots'"

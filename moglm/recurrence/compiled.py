@@ -62,9 +62,10 @@ from torch import Tensor
 
 from ..atomic import exclusive_lock, write_once
 from ..cells.base import Params
+from ..errors import MoglmError
 from .fallback import FusedFallbackWarning, autocast_dtype, double_backward_by_reference, user_stacklevel
 
-SOURCES = ("window.h", "mogrifier_lstm.cpp", "multiplicative_lstm.cpp")
+SOURCES = ("workspace.h", "window.h", "mogrifier_lstm.cpp", "multiplicative_lstm.cpp")
 #: -fno-trapping-math lets GCC turn the pointwise kernels' comparisons into vector selects; nothing here
 #: changes values the way -ffast-math would (torch itself is built with it and -fno-math-errno)
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-trapping-math", "-fno-math-errno", "-fopenmp", "-DNDEBUG")
@@ -196,9 +197,17 @@ def _load() -> bool:
         return False
 
 
+#: the workspace cache's settings (:func:`workspace_cache`), whole numbers read once a process
+WORKSPACE_SETTINGS = ("MOGLM_WORKSPACE_CACHE_MB", "MOGLM_WORKSPACE_CACHE_MIN_KB")
+
+
 def available() -> bool:
     """Whether the compiled recurrence is built and loaded (building it on first call)."""
     if _state["loaded"] is None:
+        for name in WORKSPACE_SETTINGS:
+            value = os.environ.get(name, "").strip()
+            if value and not value.isdigit():
+                raise MoglmError(f"{name} must be a whole number >= 0, got {value!r}")
         with _lock:
             if _state["loaded"] is None:
                 _state["loaded"] = _load()
@@ -409,10 +418,29 @@ def info(paths: bool = True) -> dict:
         out["weight_gradient_route"] = route_name(weight_gradient_route(torch.float32))
         out["weight_gradient_route_probe_seconds"] = _state["weight_gradient_routes"][torch.float32][1]
         out["mkl_thread_control"] = bool(torch.ops.moglm.mkl_thread_control_available())
+        out["workspace_cache"] = workspace_cache()
         from . import auto
 
         out["auto_backend"] = auto.stored()  # per shape class: compiled or fused, with the probe's timings
     return out
+
+
+def workspace_cache() -> dict[str, int]:
+    """The windows' workspace cache (``csrc/workspace.h``): the freed large buffers it keeps for the next
+    window of the same sizes, so that a training loop stops paying the OS's page faults for them at every
+    step. ``{"cached_bytes", "cached_blocks", "hits", "misses", "limit_bytes"}``; all zero where the compiled
+    path is not loaded. ``MOGLM_WORKSPACE_CACHE_MB`` sets the limit (default 2048, 0 turns the cache off),
+    ``MOGLM_WORKSPACE_CACHE_MIN_KB`` the smallest block it keeps (default 1024), both read once a process."""
+    keys = ("cached_bytes", "cached_blocks", "hits", "misses", "limit_bytes")
+    values = torch.ops.moglm.workspace_cache_stats() if available() else [0] * len(keys)
+    return dict(zip(keys, (int(v) for v in values), strict=True))
+
+
+def empty_cache() -> None:
+    """Hand the workspace cache's blocks back to the OS, as ``torch.cuda.empty_cache`` does for CUDA's (the
+    buffers windows still use are kept until they are freed, then cached again)."""
+    if available():
+        torch.ops.moglm.workspace_cache_clear()
 
 
 def can_run(xs: Tensor) -> str | None:

@@ -85,16 +85,17 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
   // for every step anyway). Forward-only keeps the per-step [x; h~] product: measured at H = 650 the
   // T-long buffer it would need cost more than the big product saved (docs/fused-recurrence.md).
   const bool hoisted = R.r == 0 && save;
-  at::Tensor acts = hoisted ? product<T>(route, xs.view({T_ * B, m}), w_ih, true).view({T_, B, 4 * n})
-                            : at::empty({S, B, 4 * n}, opts);
-  at::Tensor xh = at::empty({S, B, mn}, opts);  // [x_up; h_up]
+  at::Tensor acts = hoisted ? product<T>(route, xs.view({T_ * B, m}), w_ih, true, workspace({T_ * B, 4 * n}, opts))
+                                  .view({T_, B, 4 * n})
+                            : workspace({S, B, 4 * n}, opts);
+  at::Tensor xh = workspace({S, B, mn}, opts);  // [x_up; h_up]
   at::Tensor htil = at::empty({B, n}, opts);    // h~ when it is not stored in xh
   std::vector<at::Tensor> xc, hc, sig, low;
-  for (i64 j = 1; j < R.nq; ++j) xc.push_back(at::empty({S, B, m}, opts));
-  for (i64 j = 1; j < R.nr; ++j) hc.push_back(at::empty({S, B, n}, opts));
+  for (i64 j = 1; j < R.nq; ++j) xc.push_back(workspace({S, B, m}, opts));
+  for (i64 j = 1; j < R.nr; ++j) hc.push_back(workspace({S, B, n}, opts));
   for (i64 i = 1; i <= R.r; ++i) {
-    sig.push_back(at::empty({S, B, R.is_q(i) ? m : n}, opts));
-    if (R.rank > 0) low.push_back(at::empty({S, B, R.rank}, opts));
+    sig.push_back(workspace({S, B, R.is_q(i) ? m : n}, opts));
+    if (R.rank > 0) low.push_back(workspace({S, B, R.rank}, opts));
   }
   const T* mk = ptr<T>(mask);
   const T* y = ptr<T>(cell.ys);
@@ -266,11 +267,11 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
   for (i64 j = 1; j < R.nr; ++j) hc.push_back(saved[k++]);
   // h~ for every step: the chain h^0 (a round's source or old value) when rounds >= 2
   at::Tensor htil = R.nr > 0 || R.nq > 0 ? h_tilde_all(h0, ys, mask) : at::Tensor();  // [T, B, n]
-  at::Tensor dG = at::empty({T_, B, 4 * n}, opts);
+  at::Tensor dG = workspace({T_, B, 4 * n}, opts);
   std::vector<at::Tensor> dps, dlows;
   for (i64 i = 1; i <= R.r; ++i) {
-    dps.push_back(at::empty({T_, B, R.is_q(i) ? m : n}, opts));
-    if (R.rank > 0) dlows.push_back(at::empty({T_, B, R.rank}, opts));
+    dps.push_back(workspace({T_, B, R.is_q(i) ? m : n}, opts));
+    if (R.rank > 0) dlows.push_back(workspace({T_, B, R.rank}, opts));
   }
   // without rounds x_up = x: dx feeds nothing in the loop and is one product dG W_ih after it
   const bool dx_after = R.r == 0;

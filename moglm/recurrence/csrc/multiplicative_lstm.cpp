@@ -37,10 +37,11 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
   const CellForward<T> cell(xs, c0, bias, adapt, n, save, capped, route);
   // what does not depend on the recurrence, for every step at once (eq. 3.5's W_mx x; W_ih x)
   const at::Tensor xs2 = xs.view({T_ * B, m});
-  at::Tensor px = product<T>(route, xs2, w_mx, true).view({T_, B, n});       // W_mx x
-  at::Tensor acts = product<T>(route, xs2, w_ih, true).view({T_, B, 4 * n});  // W_ih x, then the gates
-  at::Tensor ms = at::empty({S, B, n}, opts);   // m_t
-  at::Tensor ph = at::empty({S, B, n}, opts);   // W_mh h~
+  at::Tensor px = product<T>(route, xs2, w_mx, true, workspace({T_ * B, n}, opts)).view({T_, B, n});  // W_mx x
+  at::Tensor acts =  // W_ih x, then the gates
+      product<T>(route, xs2, w_ih, true, workspace({T_ * B, 4 * n}, opts)).view({T_, B, 4 * n});
+  at::Tensor ms = workspace({S, B, n}, opts);  // m_t
+  at::Tensor ph = workspace({S, B, n}, opts);  // W_mh h~
   at::Tensor htil = mask.defined() ? at::empty({B, n}, opts) : at::Tensor();
   const T* mk = ptr<T>(mask);
   const T* y = ptr<T>(cell.ys);
@@ -132,9 +133,9 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
   const i64 T_ = xs.size(0), B = xs.size(1), m = xs.size(2), n = h0.size(1);
   auto opts = xs.options();
   const at::Tensor &ys = saved[0], &acts = saved[1], &cs = saved[2], &ms = saved[3], &px = saved[4], &ph = saved[5];
-  at::Tensor dG = at::empty({T_, B, 4 * n}, opts);
-  at::Tensor d_px = at::empty({T_, B, n}, opts);  // dL/d(W_mx x)
-  at::Tensor d_ph = at::empty({T_, B, n}, opts);  // dL/d(W_mh h~)
+  at::Tensor dG = workspace({T_, B, 4 * n}, opts);
+  at::Tensor d_px = workspace({T_, B, n}, opts);  // dL/d(W_mx x)
+  at::Tensor d_ph = workspace({T_, B, n}, opts);  // dL/d(W_mh h~)
   at::Tensor dm = at::empty({B, n}, opts);
   const CellBackward<T> cell(c0, cs, acts, dys, dhT, dcT, adapt, capped, route);
   const T* mk = ptr<T>(mask);
@@ -349,6 +350,8 @@ TORCH_LIBRARY_FRAGMENT(moglm, m) {
   m.def("mkl_thread_control_available() -> bool", &mkl_thread_control_available);
   m.def("packed_gemm_available() -> bool", &packed_gemm_available);
   m.def("brgemm_route_available() -> bool", &brgemm_route_available);
+  m.def("workspace_cache_stats() -> int[]", [] { return WorkspaceCache::get().stats(); });
+  m.def("workspace_cache_clear() -> ()", [] { WorkspaceCache::get().clear(); });
 }
 
 TORCH_LIBRARY_IMPL(moglm, CPU, m) {

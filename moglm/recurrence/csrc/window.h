@@ -43,6 +43,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "workspace.h"
+
 extern "C" {
 void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*, const float*, const int*,
             const float*, const int*, const float*, float*, const int*) __attribute__((weak));
@@ -430,7 +432,7 @@ inline at::Tensor product_tn(Route route, const at::Tensor& A, const at::Tensor&
       R < 64)
     return at::mm(A.t(), B);
   const bool flip = N > K;  // compute (B^T A)^T: transpose the narrower operand
-  at::Tensor lhs = (flip ? B : A).t().contiguous();  // [M, R]
+  at::Tensor lhs = workspace({(flip ? B : A).size(1), R}, A.options()).copy_((flip ? B : A).t());  // [M, R]
   at::Tensor rhs = (flip ? A : B).contiguous();              // [R, P]
   const i64 M = lhs.size(0), P = rhs.size(1);
   at::Tensor out = at::empty({M, P}, A.options());
@@ -955,7 +957,7 @@ struct CellForward {
               bool save_, bool capped_, Route route_)
       : T_(xs.size(0)), B(xs.size(1)), n(n_), save(save_), capped(capped_), route(route_),
         ys(at::empty({T_, B, n_}, xs.options())),
-        cs(save_ ? at::empty({T_, B, n_}, xs.options()) : c0_.clone()),
+        cs(save_ ? workspace({T_, B, n_}, xs.options()) : c0_.clone()),
         c0(c0_.data_ptr<T>()), bias(bias_.defined() ? bias_.data_ptr<T>() : nullptr), adaptation(adapt) {
     adapt_tmp = at::empty({B, std::max<i64>(adaptation.units, 1)}, xs.options());
   }
@@ -1000,7 +1002,7 @@ struct CellBackward {
     dh_next = dhT.defined() ? dhT.clone() : at::zeros({B, n}, cs.options());
     dc = dcT.defined() ? dcT.clone() : at::zeros({B, n}, cs.options());
     dh = at::empty({B, n}, cs.options());
-    d_adapted = adapt.defined() ? at::empty({cs.size(0), B, adaptation.units}, cs.options()) : at::Tensor();
+    d_adapted = adapt.defined() ? workspace({cs.size(0), B, adaptation.units}, cs.options()) : at::Tensor();
   }
 
   // dL/dh_{t-1} of rows [b0, ...): where the window writes the gradient it carries back (ld n)
@@ -1038,7 +1040,9 @@ struct CellBackward {
 
 // h_{t-1} for every t, times the state-dropout mask when there is one: [T, B, n].
 inline at::Tensor h_tilde_all(const at::Tensor& h0, const at::Tensor& ys, const at::Tensor& mask) {
-  at::Tensor hp = at::cat({h0.unsqueeze(0), ys.narrow(0, 0, ys.size(0) - 1)}, 0);
+  at::Tensor hp = workspace(ys.sizes(), ys.options());
+  hp[0].copy_(h0);
+  hp.narrow(0, 1, ys.size(0) - 1).copy_(ys.narrow(0, 0, ys.size(0) - 1));
   return mask.defined() ? hp.mul_(mask) : hp;
 }
 

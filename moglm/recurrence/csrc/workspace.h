@@ -1,0 +1,118 @@
+// The windows' workspace cache: large buffers kept for the next window instead of handed back to the OS.
+//
+// A training window allocates the same large buffers at every call (the gates, the mogrifier chains and
+// their gradients: about 400 MB for the Mogrifier at H = 1024, B = 64, T = 70). glibc serves blocks over
+// 32 MB by mmap and returns them with munmap, so every call pays a page fault and a zeroed page for each
+// 4 KB of them again: 12% of the Mogrifier's training time at H = 1024 by perf on an Intel Xeon
+// (docs/fused-recurrence.md, "The workspace cache"). The cache keeps freed blocks by size, as torch's CUDA
+// caching allocator does, and hands one back when a window asks for the same size.
+//
+// * Only the windows' internal buffers come from it: the saved tensors autograd holds between forward and
+//   backward, and the backward's scratch. What the user gets (outputs, gradients) comes from at::empty, so
+//   their storage stays resizable.
+// * A block is returned to the cache by its tensor's deleter, on whichever thread frees it.
+// * The cache holds at most ``MOGLM_WORKSPACE_CACHE_MB`` MiB (default 2048; 0 turns it off), dropping its
+//   oldest blocks first. Blocks under ``MOGLM_WORKSPACE_CACHE_MIN_KB`` KiB (default 1024) are left to
+//   malloc, whose free lists serve them without the OS. ``workspace_cache_clear`` (Python:
+//   ``moglm.recurrence.compiled.empty_cache()``) hands every cached block back to the OS.
+
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <list>
+#include <mutex>
+#include <new>
+#include <utility>
+#include <vector>
+
+namespace moglm {
+
+class WorkspaceCache {
+ public:
+  void* take(size_t bytes) {
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      for (auto it = free_.rbegin(); it != free_.rend(); ++it)  // the newest of this size: warmest in cache
+        if (it->first == bytes) {
+          void* p = it->second;
+          free_.erase(std::next(it).base());
+          cached_ -= bytes;
+          ++hits_;
+          return p;
+        }
+      ++misses_;
+    }
+    void* p = nullptr;
+    if (posix_memalign(&p, 64, bytes) != 0) throw std::bad_alloc();
+    return p;
+  }
+
+  void give(void* p, size_t bytes) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    while (cached_ + bytes > limit_) {  // oldest first
+      std::free(free_.front().second);
+      cached_ -= free_.front().first;
+      free_.pop_front();
+    }
+    free_.emplace_back(bytes, p);
+    cached_ += bytes;
+  }
+
+  void clear() {
+    std::lock_guard<std::mutex> guard(mutex_);
+    for (auto& block : free_) std::free(block.second);
+    free_.clear();
+    cached_ = 0;
+  }
+
+  // [bytes cached, blocks cached, hits, misses, limit in bytes]
+  std::vector<int64_t> stats() {
+    std::lock_guard<std::mutex> guard(mutex_);
+    return {int64_t(cached_), int64_t(free_.size()), int64_t(hits_), int64_t(misses_), int64_t(limit_)};
+  }
+
+  // whether a block of ``bytes`` is kept by the cache
+  bool keeps(size_t bytes) const { return limit_ > 0 && bytes >= min_bytes_ && bytes <= limit_; }
+
+  // never destroyed: tensors freed at interpreter exit still return their blocks to it
+  static WorkspaceCache& get() {
+    static WorkspaceCache* cache =
+        new WorkspaceCache(size_from_env("MOGLM_WORKSPACE_CACHE_MB", 2048) << 20,
+                           size_from_env("MOGLM_WORKSPACE_CACHE_MIN_KB", 1024) << 10);
+    return *cache;
+  }
+
+ private:
+  WorkspaceCache(size_t limit, size_t min_bytes) : limit_(limit), min_bytes_(min_bytes) {}
+
+  static size_t size_from_env(const char* name, size_t fallback) {
+    const char* text = std::getenv(name);
+    if (text == nullptr || *text == '\0') return fallback;
+    char* end = nullptr;
+    const long long value = std::strtoll(text, &end, 10);
+    TORCH_CHECK(*end == '\0' && value >= 0, name, " must be a whole number >= 0, got '", text, "'");
+    return size_t(value);
+  }
+
+  std::mutex mutex_;
+  std::list<std::pair<size_t, void*>> free_;  // oldest first
+  size_t cached_ = 0;
+  const size_t limit_, min_bytes_;
+  int64_t hits_ = 0, misses_ = 0;
+};
+
+// An uninitialised tensor for a window's internal use (see above): from the cache when it is on and the
+// block is large enough to be worth keeping, else at::empty.
+inline at::Tensor workspace(at::IntArrayRef sizes, const at::TensorOptions& opts) {
+  int64_t numel = 1;
+  for (int64_t s : sizes) numel *= s;
+  const size_t bytes = size_t(numel) * opts.dtype().itemsize();
+  WorkspaceCache& cache = WorkspaceCache::get();
+  if (bytes == 0 || !cache.keeps(bytes) || opts.device().type() != at::kCPU) return at::empty(sizes, opts);
+  return at::from_blob(cache.take(bytes), sizes, [bytes](void* p) { WorkspaceCache::get().give(p, bytes); }, opts);
+}
+
+}  // namespace moglm
