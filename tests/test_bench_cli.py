@@ -248,3 +248,25 @@ def compiled_available() -> bool:
     from moglm.recurrence import compiled
 
     return compiled.available()
+
+
+def test_the_workspace_cache_benchmark_times_steps_with_the_cache_on_and_off_in_fresh_processes(tmp_path,
+                                                                                                monkeypatch):
+    """Tiny sizes (the cache keeps blocks of any size here): each setting runs in its own process (the cache
+    reads its settings at start), and the process with the cache off reports a cache that kept nothing while
+    the one with it on kept blocks."""
+    import importlib.util
+
+    monkeypatch.setenv("MOGLM_WORKSPACE_CACHE_MIN_KB", "0")
+    if not compiled_available():
+        pytest.skip("the workspace cache belongs to the compiled recurrence")
+    spec = importlib.util.spec_from_file_location("workspace_cache", ROOT / "benchmarks" / "workspace_cache.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    report = bench.main(["--hidden-size", "64", "--batch-size", "64", "--bptt", "8", "--steps", "2", "--rounds", "1",
+                         "--models", "moglm Mogrifier r=5 k=64", "--out", str(tmp_path / "workspace.json")])
+    (row,) = report["results"]
+    assert row["on"]["ms"] > 0 and row["off"]["ms"] > 0 and row["off_over_on"] > 0
+    assert row["off"]["workspace_cache"]["limit_bytes"] == 0 and row["off"]["workspace_cache"]["hits"] == 0
+    assert row["on"]["workspace_cache"]["limit_bytes"] > 0 and row["on"]["workspace_cache"]["cached_blocks"] > 0
+    assert (tmp_path / "workspace.json").is_file()

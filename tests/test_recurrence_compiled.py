@@ -221,7 +221,7 @@ def test_column_split_on_every_route_in_float32_matches_reference(make, route, h
 
 
 COLUMN_THREADS_SCRIPT = """
-import json, torch, moglm
+import json, math, torch, moglm
 torch.set_num_threads(4)
 out = {"partitions": torch.ops.moglm.column_partitions(67) if moglm.recurrence.compiled.available() else 0,
        "max_difference": 0.0}
@@ -239,7 +239,9 @@ for make in (lambda: moglm.MogrifierLSTM(19, 67, rounds=3, rank=5, state_dropout
         grads.append([y.detach(), x.grad.clone()] + [p.grad.clone() for p in model.parameters()])
         x.grad = None
         model.zero_grad(set_to_none=True)
-    out["max_difference"] = max(out["max_difference"], *((a - b).abs().max().item() for a, b in zip(*grads)))
+    # NaN counts as infinitely far (Python's max() would skip it)
+    out["max_difference"] = max(out["max_difference"], *(torch.nan_to_num((a - b).abs(), nan=math.inf).max().item()
+                                                          for a, b in zip(*grads)))
 print(json.dumps(out))
 """
 
@@ -506,7 +508,7 @@ def test_the_compiled_ops_refuse_wrong_shapes_with_a_message_instead_of_reading_
 
 
 FALLBACK_SCRIPT = """
-import json, warnings
+import json, math, warnings
 import torch, moglm
 from moglm.recurrence import compiled
 
@@ -536,7 +538,7 @@ print(json.dumps({
     "available": compiled.available(),
     "reason": compiled.unavailable_reason(),
     "grad_fn": type(ys[0].grad_fn).__name__,
-    "max_difference": max((y - reference).abs().max().item() for y in ys),
+    "max_difference": max(torch.nan_to_num((y - reference).abs(), nan=math.inf).max().item() for y in ys),
     "categories": [w.category.__name__ for w in said],
     "messages": [str(w.message) for w in said],
     "refused": refused,
@@ -608,24 +610,31 @@ def run(model, backend, x, state):
     sum((t * torch.randn(t.shape, generator=g, dtype=t.dtype)).sum() for t in (y, h, c)).backward()
     return [y, h, c, x.grad, *(s.grad for s in state), *(p.grad for p in model.parameters())]
 
+# oneDNN's weight-gradient products need 64 rows (T * B) and 64 columns: a wider model, 11 rows a step
+wide = {"mogrifier_wide": lambda dt: moglm.MogrifierLSTM(70, 67, rounds=5, rank=3, dtype=dt)}
 out = {}
-for route, dtype in (("aten", D), ("aten+columns", D), ("brgemm+columns", torch.float32), ("brgemm", torch.float32)):
+for route, dtype, batch, makers in (("aten", D, 5, models), ("aten+columns", D, 5, models),
+                                    ("brgemm+columns", torch.float32, 5, models),
+                                    ("brgemm", torch.float32, 5, models), ("brgemm", torch.float32, 11, wide)):
     if compiled._split_name(route)[0] not in compiled._candidate_routes(dtype):
         continue
     compiled._state["routes"] = {}
+    compiled._state["weight_gradient_routes"] = {}
     import os; os.environ["MOGLM_GEMM_ROUTE"] = route
-    for name, make in models.items():
+    for name, make in makers.items():
         torch.manual_seed(0)
         model = make(dtype).train()
-        x = torch.randn(6, 5, 19, dtype=dtype)
-        state = tuple(torch.randn(model.num_layers, 5, 37, dtype=dtype) for _ in range(2))
+        x = torch.randn(6, batch, model.input_size, dtype=dtype)
+        state = tuple(torch.randn(model.num_layers, batch, model.hidden_size, dtype=dtype) for _ in range(2))
         run(model, "compiled", torch.full_like(x, math.nan), state)  # every cached block now holds NaN
         hits = compiled.workspace_cache()["hits"]
         actual = run(model, "compiled", x, state)
         expected = run(model, "reference", x, state)
         out[f"{route} {name}"] = {
             "hits": compiled.workspace_cache()["hits"] - hits,
-            "max_difference": max((a - e).abs().max().item() for a, e in zip(actual, expected, strict=True)),
+            # NaN counts as infinitely far (Python's max() would skip it)
+            "max_difference": max(torch.nan_to_num((a - e).abs(), nan=math.inf).max().item()
+                                  for a, e in zip(actual, expected, strict=True)),
             "dtype": str(dtype)}
 compiled.empty_cache()
 out["after_empty_cache"] = compiled.workspace_cache()
@@ -638,7 +647,8 @@ def test_windows_on_reused_workspace_blocks_full_of_nan_still_match_reference_on
     """Every buffer a window takes from the workspace cache (its smallest block set to 0 KiB here) first
     holds NaN from a window run on NaN input: a window that read one before writing it would fail parity
     (outputs, final states, every gradient) against the reference loop, in float64 and on oneDNN's float32
-    route, split by rows and by columns (in a fresh process: the cache reads its settings at start)."""
+    route (its weight-gradient products too), split by rows and by columns (in a fresh process: the cache
+    reads its settings at start)."""
     env = {**os.environ, "MOGLM_WORKSPACE_CACHE_MIN_KB": "0", "MOGLM_AUTO_BACKEND": "compiled"}
     done = subprocess.run([sys.executable, "-c", WORKSPACE_SCRIPT], env=env, capture_output=True, text=True,
                           timeout=300)

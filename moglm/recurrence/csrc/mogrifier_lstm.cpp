@@ -392,7 +392,7 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
   if (need_dx) grads[0] = dx;
   if (need_weights) {
     at::Tensor xh2 = xh.view({T_ * B, mn});
-    at::Tensor dW = product_tn(tn_route, dG2, xh2);  // [4n, m + n]
+    at::Tensor dW = product_tn(tn_route, dG2, xh2, true);  // [4n, m + n], copied out in two parts
     grads[3] = dW.narrow(1, 0, m).contiguous();  // [4n, m]
     grads[4] = dW.narrow(1, m, n).contiguous();  // [4n, n]
     if (has_bias) grads[5] = dG2.sum(0);

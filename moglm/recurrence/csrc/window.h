@@ -425,17 +425,23 @@ inline at::Tensor product(Route route, const at::Tensor& X, const at::Tensor& W,
 // A^T B for A [R, N] and B [R, K] with many rows R (a weight gradient: [N, K]). On the brgemm route (float32,
 // both sides at least 64 wide) the narrower operand is transposed once and the product runs as oneDNN
 // ukernel calls on row blocks split over the threads, each block walking R in chunks that stay in cache
-// (``moglm bench gemm-routes`` times it against at::mm). Otherwise at::mm.
-inline at::Tensor product_tn(Route route, const at::Tensor& A, const at::Tensor& B) {
+// (``moglm bench gemm-routes`` times it against at::mm). Otherwise at::mm. ``scratch``: the caller only
+// reads the result (it copies parts of it out), so it comes from the workspace cache.
+inline at::Tensor product_tn(Route route, const at::Tensor& A, const at::Tensor& B, bool scratch = false) {
   const i64 R = A.size(0), N = A.size(1), K = B.size(1);
+  auto result = [&](i64 rows, i64 cols) {
+    return scratch ? workspace({rows, cols}, A.options()) : at::empty({rows, cols}, A.options());
+  };
   if (route != ROUTE_BRGEMM || !brgemm_available() || A.scalar_type() != at::kFloat || std::min(N, K) < 64 ||
-      R < 64)
-    return at::mm(A.t(), B);
+      R < 64) {
+    at::Tensor out = result(N, K);
+    return at::mm_out(out, A.t(), B);
+  }
   const bool flip = N > K;  // compute (B^T A)^T: transpose the narrower operand
   at::Tensor lhs = workspace({(flip ? B : A).size(1), R}, A.options()).copy_((flip ? B : A).t());  // [M, R]
   at::Tensor rhs = (flip ? A : B).contiguous();              // [R, P]
   const i64 M = lhs.size(0), P = rhs.size(1);
-  at::Tensor out = at::empty({M, P}, A.options());
+  at::Tensor out = flip ? workspace({M, P}, A.options()) : result(M, P);  // flipped: [K, N], copied out below
   constexpr i64 MB = 64, KC = 512, NB = 128;  // measured best of a grid at H = 650 and 1024
   const float* l = lhs.data_ptr<float>();
   const float* r = rhs.data_ptr<float>();
@@ -455,7 +461,7 @@ inline at::Tensor product_tn(Route route, const at::Tensor& A, const at::Tensor&
       }
     }
   });
-  return flip ? out.t().contiguous() : out;
+  return flip ? result(N, K).copy_(out.t()) : out;
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -46,8 +46,10 @@ class WorkspaceCache {
       ++misses_;
     }
     void* p = nullptr;
-    if (posix_memalign(&p, 64, bytes) != 0) throw std::bad_alloc();
-    return p;
+    if (posix_memalign(&p, 64, bytes) == 0) return p;
+    clear();  // out of memory: hand the cached blocks back and try once more, as torch's CUDA allocator does
+    if (posix_memalign(&p, 64, bytes) == 0) return p;
+    throw std::bad_alloc();
   }
 
   void give(void* p, size_t bytes) {
@@ -86,7 +88,16 @@ class WorkspaceCache {
   }
 
  private:
-  WorkspaceCache(size_t limit, size_t min_bytes) : limit_(limit), min_bytes_(min_bytes) {}
+  WorkspaceCache(size_t limit, size_t min_bytes) : limit_(limit), min_bytes_(min_bytes) {
+    // glibc raises its mmap threshold (from 128 KB, up to 32 MB) each time it frees an mmap-ed block, so the
+    // windows' big buffers used to lift it, and the mid-sized tensors around them (a window's outputs, the
+    // weight gradients) then came from the heap. The cache frees no block, so it lifts the threshold once
+    // itself, where the uncached windows left it; elsewhere this is one malloc and free.
+    if (limit_ > 0) {
+      void* volatile block = std::malloc((size_t(32) << 20) - (size_t(64) << 10));  // volatile: not elided
+      std::free(block);
+    }
+  }
 
   static size_t size_from_env(const char* name, size_t fallback) {
     const char* text = std::getenv(name);
