@@ -257,9 +257,9 @@ def test_the_workspace_cache_benchmark_times_steps_with_the_cache_on_and_off_in_
     the one with it on kept blocks."""
     import importlib.util
 
-    monkeypatch.setenv("MOGLM_WORKSPACE_CACHE_MIN_KB", "0")
     if not compiled_available():
         pytest.skip("the workspace cache belongs to the compiled recurrence")
+    monkeypatch.setenv("MOGLM_WORKSPACE_CACHE_MIN_KB", "0")  # for the bench's processes, not this one (loaded)
     spec = importlib.util.spec_from_file_location("workspace_cache", ROOT / "benchmarks" / "workspace_cache.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

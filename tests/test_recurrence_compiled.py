@@ -610,8 +610,16 @@ def run(model, backend, x, state):
     sum((t * torch.randn(t.shape, generator=g, dtype=t.dtype)).sum() for t in (y, h, c)).backward()
     return [y, h, c, x.grad, *(s.grad for s in state), *(p.grad for p in model.parameters())]
 
-# oneDNN's weight-gradient products need 64 rows (T * B) and 64 columns: a wider model, 11 rows a step
-wide = {"mogrifier_wide": lambda dt: moglm.MogrifierLSTM(70, 67, rounds=5, rank=3, dtype=dt)}
+def forward_only(model, backend, x, state):
+    model.backend = backend
+    with torch.no_grad():
+        return model.eval()(x, state)[0]
+
+# oneDNN's products over all T * B rows need 64 of them (and 64 columns for the weight gradients): wider
+# models, 11 rows a step
+wide = {"mogrifier_wide": lambda dt: moglm.MogrifierLSTM(70, 67, rounds=5, rank=3, dtype=dt),
+        "lstm_wide": lambda dt: moglm.LSTM(70, 67, dtype=dt),
+        "multiplicative_lstm_wide": lambda dt: moglm.MultiplicativeLSTM(70, 67, dtype=dt)}
 out = {}
 for route, dtype, batch, makers in (("aten", D, 5, models), ("aten+columns", D, 5, models),
                                     ("brgemm+columns", torch.float32, 5, models),
@@ -626,10 +634,11 @@ for route, dtype, batch, makers in (("aten", D, 5, models), ("aten+columns", D, 
         model = make(dtype).train()
         x = torch.randn(6, batch, model.input_size, dtype=dtype)
         state = tuple(torch.randn(model.num_layers, batch, model.hidden_size, dtype=dtype) for _ in range(2))
-        run(model, "compiled", torch.full_like(x, math.nan), state)  # every cached block now holds NaN
+        run(model, "compiled", torch.full_like(x, math.nan), state)  # the blocks it frees hold NaN
         hits = compiled.workspace_cache()["hits"]
-        actual = run(model, "compiled", x, state)
-        expected = run(model, "reference", x, state)
+        actual = run(model, "compiled", x, state) + [forward_only(model, "compiled", x, state)]
+        expected = run(model.train(), "reference", x, state) + [forward_only(model, "reference", x, state)]
+        model.train()
         out[f"{route} {name}"] = {
             "hits": compiled.workspace_cache()["hits"] - hits,
             # NaN counts as infinitely far (Python's max() would skip it)
@@ -644,12 +653,14 @@ print(json.dumps(out))
 
 @pytest.mark.usefixtures("built")
 def test_windows_on_reused_workspace_blocks_full_of_nan_still_match_reference_on_every_route():
-    """Every buffer a window takes from the workspace cache (its smallest block set to 0 KiB here) first
-    holds NaN from a window run on NaN input: a window that read one before writing it would fail parity
-    (outputs, final states, every gradient) against the reference loop, in float64 and on oneDNN's float32
-    route (its weight-gradient products too), split by rows and by columns (in a fresh process: the cache
-    reads its settings at start)."""
-    env = {**os.environ, "MOGLM_WORKSPACE_CACHE_MIN_KB": "0", "MOGLM_AUTO_BACKEND": "compiled"}
+    """Every buffer a window takes from the workspace cache (its smallest block set to 0 KiB here) holds NaN
+    (``MOGLM_WORKSPACE_POISON``, and a window run on NaN input before): a window that read one before
+    writing it would fail parity (outputs, final states, every gradient, and the forward-only window)
+    against the reference loop, in float64 and on oneDNN's float32 route (its products over all rows and
+    weight-gradient products too), split by rows and by columns (in a fresh process: the cache reads its
+    settings at start)."""
+    env = {**os.environ, "MOGLM_WORKSPACE_CACHE_MIN_KB": "0", "MOGLM_WORKSPACE_POISON": "1",
+           "MOGLM_AUTO_BACKEND": "compiled"}
     done = subprocess.run([sys.executable, "-c", WORKSPACE_SCRIPT], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr
@@ -663,7 +674,20 @@ def test_windows_on_reused_workspace_blocks_full_of_nan_still_match_reference_on
 
 
 @pytest.mark.usefixtures("built")
+def test_every_compiled_parity_test_passes_on_workspace_blocks_full_of_nan():
+    """This file's parity tests (every model, option, route and split, the adaptation, double backward, edge
+    cases) in a fresh process whose workspace cache hands out every block, of any size, full of NaN."""
+    env = {**os.environ, "MOGLM_WORKSPACE_CACHE_MIN_KB": "0", "MOGLM_WORKSPACE_POISON": "1"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k",
+                           "match and not workspace"], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert " passed" in done.stdout and " failed" not in done.stdout
+
+
+@pytest.mark.usefixtures("built")
 def test_the_workspace_cache_keeps_a_large_windows_buffers_for_the_next_and_empty_cache_frees_them():
+    if compiled.workspace_cache()["limit_bytes"] == 0:
+        pytest.skip("the workspace cache is turned off here (MOGLM_WORKSPACE_CACHE_MB=0)")
     model = moglm.MogrifierLSTM(64, 256, rounds=5, rank=64)  # [T, B, 4H] float32 gates: 2 MiB
     model.backend = "compiled"
     x = torch.randn(16, 32, 64)
@@ -683,4 +707,4 @@ def test_a_bad_workspace_cache_setting_is_one_line_naming_the_variable():
     done = subprocess.run([sys.executable, "-m", "moglm", "info"], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 1
-    assert done.stderr.strip() == "error: MOGLM_WORKSPACE_CACHE_MB must be a whole number >= 0, got 'lots'"
+    assert done.stderr.strip() == "error: MOGLM_WORKSPACE_CACHE_MB must be a whole number from 0 to 2^40, got 'lots'"

@@ -52,6 +52,7 @@ from contextlib import contextmanager
 import json
 import os
 import platform
+import re
 import sys
 import threading
 import warnings
@@ -197,17 +198,19 @@ def _load() -> bool:
         return False
 
 
-#: the workspace cache's settings (:func:`workspace_cache`), whole numbers read once a process
-WORKSPACE_SETTINGS = ("MOGLM_WORKSPACE_CACHE_MB", "MOGLM_WORKSPACE_CACHE_MIN_KB")
+#: the workspace cache's settings (:func:`workspace_cache`; ``MOGLM_WORKSPACE_POISON=1``, for tests, fills
+#: every block it hands out with NaN), whole numbers from 0 to 2^40 read once a process (``csrc/workspace.h``
+#: checks them with the same rule)
+WORKSPACE_SETTINGS = ("MOGLM_WORKSPACE_CACHE_MB", "MOGLM_WORKSPACE_CACHE_MIN_KB", "MOGLM_WORKSPACE_POISON")
 
 
 def available() -> bool:
     """Whether the compiled recurrence is built and loaded (building it on first call)."""
     if _state["loaded"] is None:
         for name in WORKSPACE_SETTINGS:
-            value = os.environ.get(name, "").strip()
-            if value and not value.isdigit():
-                raise MoglmError(f"{name} must be a whole number >= 0, got {value!r}")
+            value = os.environ.get(name, "")
+            if value and not (re.fullmatch("[0-9]+", value) and int(value) <= 2**40):
+                raise MoglmError(f"{name} must be a whole number from 0 to 2^40, got {value!r}")
         with _lock:
             if _state["loaded"] is None:
                 _state["loaded"] = _load()
@@ -429,17 +432,17 @@ def workspace_cache() -> dict[str, int]:
     """The windows' workspace cache (``csrc/workspace.h``): the freed large buffers it keeps for the next
     window of the same sizes, so that a training loop stops paying the OS's page faults for them at every
     step. ``{"cached_bytes", "cached_blocks", "hits", "misses", "limit_bytes"}``; all zero where the compiled
-    path is not loaded. ``MOGLM_WORKSPACE_CACHE_MB`` sets the limit (default 2048, 0 turns the cache off),
+    path is not loaded (neither function builds it). ``MOGLM_WORKSPACE_CACHE_MB`` sets the limit (default 2048, 0 turns the cache off),
     ``MOGLM_WORKSPACE_CACHE_MIN_KB`` the smallest block it keeps (default 1024), both read once a process."""
     keys = ("cached_bytes", "cached_blocks", "hits", "misses", "limit_bytes")
-    values = torch.ops.moglm.workspace_cache_stats() if available() else [0] * len(keys)
+    values = torch.ops.moglm.workspace_cache_stats() if _state["loaded"] else [0] * len(keys)
     return dict(zip(keys, (int(v) for v in values), strict=True))
 
 
 def empty_cache() -> None:
     """Hand the workspace cache's blocks back to the OS, as ``torch.cuda.empty_cache`` does for CUDA's (the
     buffers windows still use are kept until they are freed, then cached again)."""
-    if available():
+    if _state["loaded"]:
         torch.ops.moglm.workspace_cache_clear()
 
 

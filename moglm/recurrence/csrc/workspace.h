@@ -14,7 +14,10 @@
 // * The cache holds at most ``MOGLM_WORKSPACE_CACHE_MB`` MiB (default 2048; 0 turns it off), dropping its
 //   oldest blocks first. Blocks under ``MOGLM_WORKSPACE_CACHE_MIN_KB`` KiB (default 1024) are left to
 //   malloc, whose free lists serve them without the OS. ``workspace_cache_clear`` (Python:
-//   ``moglm.recurrence.compiled.empty_cache()``) hands every cached block back to the OS.
+//   ``moglm.recurrence.compiled.empty_cache()``) hands every cached block back to the OS. Both settings are
+//   whole numbers of at most 2^40 (``compiled.py`` checks them first, with the same rule).
+// * ``MOGLM_WORKSPACE_POISON=1`` (for tests) fills every block it hands out, kept or new, with 0xFF bytes:
+//   NaN in float32 and float64, so that a window reading a buffer before writing it shows.
 
 #pragma once
 
@@ -22,6 +25,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <list>
 #include <mutex>
 #include <new>
@@ -33,34 +37,24 @@ namespace moglm {
 class WorkspaceCache {
  public:
   void* take(size_t bytes) {
-    {
-      std::lock_guard<std::mutex> guard(mutex_);
-      for (auto it = free_.rbegin(); it != free_.rend(); ++it)  // the newest of this size: warmest in cache
-        if (it->first == bytes) {
-          void* p = it->second;
-          free_.erase(std::next(it).base());
-          cached_ -= bytes;
-          ++hits_;
-          return p;
-        }
-      ++misses_;
-    }
-    void* p = nullptr;
-    if (posix_memalign(&p, 64, bytes) == 0) return p;
-    clear();  // out of memory: hand the cached blocks back and try once more, as torch's CUDA allocator does
-    if (posix_memalign(&p, 64, bytes) == 0) return p;
-    throw std::bad_alloc();
+    void* p = take_block(bytes);
+    if (poison_) std::memset(p, 0xFF, bytes);
+    return p;
   }
 
-  void give(void* p, size_t bytes) {
+  void give(void* p, size_t bytes) noexcept {
     std::lock_guard<std::mutex> guard(mutex_);
-    while (cached_ + bytes > limit_) {  // oldest first
+    while (cached_ + bytes > limit_ && !free_.empty()) {  // oldest first
       std::free(free_.front().second);
       cached_ -= free_.front().first;
       free_.pop_front();
     }
-    free_.emplace_back(bytes, p);
-    cached_ += bytes;
+    try {
+      free_.emplace_back(bytes, p);
+      cached_ += bytes;
+    } catch (...) {  // no memory for the list node: a deleter must not throw, so the block goes back to the OS
+      std::free(p);
+    }
   }
 
   void clear() {
@@ -83,12 +77,33 @@ class WorkspaceCache {
   static WorkspaceCache& get() {
     static WorkspaceCache* cache =
         new WorkspaceCache(size_from_env("MOGLM_WORKSPACE_CACHE_MB", 2048) << 20,
-                           size_from_env("MOGLM_WORKSPACE_CACHE_MIN_KB", 1024) << 10);
+                           size_from_env("MOGLM_WORKSPACE_CACHE_MIN_KB", 1024) << 10,
+                           size_from_env("MOGLM_WORKSPACE_POISON", 0) != 0);
     return *cache;
   }
 
  private:
-  WorkspaceCache(size_t limit, size_t min_bytes) : limit_(limit), min_bytes_(min_bytes) {
+  void* take_block(size_t bytes) {
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      for (auto it = free_.rbegin(); it != free_.rend(); ++it)  // the newest of this size: warmest in cache
+        if (it->first == bytes) {
+          void* p = it->second;
+          free_.erase(std::next(it).base());
+          cached_ -= bytes;
+          ++hits_;
+          return p;
+        }
+      ++misses_;
+    }
+    void* p = nullptr;
+    if (posix_memalign(&p, 64, bytes) == 0) return p;
+    clear();  // out of memory: hand the cached blocks back and try once more, as torch's CUDA allocator does
+    if (posix_memalign(&p, 64, bytes) == 0) return p;
+    throw std::bad_alloc();
+  }
+
+  WorkspaceCache(size_t limit, size_t min_bytes, bool poison) : limit_(limit), min_bytes_(min_bytes), poison_(poison) {
     // glibc raises its mmap threshold (from 128 KB, up to 32 MB) each time it frees an mmap-ed block, so the
     // windows' big buffers used to lift it, and the mid-sized tensors around them (a window's outputs, the
     // weight gradients) then came from the heap. The cache frees no block, so it lifts the threshold once
@@ -99,19 +114,27 @@ class WorkspaceCache {
     }
   }
 
+  static constexpr size_t MAX_SETTING = size_t(1) << 40;
+
+  // a whole number (ASCII digits only) of at most MAX_SETTING, the rule compiled.py checks first
   static size_t size_from_env(const char* name, size_t fallback) {
     const char* text = std::getenv(name);
     if (text == nullptr || *text == '\0') return fallback;
-    char* end = nullptr;
-    const long long value = std::strtoll(text, &end, 10);
-    TORCH_CHECK(*end == '\0' && value >= 0, name, " must be a whole number >= 0, got '", text, "'");
-    return size_t(value);
+    size_t value = 0;
+    for (const char* c = text; *c != '\0'; ++c) {
+      TORCH_CHECK(*c >= '0' && *c <= '9' && value <= MAX_SETTING, name,
+                  " must be a whole number from 0 to 2^40, got '", text, "'");
+      value = value * 10 + size_t(*c - '0');
+    }
+    TORCH_CHECK(value <= MAX_SETTING, name, " must be a whole number from 0 to 2^40, got '", text, "'");
+    return value;
   }
 
   std::mutex mutex_;
   std::list<std::pair<size_t, void*>> free_;  // oldest first
   size_t cached_ = 0;
   const size_t limit_, min_bytes_;
+  const bool poison_;
   int64_t hits_ = 0, misses_ = 0;
 };
 
