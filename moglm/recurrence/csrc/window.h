@@ -176,16 +176,18 @@ inline v8 load8(const float* p) {
   return v;
 }
 
-inline std::vector<float> pack(i64 N, i64 K, const float* B, i64 ldb, bool tb) {
+// (into a workspace block: every element written, the last panel's padding with zeros)
+inline at::Tensor pack(i64 N, i64 K, const float* B, i64 ldb, bool tb) {
   const i64 np = (N + NR - 1) / NR;
-  std::vector<float> out(np * K * NR, 0.0f);
+  at::Tensor packed = workspace({np * K * NR}, at::TensorOptions().dtype(at::kFloat));
+  float* out = packed.data_ptr<float>();
   for (i64 p = 0; p < np; ++p)
     for (i64 k = 0; k < K; ++k)
-      for (i64 c = 0; c < NR && p * NR + c < N; ++c) {
+      for (i64 c = 0; c < NR; ++c) {
         const i64 col = p * NR + c;
-        out[(p * K + k) * NR + c] = tb ? B[col * ldb + k] : B[k * ldb + col];
+        out[(p * K + k) * NR + c] = col >= N ? 0.0f : tb ? B[col * ldb + k] : B[k * ldb + col];
       }
-  return out;
+  return packed;
 }
 
 // tile[R, NR] (+)= A[R, K] @ panel[K, NR]; ``accumulate``: add to what the tile holds
@@ -278,15 +280,16 @@ constexpr i64 NB = 64;
 
 inline i64 panel_width(i64 N, i64 p) { return std::min(NB, N - p * NB); }
 
-inline std::vector<float> pack(i64 N, i64 K, const float* B, i64 ldb, bool tb) {
-  std::vector<float> out(N * K);
+// (into a workspace block: every element written)
+inline at::Tensor pack(i64 N, i64 K, const float* B, i64 ldb, bool tb) {
+  at::Tensor packed = workspace({N * K}, at::TensorOptions().dtype(at::kFloat));
   for (i64 p = 0; p * NB < N; ++p) {
     const i64 w = panel_width(N, p);
-    float* dst = out.data() + p * NB * K;
+    float* dst = packed.data_ptr<float>() + p * NB * K;
     for (i64 k = 0; k < K; ++k)
       for (i64 c = 0; c < w; ++c) dst[k * w + c] = tb ? B[(p * NB + c) * ldb + k] : B[k * ldb + p * NB + c];
   }
-  return out;
+  return packed;
 }
 
 // C[M, N] = A[M, K] @ packed + beta C
@@ -309,13 +312,13 @@ inline void gemm(i64 M, i64 N, i64 K, const float* A, i64 lda, const float* pack
 // others wait for it and read the same copy (one copy in the shared cache instead of one per thread).
 struct PackCache {
   std::mutex mutex;
-  std::map<std::tuple<const void*, i64, i64, i64, bool>, std::shared_ptr<const std::vector<float>>> packs;
+  std::map<std::tuple<const void*, i64, i64, i64, bool>, at::Tensor> packs;
 
   template <typename F>
-  std::shared_ptr<const std::vector<float>> get(const void* b, i64 ldb, i64 N, i64 K, bool tb, const F& make) {
+  at::Tensor get(const void* b, i64 ldb, i64 N, i64 K, bool tb, const F& make) {
     std::lock_guard<std::mutex> lock(mutex);
     auto& slot = packs[std::make_tuple(b, ldb, N, K, tb)];
-    if (!slot) slot = std::make_shared<const std::vector<float>>(make());
+    if (!slot.defined()) slot = make();
     return slot;
   }
 };
@@ -334,8 +337,8 @@ struct PackedB {
   i64 ldb = 0, N = 0, K = 0;
   bool tb = false;
   Route route = ROUTE_ATEN;
-  std::vector<float> mkl, panel;  // packed B (float32 only)
-  std::shared_ptr<const std::vector<float>> shared;  // the brgemm route's panels (float32 only)
+  // packed B (float32 only; workspace blocks): MKL's, the panels route's, the brgemm route's panels (shared)
+  at::Tensor mkl, panel, shared;
 
   // ``cache``: where the brgemm route shares its packed copy between the window's threads (null: packs
   // its own)
@@ -352,12 +355,12 @@ struct PackedB {
       if (route == ROUTE_PANELS) {
         panel = panels::pack(N, K, b, ldb, tb);
       } else if (route == ROUTE_MKL_PACKED && packed_available()) {
-        mkl.resize(cblas_sgemm_pack_get_size(162, (int)M, (int)N, (int)K) / sizeof(float) + 16);
-        cblas_sgemm_pack(101, 162, tb ? 112 : 111, (int)M, (int)N, (int)K, 1.0f, b, (int)ldb, mkl.data());
+        mkl = workspace({i64(cblas_sgemm_pack_get_size(162, (int)M, (int)N, (int)K) / sizeof(float) + 16)},
+                        at::TensorOptions().dtype(at::kFloat));
+        cblas_sgemm_pack(101, 162, tb ? 112 : 111, (int)M, (int)N, (int)K, 1.0f, b, (int)ldb, mkl.data_ptr<float>());
       } else if (route == ROUTE_BRGEMM) {
         auto make = [&] { return brgemm::pack(N, K, b, ldb, tb); };
-        shared = cache != nullptr ? cache->get(b, ldb, N, K, tb, make)
-                                  : std::make_shared<const std::vector<float>>(make());
+        shared = cache != nullptr ? cache->get(b, ldb, N, K, tb, make) : make();
       }
     }
     if (route != ROUTE_ATEN && !blas_available(scalar_type_of<T>())) route = ROUTE_ATEN;  // unpacked fallback
@@ -366,16 +369,16 @@ struct PackedB {
   // C[M, N] = A[M, K] @ op(B) + beta C
   void operator()(i64 M, const T* A, i64 lda, T beta, T* C, i64 ldc) const {
     if constexpr (std::is_same_v<T, float>) {
-      if (shared) {
-        brgemm::gemm(M, N, K, A, lda, shared->data(), beta, C, ldc);
+      if (shared.defined()) {
+        brgemm::gemm(M, N, K, A, lda, shared.data_ptr<float>(), beta, C, ldc);
         return;
       }
-      if (!panel.empty()) {
-        panels::gemm(M, N, K, A, lda, panel.data(), beta, C, ldc);
+      if (panel.defined()) {
+        panels::gemm(M, N, K, A, lda, panel.data_ptr<float>(), beta, C, ldc);
         return;
       }
-      if (!mkl.empty()) {
-        cblas_sgemm_compute(101, 111, 151, (int)M, (int)N, (int)K, A, (int)lda, mkl.data(), (int)N, beta, C,
+      if (mkl.defined()) {
+        cblas_sgemm_compute(101, 111, 151, (int)M, (int)N, (int)K, A, (int)lda, mkl.data_ptr<float>(), (int)N, beta, C,
                             (int)ldc);
         return;
       }
@@ -563,8 +566,9 @@ inline i64 column_align(i64 n, i64 P) { return n >= 128 * P ? 64 : 16; }
 // together: [4 (u1 - u0), k], so that a block's gates are one product
 inline at::Tensor gate_rows(const at::Tensor& w, std::pair<i64, i64> units) {
   const i64 n = w.size(0) / 4, u0 = units.first, width = units.second - units.first;
-  return at::cat({w.narrow(0, u0, width), w.narrow(0, n + u0, width), w.narrow(0, 2 * n + u0, width),
-                  w.narrow(0, 3 * n + u0, width)});
+  at::Tensor out = workspace({4 * width, w.size(1)}, w.options());
+  return at::cat_out(out, {w.narrow(0, u0, width), w.narrow(0, n + u0, width), w.narrow(0, 2 * n + u0, width),
+                           w.narrow(0, 3 * n + u0, width)});
 }
 
 // The partitions of a column-split window: the threads it runs on (1 where it cannot split: one thread,
