@@ -442,6 +442,11 @@ def _info(as_json: bool) -> str:
             lines["weight_gradient_route_probe"] = ", ".join(f"{route} {seconds * 1e3:.2f} ms"
                                                               for route, seconds in probe.items())
         lines["mkl_thread_control"] = "yes" if details["mkl_thread_control"] else "no"
+        cache = details["workspace_cache"]
+        lines["workspace_cache"] = (
+            f"{cache['cached_bytes'] / 2**20:.0f} MiB in {cache['cached_blocks']} blocks held, limit "
+            f"{cache['limit_bytes'] / 2**20:.0f} MiB, {cache['hits']} hits, {cache['misses']} misses"
+            if cache["limit_bytes"] else "off (MOGLM_WORKSPACE_CACHE_MB=0)")
         choices = details["auto_backend"]
         lines["auto_backend"] = (f"{len(choices)} shape classes probed on this machine" if choices
                                  else "no shape class probed yet (each is, on first use)")

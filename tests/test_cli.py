@@ -114,6 +114,7 @@ def test_info_prints_the_compiled_recurrence_and_its_gemm_route_as_json_and_as_l
     if details["compiled"]:
         assert details["gemm_route"] in compiled.ROUTES and details["reason"] is None
         assert details["weight_gradient_route"] in ("aten", "brgemm")
+        assert {"cached_bytes", "cached_blocks", "hits", "misses", "limit_bytes"} == set(details["workspace_cache"])
     else:
         assert details["reason"] and "gemm_route" not in details
     assert main(["info"]) == 0
@@ -123,6 +124,7 @@ def test_info_prints_the_compiled_recurrence_and_its_gemm_route_as_json_and_as_l
     assert len(recurrence) == 1 and recurrence[0].startswith("recurrence: compiled") == details["compiled"]
     assert any(line.startswith("gemm_route: ") for line in lines) == details["compiled"]
     assert any(line.startswith("weight_gradient_route: ") for line in lines) == details["compiled"]
+    assert any(line.startswith("workspace_cache: ") for line in lines) == details["compiled"]
 
 
 def test_info_says_why_the_compiled_recurrence_is_unavailable(capsys, monkeypatch):
