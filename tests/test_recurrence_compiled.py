@@ -575,7 +575,22 @@ def test_a_failed_build_falls_back_to_the_fused_path_saying_why_once(tmp_path):
     report = run_fallback_script(MOGLM_EXTENSIONS_DIR=str(tmp_path), CXX="/nonexistent-compiler")
     assert_fell_back_to_fused_saying_why_once(report)
     assert "MOGLM_COMPILED" not in report["reason"]
+    assert "/nonexistent-compiler: not found" in report["reason"]  # the shell's reason, not ninja's command line
     assert not list(tmp_path.rglob("*.so"))
+
+
+def test_a_failed_builds_reason_is_the_compilers_error_not_the_command_line_ninja_echoes(tmp_path):
+    """A real failed build through torch's cpp_extension (a source without torch's headers: it fails fast)."""
+    from torch.utils import cpp_extension
+
+    (tmp_path / "broken.cpp").write_text("int f() { return undeclared_name_here; }\n")
+    with pytest.raises(Exception) as failed:
+        cpp_extension.load(name="moglm_broken", sources=[str(tmp_path / "broken.cpp")], build_directory=str(tmp_path),
+                           is_python_module=False, verbose=False)
+    reason = compiled.build_failure_reason(failed.value)
+    assert "-MMD" in str(failed.value) and "-MMD" not in reason  # torch's message starts with the command line
+    assert "broken.cpp:1:" in reason and "error:" in reason and "undeclared_name_here" in reason
+    assert "moglm_broken" in reason and "\n" not in reason and len(reason) <= 300
 
 
 def test_a_build_lock_left_by_a_killed_build_is_cleared_not_waited_for(tmp_path):

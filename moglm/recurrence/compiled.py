@@ -192,10 +192,31 @@ def _load() -> bool:
         torch.ops.moglm.mogrifier_lstm_forward  # noqa: B018 - the ops are registered
         return True
     except Exception as error:  # noqa: BLE001 - any build or load failure means: fall back
-        lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-        telling = [line for line in lines if any(w in line.lower() for w in ("error", "not found", "failed:"))]
-        _state["reason"] = f"{type(error).__name__}: {(telling or lines or [repr(error)])[0]}"[:300]
+        _state["reason"] = build_failure_reason(error)
         return False
+
+
+#: what a failed build's output says, most telling first: the compiler's error, the linker's, a missing
+#: program or file, then any line that says it failed
+_TELLING = (re.compile(r"(fatal )?error:", re.I), re.compile(r"undefined reference|cannot find -l", re.I),
+            re.compile(r"not found|no such file", re.I), re.compile(r"error|failed", re.I))
+#: the command lines ninja echoes (a compile's or the link's), which name every flag and path but no reason
+_ECHOED_COMMAND = re.compile(r"^\[\d+/\d+\] | -MMD | -shared ")
+
+
+def build_failure_reason(error: BaseException) -> str:
+    """One line saying why the build or load failed: the compiler's own error where there is one, not the
+    command line that ninja echoes before it (torch's message puts that on its first line)."""
+    text = str(error).strip()
+    head, _, rest = text.partition(": [")  # "Error building extension 'x': [1/2] c++ ... "
+    lines = [line.strip() for line in (rest if rest else text).splitlines() if line.strip()]
+    lines = [line for line in lines if not _ECHOED_COMMAND.search(line)]
+    telling = next((line for pattern in _TELLING for line in lines if pattern.search(line)), None)
+    if telling is None:
+        said = text.splitlines()[0] if text else repr(error)
+    else:
+        said = f"{head}: {telling}" if rest else telling
+    return f"{type(error).__name__}: {said}"[:300]
 
 
 #: the workspace cache's settings (:func:`workspace_cache`; ``MOGLM_WORKSPACE_POISON=1``, for tests, fills
