@@ -717,6 +717,29 @@ def test_the_workspace_cache_keeps_a_large_windows_buffers_for_the_next_and_empt
     assert compiled.workspace_cache()["cached_bytes"] == 0
 
 
+@pytest.mark.usefixtures("built")
+def test_a_shorter_window_reuses_a_longer_ones_blocks_and_a_much_shorter_one_does_not():
+    """Best fit: a block serves a request up to a quarter smaller (a last window cut short reuses the full
+    windows' blocks), not a much smaller one (which would hold memory it does not use)."""
+    if compiled.workspace_cache()["limit_bytes"] == 0:
+        pytest.skip("the workspace cache is turned off here (MOGLM_WORKSPACE_CACHE_MB=0)")
+    model = moglm.LSTM(64, 256)  # [T, B, 4H] float32 gates: 1 MiB per 8 steps at B = 32
+    model.backend = "compiled"
+    compiled.empty_cache()
+
+    def misses_and_hits(steps):
+        before = compiled.workspace_cache()
+        model(torch.randn(steps, 32, 64))[0].sum().backward()
+        after = compiled.workspace_cache()
+        return after["misses"] - before["misses"], after["hits"] - before["hits"]
+
+    misses_and_hits(40)
+    assert misses_and_hits(35) == (0, misses_and_hits(40)[1])  # 35/40 of each: every block is reused
+    misses, _ = misses_and_hits(20)  # half of each: nothing fits
+    assert misses > 0
+    compiled.empty_cache()
+
+
 def test_a_bad_workspace_cache_setting_is_one_line_naming_the_variable():
     env = {**os.environ, "MOGLM_WORKSPACE_CACHE_MB": "lots"}
     done = subprocess.run([sys.executable, "-m", "moglm", "info"], env=env, capture_output=True, text=True,

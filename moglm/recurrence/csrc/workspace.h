@@ -5,7 +5,8 @@
 // 32 MB by mmap and returns them with munmap, so every call pays a page fault and a zeroed page for each
 // 4 KB of them again: 12% of the Mogrifier's training time at H = 1024 by perf on an Intel Xeon
 // (docs/fused-recurrence.md, "The workspace cache"). The cache keeps freed blocks by size, as torch's CUDA
-// caching allocator does, and hands one back when a window asks for the same size.
+// caching allocator does, and hands one back when a window asks for that size or up to a quarter less (the
+// best fit: a shorter last window or batch reuses the full ones' blocks instead of stranding them).
 //
 // * Only the windows' internal buffers come from it: the saved tensors autograd holds between forward and
 //   backward, and the backward's scratch. What the user gets (outputs, gradients) comes from at::empty, so
@@ -36,10 +37,11 @@ namespace moglm {
 
 class WorkspaceCache {
  public:
-  void* take(size_t bytes) {
-    void* p = take_block(bytes);
-    if (poison_) std::memset(p, 0xFF, bytes);
-    return p;
+  // a block of at least ``bytes`` (at most a quarter more) and its true size, which ``give`` takes back
+  std::pair<void*, size_t> take(size_t bytes) {
+    std::pair<void*, size_t> block = take_block(bytes);
+    if (poison_) std::memset(block.first, 0xFF, block.second);
+    return block;
   }
 
   void give(void* p, size_t bytes) noexcept {
@@ -83,23 +85,26 @@ class WorkspaceCache {
   }
 
  private:
-  void* take_block(size_t bytes) {
+  std::pair<void*, size_t> take_block(size_t bytes) {
     {
       std::lock_guard<std::mutex> guard(mutex_);
-      for (auto it = free_.rbegin(); it != free_.rend(); ++it)  // the newest of this size: warmest in cache
-        if (it->first == bytes) {
-          void* p = it->second;
-          free_.erase(std::next(it).base());
-          cached_ -= bytes;
-          ++hits_;
-          return p;
-        }
+      auto best = free_.rend();  // the smallest fitting block; of equal ones the newest, warmest in cache
+      for (auto it = free_.rbegin(); it != free_.rend(); ++it)
+        if (it->first >= bytes && it->first <= bytes + bytes / 4 && (best == free_.rend() || it->first < best->first))
+          best = it;
+      if (best != free_.rend()) {
+        std::pair<void*, size_t> block{best->second, best->first};
+        free_.erase(std::next(best).base());
+        cached_ -= block.second;
+        ++hits_;
+        return block;
+      }
       ++misses_;
     }
     void* p = nullptr;
-    if (posix_memalign(&p, 64, bytes) == 0) return p;
+    if (posix_memalign(&p, 64, bytes) == 0) return {p, bytes};
     clear();  // out of memory: hand the cached blocks back and try once more, as torch's CUDA allocator does
-    if (posix_memalign(&p, 64, bytes) == 0) return p;
+    if (posix_memalign(&p, 64, bytes) == 0) return {p, bytes};
     throw std::bad_alloc();
   }
 
@@ -146,7 +151,9 @@ inline at::Tensor workspace(at::IntArrayRef sizes, const at::TensorOptions& opts
   const size_t bytes = size_t(numel) * opts.dtype().itemsize();
   WorkspaceCache& cache = WorkspaceCache::get();
   if (bytes == 0 || !cache.keeps(bytes) || opts.device().type() != at::kCPU) return at::empty(sizes, opts);
-  return at::from_blob(cache.take(bytes), sizes, [bytes](void* p) { WorkspaceCache::get().give(p, bytes); }, opts);
+  const std::pair<void*, size_t> block = cache.take(bytes);
+  const size_t kept = block.second;
+  return at::from_blob(block.first, sizes, [kept](void* p) { WorkspaceCache::get().give(p, kept); }, opts);
 }
 
 }  // namespace moglm
