@@ -208,7 +208,8 @@ def build_failure_reason(error: BaseException) -> str:
     """One line saying why the build or load failed: the compiler's own error where there is one, not the
     command line that ninja echoes before it (torch's message puts that on its first line)."""
     text = str(error).strip()
-    head, _, rest = text.partition(": [")  # "Error building extension 'x': [1/2] c++ ... "
+    built = re.match(r"(Error building extension '[^']*'): ", text)  # torch's: "...'x': [1/2] c++ ...\n..."
+    head, rest = (built.group(1), text[built.end():]) if built else ("", "")
     lines = [line.strip() for line in (rest if rest else text).splitlines() if line.strip()]
     lines = [line for line in lines if not _ECHOED_COMMAND.search(line)]
     telling = next((line for pattern in _TELLING for line in lines if pattern.search(line)), None)
