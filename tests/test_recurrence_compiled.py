@@ -699,10 +699,18 @@ def test_every_compiled_parity_test_passes_on_workspace_blocks_full_of_nan():
     assert " passed" in done.stdout and " failed" not in done.stdout
 
 
-@pytest.mark.usefixtures("built")
-def test_the_workspace_cache_keeps_a_large_windows_buffers_for_the_next_and_empty_cache_frees_them():
+@pytest.fixture
+def workspace_cache_on(built):
+    """Skip where the workspace cache is turned off (``MOGLM_WORKSPACE_CACHE_MB=0``); start and end it empty."""
     if compiled.workspace_cache()["limit_bytes"] == 0:
         pytest.skip("the workspace cache is turned off here (MOGLM_WORKSPACE_CACHE_MB=0)")
+    compiled.empty_cache()
+    yield
+    compiled.empty_cache()
+
+
+@pytest.mark.usefixtures("workspace_cache_on")
+def test_the_workspace_cache_keeps_a_large_windows_buffers_for_the_next_and_empty_cache_frees_them():
     model = moglm.MogrifierLSTM(64, 256, rounds=5, rank=64)  # [T, B, 4H] float32 gates: 2 MiB
     model.backend = "compiled"
     x = torch.randn(16, 32, 64)
@@ -717,15 +725,12 @@ def test_the_workspace_cache_keeps_a_large_windows_buffers_for_the_next_and_empt
     assert compiled.workspace_cache()["cached_bytes"] == 0
 
 
-@pytest.mark.usefixtures("built")
+@pytest.mark.usefixtures("workspace_cache_on")
 def test_a_shorter_window_reuses_a_longer_ones_blocks_and_a_much_shorter_one_does_not():
     """Best fit: a block serves a request up to a quarter smaller (a last window cut short reuses the full
     windows' blocks), not a much smaller one (which would hold memory it does not use)."""
-    if compiled.workspace_cache()["limit_bytes"] == 0:
-        pytest.skip("the workspace cache is turned off here (MOGLM_WORKSPACE_CACHE_MB=0)")
     model = moglm.LSTM(64, 256)  # [T, B, 4H] float32 gates: 1 MiB per 8 steps at B = 32
     model.backend = "compiled"
-    compiled.empty_cache()
 
     def misses_and_hits(steps):
         before = compiled.workspace_cache()
@@ -737,7 +742,6 @@ def test_a_shorter_window_reuses_a_longer_ones_blocks_and_a_much_shorter_one_doe
     assert misses_and_hits(35) == (0, misses_and_hits(40)[1])  # 35/40 of each: every block is reused
     misses, _ = misses_and_hits(20)  # half of each: nothing fits
     assert misses > 0
-    compiled.empty_cache()
 
 
 def test_a_bad_workspace_cache_setting_is_one_line_naming_the_variable():
