@@ -53,6 +53,18 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     return path
 
 
+def check_free(path: str | Path, force: bool) -> None:
+    """Refuse to replace an existing file unless told (``--force``): a user's file is never overwritten by
+    accident. Commands check before their work and again just before they write."""
+    from .errors import MoglmError
+
+    path = Path(path)
+    if path.is_dir():
+        raise MoglmError(f"{path} is a folder: give a file name")
+    if path.exists() and not force:
+        raise MoglmError(f"{path} exists: give --force to replace it, or another --output")
+
+
 def atomic_write_text(path: str | Path, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))

@@ -130,6 +130,8 @@ def _build_app():
         output: Optional[Path] = typer.Option(
             None, help="A music run: the MIDI file to write (default: <run>/sample.mid; the piano roll's PNG beside "
             "it)."),
+        force: bool = typer.Option(False, "--force", "-f", help="A music run: replace an existing --output file "
+                                   "(and the PNG beside it)."),
     ) -> None:
         """Sample text from a trained run (optionally adapting to the prompt and the output, thesis 5.2); from a
         music run, frames written as a MIDI file and a piano-roll PNG."""
@@ -143,10 +145,10 @@ def _build_app():
             if prompt or prompt_file or adapt or adapt_output or top_k is not None or adapt_learning_rate is not None:
                 raise MoglmError("a music run samples from silence: --prompt, --prompt-file, --adapt, "
                                  "--adapt-learning-rate and --top-k apply to language models")
-            sample_music_run(music_run(run_dir), num_tokens, temperature, seed, checkpoint, output, typer.echo)
+            sample_music_run(music_run(run_dir), num_tokens, temperature, seed, checkpoint, output, typer.echo, force)
             return
-        if output is not None:
-            raise MoglmError("--output applies to music runs; a language model's sample is printed")
+        if output is not None or force:
+            raise MoglmError("--output and --force apply to music runs; a language model's sample is printed")
 
         if prompt_file is not None:
             if prompt:

@@ -395,3 +395,98 @@ def test_adding_trials_to_a_read_only_study_is_one_line_naming_the_study(tmp_pat
     _read_only(study)
     code, err = _cli_as_owner(["tune", space, "--study-dir", study, *storage, "--no-plots", "--trials", "2"], tmp_path)
     _one_line(code, err, study)
+
+
+# -- --restart deletes only what a run wrote; a sample never replaces a user's file -----------------------------
+
+def _tree(folder):
+    return sorted((str(p.relative_to(folder)), p.read_bytes() if p.is_file() else None) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("run_dir", [".", "..", "~", "/"])
+def test_the_working_folder_home_root_and_their_parents_are_never_a_run_folder(config_file, tmp_path, monkeypatch,
+                                                                               capsys, run_dir):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "thesis.tex").write_text("my own work")
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOME", str(work))
+    before = _tree(tmp_path)
+    code, err = _cli(["train", config_file, "--run-dir", run_dir, "--restart"], capsys)
+    assert code == 1 and "a run needs a folder of its own" in err and err.count("\n") == 1
+    assert _tree(tmp_path) == before
+
+
+def test_a_config_named_dot_dot_is_refused_before_anything_is_written(tiny_corpus, tmp_path, monkeypatch, capsys):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "thesis.tex").write_text("my own work")
+    config = work / "cfg.toml"
+    config.write_text(tiny_config(tiny_corpus).model_copy(update={"name": ".."}).to_toml())
+    monkeypatch.chdir(work)
+    before = _tree(tmp_path)
+    code, err = _cli(["train", config, "--restart"], capsys)
+    assert code == 1 and "name '..' is not a folder name" in err
+    assert _tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("command", [["train", "CONFIG"], ["music", "train", "jsb-chorales-lstm-nade-cpu"],
+                                     ["task", "dyck", "--steps", "1"]])
+def test_restart_refuses_a_folder_holding_the_users_own_files_and_removes_nothing(config_file, tmp_path, capsys,
+                                                                                 command):
+    folder = tmp_path / "mine"
+    (folder / "checkpoints").mkdir(parents=True)  # even beside names a run uses
+    (folder / "thesis.tex").write_text("my own work")
+    (folder / "config.toml").write_text('name = "not a run"\n')
+    before = _tree(folder)
+    args = [config_file if a == "CONFIG" else a for a in command] + ["--run-dir", folder, "--restart"]
+    code, err = _cli(args, capsys)
+    assert code == 1 and "holds files that are not a moglm run's (thesis.tex)" in err and err.count("\n") == 1
+    assert _tree(folder) == before
+
+
+def test_restart_refuses_a_folder_of_run_names_that_is_not_a_run(config_file, tmp_path, capsys):
+    folder = tmp_path / "mine"
+    (folder / "data").mkdir(parents=True)
+    (folder / "data" / "corpus.txt").write_text("my corpus")
+    before = _tree(folder)
+    code, err = _cli(["train", config_file, "--run-dir", folder, "--restart"], capsys)
+    assert code == 1 and "is not a moglm run (no config.toml)" in err
+    assert _tree(folder) == before
+
+
+def test_restart_still_discards_a_real_run_and_its_interrupted_writes(config_file, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert _cli(["train", config_file, "--run-dir", run], capsys)[0] == 0
+    (run / ".results.json.abc123.tmp.json").write_text("{")  # an atomic write cut short by a kill
+    (run / "results.json").write_text("{}")
+    assert _cli(["train", config_file, "--run-dir", run, "--restart"], capsys)[0] == 0
+    assert json.loads((run / "results.json").read_text())["splits"]
+    assert not (run / ".results.json.abc123.tmp.json").exists()
+
+
+def test_a_music_sample_never_replaces_a_users_file_without_force(tmp_path, capsys):
+    pytest.importorskip("pretty_midi")
+    from test_music_training import tiny_config as music_config, write_corpus
+
+    config = tmp_path / "tiny.toml"
+    config.write_text(music_config(write_corpus(tmp_path / "songs.json")).to_toml())
+    run = tmp_path / "run"
+    assert main(["music", "train", str(config), "--run-dir", str(run), "--no-progress"]) == 0
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes")
+    code, err = _cli(["sample", run, "--output", notes], capsys)
+    assert code == 1 and "a music sample is a MIDI file" in err and notes.read_text() == "my notes"
+    tune = tmp_path / "tune.mid"
+    tune.write_bytes(b"my own tune")
+    code, err = _cli(["sample", run, "--output", tune], capsys)
+    assert code == 1 and "exists: give --force to replace it" in err and tune.read_bytes() == b"my own tune"
+    roll = tmp_path / "other.png"
+    roll.write_bytes(b"my picture")
+    code, err = _cli(["sample", run, "--output", tmp_path / "other.mid"], capsys)
+    assert code == 1 and "other.png exists" in err and roll.read_bytes() == b"my picture"
+    assert not (tmp_path / "other.mid").exists()
+    assert _cli(["sample", run, "--output", tune, "--force", "--num-tokens", "4"], capsys)[0] == 0
+    assert tune.read_bytes() != b"my own tune"
+    code, err = _cli(["sample", run, "--output", tmp_path], capsys)
+    assert code == 1 and "a music sample is a MIDI file" in err

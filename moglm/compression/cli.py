@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from ..atomic import check_free
 from ..cli_common import Checkpoint, UpdateRule
 from ..errors import MoglmError
 
@@ -24,16 +25,10 @@ def _read(path: Path) -> bytes:
     return path.read_bytes()
 
 
-def _check_free(path: Path, force: bool) -> None:
-    """Refuse to replace a file unless told (checked before the work and again before the write)."""
-    if path.exists() and not force:
-        raise MoglmError(f"{path} exists: give --force to replace it, or another --output")
-
-
 def _write(path: Path, data: bytes, force: bool) -> None:
-    from ..atomic import atomic_write_bytes
+    from ..atomic import atomic_write_bytes, check_free
 
-    _check_free(path, force)
+    check_free(path, force)
     atomic_write_bytes(path, data)
 
 
@@ -60,7 +55,7 @@ def register(app: typer.Typer) -> None:
 
         data = _read(file)
         target = container.output_path(file, output, compressing=True)
-        _check_free(target, force)
+        check_free(target, force)
         run = _load(run_dir, checkpoint)
         Layout.of(run.vocab)  # a word-level run is refused before any statistics are collected
         adapter = settings = None
@@ -95,7 +90,7 @@ def register(app: typer.Typer) -> None:
 
         blob = _read(file)
         target = container.output_path(file, output, compressing=False)
-        _check_free(target, force)
+        check_free(target, force)
         container.read_header(blob, str(file))  # a damaged file fails before the model loads
         run = _load(run_dir, checkpoint)
         start = time.perf_counter()

@@ -94,11 +94,12 @@ def music_run(path: str | Path) -> MusicRun:
 
 
 def sample_music_run(run: MusicRun, num_frames: int, temperature: float, seed: int | None, checkpoint: str,
-                     output: Path | None, log: Callable[[str], None] = print):
-    from .training import write_sample
+                     output: Path | None, log: Callable[[str], None] = print, force: bool = False):
+    from .training import sample_paths, write_sample
 
+    sample_paths(run, output, force)  # refused before the model is loaded
     model, cfg = run.load_model(checkpoint)
-    written = write_sample(run, model, cfg, seed, output, num_frames, temperature, log)
+    written = write_sample(run, model, cfg, seed, output, num_frames, temperature, log, force)
     if written is None:
         raise MoglmError("the sample could not be written (see above)")
     return written

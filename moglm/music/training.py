@@ -137,22 +137,42 @@ def train_music(cfg: MusicConfig, run_dir: str | Path, *, progress: bool = True,
         return trained, results
 
 
+def sample_paths(run: MusicRun, output: Path | None, force: bool = False) -> tuple[Path, Path]:
+    """Where a sample goes: the MIDI file (``output``, a ``.mid``/``.midi`` name, else the run's ``sample.mid``)
+    and the piano roll's PNG beside it. A user's ``output`` that exists, or whose PNG exists, is refused unless
+    ``force``: the sample never replaces a file the user did not name for it."""
+    from ..atomic import check_free
+
+    if output is None:
+        midi = run.path / run.midi_path_name
+        return midi, midi.with_suffix(".png")
+    midi = Path(output)
+    if midi.suffix.lower() not in (".mid", ".midi"):
+        raise MoglmError(f"{midi}: a music sample is a MIDI file; give --output a .mid name")
+    png = midi.with_suffix(".png")
+    for path in (midi, png):
+        check_free(path, force)
+    return midi, png
+
+
 def write_sample(run: MusicRun, model: NadeSequenceModel, cfg: MusicConfig, seed: int | None,
                  output: Path | None = None, num_frames: int | None = None, temperature: float | None = None,
-                 log: Callable[[str], None] = print) -> tuple[Path, Path] | None:
+                 log: Callable[[str], None] = print, force: bool = False) -> tuple[Path, Path] | None:
     """Sample frames and write them as a MIDI file and a piano-roll PNG (``output``: the MIDI path, default the
-    run's ``sample.mid``; the PNG goes beside it). Without the music extra, says so and writes nothing."""
+    run's ``sample.mid``; the PNG goes beside it; existing files only with ``force``, see :func:`sample_paths`).
+    Without the music extra, says so and writes nothing."""
     from .midi import write_midi
     from .piano_roll import plot_piano_roll
 
     temperature = cfg.sample.temperature if temperature is None else temperature
     if not (math.isfinite(temperature) and temperature > 0):
         raise MoglmError(f"temperature must be a finite number > 0, got {temperature}")
+    midi, png = sample_paths(run, output, force)
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     frames = num_frames if num_frames is not None else cfg.sample.num_frames
     roll = model.sample(frames, generator=generator, temperature=temperature).cpu()
-    midi = Path(output) if output is not None else run.path / run.midi_path_name
-    png = midi.with_suffix(".png")
+    if output is not None:  # checked again just before writing, after the sampling
+        sample_paths(run, output, force)
     try:
         write_midi(roll, midi, seconds_per_frame=cfg.sample.seconds_per_frame)
         plot_piano_roll(roll, png, title=f"{cfg.name or run.path.name}: {frames} sampled frames")

@@ -72,6 +72,24 @@ def to_toml(mapping: dict[str, Any]) -> str:
     return tomli_w.dumps(plain(mapping))
 
 
+#: the names moglm writes at the top of a run directory, for every kind of run (language model, music, the
+#: synthetic tasks, tuning trials, experiments' evaluations); ``--restart`` removes a folder holding only these
+RUN_ENTRIES = frozenset({
+    ".lock", "config.toml", "vocab.json", "model.json", "metrics.jsonl", "learning_curve.png", "results.json",
+    "sample.txt", "sample.mid", "sample.png", "checkpoints", "tensorboard", "evaluations", "dyneval", "data", "lm",
+    "partial_sentences.json", "tune.log",
+})
+
+
+def _temporary(name: str) -> bool:
+    """A leftover of an atomic write cut short by a kill (``moglm.atomic``'s hidden temporary names)."""
+    return name.startswith(".tmp-") or (name.startswith(".") and ".tmp" in name)
+
+
+def _run_entry(name: str) -> bool:
+    return name in RUN_ENTRIES or _temporary(name)
+
+
 _held: dict[Path, int] = {}  # run directories this process has locked, and how many times (re-entrant)
 _held_lock = threading.Lock()
 
@@ -120,6 +138,7 @@ class RunDirectory:
                         os.close(acquired)
 
     def _acquire(self) -> int | None:
+        self.check_own_folder()
         if fcntl is None:
             return None
         try:
@@ -144,7 +163,25 @@ class RunDirectory:
 
     def discard(self) -> None:
         """Remove everything the run holds (``--restart``) under its lock: while another process runs in it,
-        this one is refused and nothing is removed. The lock file stays (another process may be waiting on it)."""
+        this one is refused and nothing is removed. The lock file stays (another process may be waiting on it).
+
+        Only a run's own files are ever removed: a folder that holds anything moglm does not write in a run
+        (:data:`RUN_ENTRIES`), or that is not a run at all (no ``config.toml``), is refused whole, and so are
+        the working folder, the home folder, the root and every folder above them (:meth:`check_own_folder`)."""
+        self.check_own_folder()
+        if not self.path.exists():
+            return
+        if not self.path.is_dir():
+            raise MoglmError(f"{self.path} is a file, not a run directory: --restart removes nothing")
+        entries = list(self.path.iterdir())
+        foreign = sorted(e.name for e in entries if not _run_entry(e.name))
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+            raise MoglmError(f"{self.path} holds files that are not a moglm run's ({shown}): --restart removes only "
+                             "what a run wrote, so nothing was removed; choose another --run-dir")
+        if any(e.name != ".lock" and not _temporary(e.name) for e in entries) and not self.config_path.is_file():
+            raise MoglmError(f"{self.path} is not a moglm run (no config.toml): --restart removed nothing; "
+                             "choose another --run-dir")
         with self.lock():
             for entry in self.path.iterdir():
                 if entry.name == ".lock":
@@ -154,11 +191,31 @@ class RunDirectory:
                 else:
                     entry.unlink()
 
+    def check_own_folder(self) -> None:
+        """Refuse a run directory that is the working folder, the home folder, the root, or a folder above one
+        of them (``.``, ``..``, ``~``): a run writes and ``--restart`` deletes there, so it needs a folder of its own."""
+        try:
+            here = self.path.expanduser().resolve()
+        except (OSError, RuntimeError) as e:  # a symlink loop
+            raise MoglmError(f"{self.path}: not a usable run directory ({e})") from None
+        for name, folder in (("the working folder", Path.cwd()), ("the home folder", Path.home())):
+            try:
+                folder = folder.resolve()
+            except (OSError, RuntimeError):  # pragma: no cover - a deleted working folder
+                continue
+            if folder == here or here in folder.parents:
+                what = name if folder == here else f"a folder above {name}"
+                raise MoglmError(f"{self.path} is {what} ({here}): a run needs a folder of its own; "
+                                 "choose another --run-dir")
+        if here == Path(here.anchor):
+            raise MoglmError(f"{self.path} is the root folder: a run needs a folder of its own; choose another --run-dir")
+
     # -- starting or resuming -------------------------------------------------------------------
     def prepare(self, config: dict[str, Any], what: str = "") -> bool:
         """Create the directory for ``config`` (a mapping; ``None`` values are left out) and return whether
         a checkpoint of the same config exists to resume. A different saved config is an error: a resumed
         run must continue exactly. ``what`` names the kind of run in that error ("a Dyck run")."""
+        self.check_own_folder()
         config = plain(config)
         if self.config_path.is_file():
             diff = first_difference(self.read_config(), config)

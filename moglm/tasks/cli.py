@@ -6,7 +6,6 @@ config, ``metrics.jsonl``, ``checkpoints/`` and ``results.json``; rerunning the 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Optional
 
@@ -17,8 +16,10 @@ from ..errors import MoglmError
 
 
 def _fresh(path: Path, restart: bool) -> Path:
-    if restart and path.exists():
-        shutil.rmtree(path)
+    from ..runs import RunDirectory
+
+    if restart:
+        RunDirectory(path).discard()  # a run's own files only, under its lock
     return path
 
 

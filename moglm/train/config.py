@@ -221,6 +221,15 @@ class VersionedConfig(Section):
             raise ValueError(f"format_version {self.format_version} is not supported (this moglm reads {FORMAT_VERSION})")
         return self
 
+    @model_validator(mode="after")
+    def _check_name(self) -> "VersionedConfig":
+        """The run name names the default run directory, ``runs/<name>``: one plain folder name."""
+        name = getattr(self, "name", None)
+        if name is not None and (name.strip(".") == "" or "/" in name or "\\" in name or name.strip() != name):
+            raise ValueError(f"name {name!r} is not a folder name: the default run directory is runs/<name>, so the "
+                             "name may not be empty, '.', '..', or hold a slash")
+        return self
+
     def to_toml(self) -> str:
         return to_toml(self.model_dump(mode="json", exclude_none=True))
 
