@@ -382,7 +382,7 @@ def test_music_trains_both_nades_scores_static_sgd_and_rms_and_reports_table_4_6
     corpus.write_text(json.dumps(data))
     folder = run_experiment("music", "smoke", root=tmp_path / "root", data=str(corpus), progress=False,
                             log=lambda s: None)
-    for variant in ("lstm-nade", "mogrifier-nade"):
+    for variant in ("lstm-nade", "mogrifier-nade", "lstm-nade-sigmoid"):
         evaluations = tmp_path / "root" / "smoke-chorales" / "runs" / f"chorales-{variant}-s1" / "evaluations"
         static = json.loads((evaluations / "static.json").read_text())
         for rule in ("sgd", "rms"):
@@ -398,5 +398,6 @@ def test_music_trains_both_nades_scores_static_sgd_and_rms_and_reports_table_4_6
     assert "source's order on test: dynamic (global RMS) > dynamic (SGD) > static" in report  # higher is better
     assert "Gain from dynamic evaluation" in report
     gains = [line for line in report.splitlines() if line.startswith("| chorales | ")]
-    assert len(gains) == 2 and all("lr=" in line for line in gains)  # each row names its searched settings
+    assert "| LSTM-NADE, sigmoid NADE |" in report  # the thesis's relu (eq. 2.62) beside Boulanger-Lewandowski's sigmoid
+    assert len(gains) == 3 and all("lr=" in line for line in gains)  # each row names its searched settings
     assert "learning_curves-chorales.png" in report

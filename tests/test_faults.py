@@ -224,10 +224,10 @@ def test_a_read_only_run_directory_prints_the_results_and_says_they_were_not_sav
     run = tmp_path / "run"
     assert _cli(["train", config_file, "--run-dir", run], capsys)[0] == 0
 
-    def read_only(path, text):  # what a read-only folder does to the write (tests may run as root)
+    def read_only(path, data, seed=None):  # what a read-only folder does to the write (tests may run as root)
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(final_evaluation, "atomic_write_text", read_only)
+    monkeypatch.setattr(final_evaluation, "write_result", read_only)
     code = main(["evaluate", str(run), "--no-progress"])
     out, err = capsys.readouterr()
     assert code == 1 and "valid:" in out and "Permission denied); the results printed above were not saved" in err
@@ -314,7 +314,10 @@ def _checkpoint_arrivals(run):
 
 
 def _results(run):
-    return json.loads((run / "results.json").read_text())
+    """The run's results without their provenance (which records when and by which command they were made)."""
+    results = json.loads((run / "results.json").read_text())
+    assert results.pop("provenance")["seed"] == 1
+    return results
 
 
 @pytest.mark.parametrize("stage", [s for s in STAGES if s != "pruning"])

@@ -72,7 +72,7 @@ def test_nade_samples_follow_its_distribution():
 
 def test_nade_dropout_masks_each_frames_hidden_units_and_is_off_in_eval():
     torch.manual_seed(0)
-    nade = NADE(6, 50, dropout=0.5)
+    nade = NADE(6, 50, activation="sigmoid", dropout=0.5)
     x, b_h, b_y = (torch.rand(2, 6) < 0.5).float(), torch.randn(2, 50), torch.randn(2, 6)
     nade.eval()
     assert torch.equal(nade.log_prob(x, b_h, b_y), nade.log_prob(x, b_h, b_y))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -31,6 +30,6 @@ def default_out(name: str) -> Path:
 def write_report(report: dict[str, Any], out_path: str | Path | None) -> None:
     """Write ``report`` as JSON to ``out_path`` atomically (nothing when ``out_path`` is None)."""
     if out_path:
-        from ..atomic import atomic_write_text
+        from ..provenance import write_result
 
-        atomic_write_text(Path(out_path), json.dumps(report, indent=1))
+        write_result(Path(out_path), report)

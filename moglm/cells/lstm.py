@@ -4,8 +4,9 @@ Gate pre-activations come from one fused matrix product; the four blocks are ord
 torch.nn.LSTM's: input i, forget f, cell candidate j (torch calls it g), output o::
 
     [i, f, j, o] = [x; h_prev] @ [W_ih; W_hh]^T + b_ih + b_hh
-    c = f * c_prev + i * j                  (plain, what torch.nn.LSTM computes)
-    c = f * c_prev + min(1 - f, i) * j      (the paper's capped input gate)
+    c = f * c_prev + i * j                  (plain: the Mogrifier paper's equations, section 2, and torch.nn.LSTM)
+    c = f * c_prev + min(1 - f, i) * j      (capped input gate: a departure, from the authors' released code
+                                             and Melis et al. 2018's set-up, which section 3.3 follows)
     h = o * tanh(c)
 """
 
@@ -64,7 +65,8 @@ def check_init(init: str) -> str:
 
 
 class LSTMCell(Cell):
-    """One LSTM step: ``(x, (h, c)) -> (h', (h', c'))``; ``capped_input_gate`` selects the paper's variant."""
+    """One LSTM step: ``(x, (h, c)) -> (h', (h', c'))``; ``capped_input_gate`` selects the authors' code's
+    capped gate instead of the paper's (section 2) plain ``i * j``."""
 
     state_names = ("h", "c")
 

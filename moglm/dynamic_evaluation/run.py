@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import MoglmError
 from ..train.build import load_data
-from ..atomic import atomic_write_text
+from ..provenance import write_result
 from ..train.language_model_run import LanguageModelRun
 from ..device import resolve_device
 from ..train import data_parallel
@@ -215,7 +215,7 @@ def dyneval_run(
                          f"{run.path.name} {split}: {tag} dynamic evaluation")
     if write:
         path = run.path / "dyneval" / f"{tag}.json"
-        atomic_write_text(path, json.dumps(report, indent=1))
+        write_result(path, report, None)
         log(f"report: {path}")
     return report
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..atomic import atomic_write_text
+from ..provenance import write_result
 from ..errors import MoglmError
 from ..train.config import apply_overrides, locate, read_mapping, validate
 from .runner import EVALUATION_FILES, save_token_losses
@@ -38,7 +38,7 @@ def train_run_spec(spec: RunSpec, run_dir: Path, progress: bool, log: Callable[[
         return
     cfg = run_config(spec, run_dir.name)
     _, results = train_and_evaluate(cfg, run_dir, splits=["valid", "test"], progress=progress, log=log)
-    atomic_write_text(static, json.dumps(results, indent=1))
+    write_result(static, results, cfg.train.seed)
 
 
 def evaluate_run_spec(scale: Scale, run_dir: Path, evaluations: list[str], progress: bool,
@@ -58,39 +58,41 @@ def evaluate_run_spec(scale: Scale, run_dir: Path, evaluations: list[str], progr
             # dropout masks drawn from the run's seed and the evaluation's name, not from the process's past
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-                _evaluate(name, run, scale, folder, path, progress, log)
+                _evaluate(name, run, scale, folder, path, progress, log, seed)
 
 
 def _evaluate(name: str, run, scale: Scale, folder: Path, path: Path, progress: bool,
-              log: Callable[[str], None]) -> None:
-    """One evaluation, written to ``path`` (and, for the dynamic pass over test, the token losses)."""
+              log: Callable[[str], None], seed: int | None = None) -> None:
+    """One evaluation, written to ``path`` with its provenance (and, for the dynamic pass over test, the token
+    losses)."""
     if name == "mc_dropout":
         report = mc_dropout(run, scale.mc_samples, scale.eval_tokens, progress, log)
-        atomic_write_text(path, json.dumps(report, indent=1))
+        write_result(path, report, seed)
     elif name == "mc_dynamic":
         report = _dynamic(run, scale, scale.mc_dynamic_samples, ("valid", "test"), progress, log)
-        atomic_write_text(path, json.dumps(report, indent=1))
+        write_result(path, report, seed)
     elif name == "out_of_domain":
         from .out_of_domain import out_of_domain
 
         if scale.target is None:
             raise MoglmError("the out_of_domain evaluation needs the scale's target corpus (target = ...)")
         report = out_of_domain(run, scale.target, scale.eval_tokens, scale.search_tokens, progress, log)
-        atomic_write_text(path, json.dumps(report, indent=1))
+        write_result(path, report, seed)
     elif name == "optimisers":  # Krause thesis 5.4: every optimiser tuned and scored on the same prefixes
         from .optimisers import compare_optimisers
 
-        atomic_write_text(path, json.dumps(compare_optimisers(run, scale, progress, log), indent=1))
+        write_result(path, compare_optimisers(run, scale, progress, log), seed)
     elif name in ("cache", "dynamic_cache"):  # one static and one dynamic pass give both, and dynamic.json
-        cache_evaluations(run, scale, folder, progress, log)
+        cache_evaluations(run, scale, folder, progress, log, seed)
     elif name in ("dynamic", "token_losses"):  # the dynamic pass over test gives the token losses too
         splits = ("valid", "test") if name == "dynamic" else ("test",)
         report = token_losses(run, scale, splits, folder / EVALUATION_FILES["token_losses"], progress, log)
         if name == "dynamic":
-            atomic_write_text(path, json.dumps(report, indent=1))
+            write_result(path, report, seed)
 
 
-def cache_evaluations(run, scale: Scale, folder: Path, progress: bool, log: Callable[[str], None]) -> None:
+def cache_evaluations(run, scale: Scale, folder: Path, progress: bool, log: Callable[[str], None],
+                      seed: int | None = None) -> None:
     """Static + neural cache and dynamic + cache of valid and test (theta and lambda searched on validation,
     :mod:`moglm.dynamic_evaluation.with_cache`), each beside the static score of the same tokens; the
     dynamic pass is the ``dynamic`` evaluation too, written when it is not on disk yet."""
@@ -100,11 +102,11 @@ def cache_evaluations(run, scale: Scale, folder: Path, progress: bool, log: Call
                "hyperparameters": report["hyperparameters"] if row == "dynamic" else None,
                "splits": {split: block["cache"][row] | {"static": block["static"]}
                           for split, block in report["splits"].items()}}
-        atomic_write_text(folder / EVALUATION_FILES[name], json.dumps(out, indent=1))
+        write_result(folder / EVALUATION_FILES[name], out, seed)
     if not (folder / EVALUATION_FILES["dynamic"]).is_file():
         for block in report["splits"].values():
             block.pop("cache", None)
-        atomic_write_text(folder / EVALUATION_FILES["dynamic"], json.dumps(report, indent=1))
+        write_result(folder / EVALUATION_FILES["dynamic"], report, seed)
 
 
 def mc_dropout(run, samples: int, tokens: int | None, progress: bool, log: Callable[[str], None]) -> dict[str, Any]:

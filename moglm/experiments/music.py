@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from ..atomic import atomic_write_text
+from ..provenance import write_result
 from .runner import EVALUATION_FILES
 from .spec import RunSpec
 
@@ -34,11 +34,11 @@ def run_music_spec(spec: RunSpec, run_dir: Path, evaluations: list[str], progres
     static = folder / EVALUATION_FILES["static"]
     if not static.is_file():
         _, results = train_music(music_config(spec), run_dir, progress=progress, log=log)
-        atomic_write_text(static, json.dumps(results | {"level": "music"}, indent=1))
+        write_result(static, results | {"level": "music"}, spec.seed)
     for evaluation in evaluations:
         path = folder / EVALUATION_FILES[evaluation]
         if evaluation not in RULES or path.is_file():
             continue
         found = dyneval_music_run(MusicRun(run_dir), RULES[evaluation], ("valid", "test"), search=True,
                                   progress=progress, log=log)
-        atomic_write_text(path, json.dumps(found | {"level": "music"}, indent=1))
+        write_result(path, found | {"level": "music"}, spec.seed)

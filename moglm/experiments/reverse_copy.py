@@ -4,11 +4,10 @@ setting and score it on the test set by length."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable
 
-from ..atomic import atomic_write_text
+from ..provenance import write_result
 from .runner import EVALUATION_FILES
 from .spec import Experiment, RunSpec, scale_of
 
@@ -32,4 +31,4 @@ def run_reverse_copy_spec(exp: Experiment, scale: str, spec: RunSpec, run_dir: P
         best = tune_reverse_copy(spec.tune, study, fixed=fixed, trials=trials, threads=torch.get_num_threads(), log=log)
         log(f"best: {best}")
     results = run_reverse_copy(ReverseCopyConfig(**(fixed | best)), run_dir, progress=progress, log=log)
-    atomic_write_text(static, json.dumps(results, indent=1))
+    write_result(static, results, spec.seed)

@@ -230,6 +230,10 @@ def _run_job(exp_data: dict, scale: str, spec_data: dict, run_dir: str, evaluati
             evaluate_run_spec(scale_of(exp, scale) if sizes is None else Scale.model_validate(sizes), Path(run_dir),
                               evaluations, progress, say)
     except MoglmError as e:
+        from ..train.engine import TrainingInterrupted
+
+        if isinstance(e, TrainingInterrupted):  # Ctrl-C or SIGTERM stops the experiment, not just this run
+            raise
         return f"[{spec.name}] failed: {e}"
     except KeyboardInterrupt:
         raise

@@ -5,7 +5,8 @@ Follows the Mogrifier paper's setup (section 3.3; docs/method.md "Embeddings and
 * input embedding of size ``E = round(min(input_embedding_ratio, 1) * hidden)``;
 * input dropout on the embeddings, inter-layer and state dropout inside the stack, output dropout on
   the stack output (and on the down-projection / MoS components); input, inter-layer and output masks
-  are fresh at every time step;
+  are fresh at every time step, except that ``variational_input_dropout`` draws one input mask per
+  sequence, shared by its steps (the thesis's mLSTM recipe, 3.5.2);
 * skip-sum stacking (the output is the sum of all layers' outputs) or the last layer's output;
 * a softmax with tied or untied output embedding, or a mixture of softmaxes.
 """
@@ -60,6 +61,7 @@ class LanguageModel(nn.Module):
         output_dropout: float = 0.0,
         backend: str = "auto",
         init: str = "torch",
+        variational_input_dropout: bool = False,
     ) -> None:
         super().__init__()
         if architecture not in MODEL_ARCHITECTURES:
@@ -71,6 +73,7 @@ class LanguageModel(nn.Module):
         self.skip_sum = skip_sum
         self.tie_embeddings = tie_embeddings
         self.input_dropout = input_dropout
+        self.variational_input_dropout = variational_input_dropout
         self.output_dropout = output_dropout
         self.embedding = nn.Embedding(vocab_size, self.embedding_size)
         self.rnn = MODEL_ARCHITECTURES[architecture](
@@ -109,7 +112,12 @@ class LanguageModel(nn.Module):
 
     def forward(self, tokens: Tensor, state: StackState | None = None) -> tuple[Tensor, StackState]:
         """Features before the output head: ``[T, B, H]`` (after output dropout)."""
-        x = F.dropout(self.embedding(tokens), self.input_dropout, self.training)  # [T, B, E]
+        x = self.embedding(tokens)  # [T, B, E]
+        if self.variational_input_dropout and self.training and self.input_dropout > 0:
+            keep = 1.0 - self.input_dropout  # one mask per sequence, shared by its steps (thesis 3.5.2)
+            x = x * torch.bernoulli(x.new_full((1, *x.shape[1:]), keep)) / keep  # [T, B, E] * [1, B, E]
+        else:
+            x = F.dropout(x, self.input_dropout, self.training)  # [T, B, E], a fresh mask per step
         outputs, state = self.rnn.forward_layers(x, state)  # each [T, B, H]
         h = torch.stack(outputs).sum(0) if self.skip_sum and len(outputs) > 1 else outputs[-1]  # [T, B, H]
         return F.dropout(h, self.output_dropout, self.training), state

@@ -17,7 +17,8 @@ from ..cells.mogrifier import PAPER_RANK
 class CappedInputGateOption:
     capped_input_gate: bool = field(
         default=False,
-        metadata={"help": "The Mogrifier paper's c = f*c + min(1-f, i)*j instead of torch's c = f*c + i*j "
+        metadata={"help": "c = f*c + min(1-f, i)*j, the capped input gate of the authors' released code (a departure "
+                          "from the paper's equations, section 2), instead of the paper's and torch's c = f*c + i*j "
                           "(docs/method.md, 'The LSTM cell')."},
     )
 

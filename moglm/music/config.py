@@ -37,7 +37,9 @@ class MusicModelConfig(WithCellOptions):
     hidden_size: int = Field(300, ge=1, description="Hidden units per layer.")
     embedding_size: int | None = Field(None, ge=1, description="The linear embedding of a frame (null: hidden_size).")
     nade_hidden: int = Field(150, ge=1, description="The NADE's hidden units (thesis 4.8: 400).")
-    activation: Literal[ACTIVATIONS] = Field("sigmoid", description="The NADE's hidden activation (eq. 2.62).")
+    activation: Literal[ACTIVATIONS] = Field(
+        "relu", description="The NADE's hidden activation: relu, the thesis's (eq. 2.62), or sigmoid, Boulanger-"
+        "Lewandowski et al. (2012)'s and Larochelle and Murray (2011)'s.")
     cell: dict[str, Any] = Field(default_factory=dict, description="The architecture's own options, as "
                                  "[model.cell] of a language model's config (moglm train --help-config lists them).")
     init: Literal["torch", "paper"] = Field("paper", description="Initialisation of the recurrent stack.")

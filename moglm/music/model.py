@@ -42,7 +42,7 @@ class NadeSequenceModel(nn.Module):
         visible: int = 88,
         embedding_size: int | None = None,
         nade_hidden: int = 150,
-        activation: str = "sigmoid",
+        activation: str = "relu",
         input_dropout: float = 0.0,
         inter_layer_dropout: float = 0.0,
         state_dropout: float = 0.0,

@@ -3,8 +3,8 @@ autoregressive distribution over a binary frame ``x`` of ``D`` units (here the p
 
     P(x) = prod_n P(x_n | x_<n)                                  (eq. 2.58)
     a_n  = b_h + sum_{m < n} W[:, m] x_m                           (eq. 2.60-2.61; a_1 = b_h)
-    h_n  = act(a_n)                                                (eq. 2.62; sigmoid as in Boulanger-Lewandowski
-                                                                    et al. 2012, or relu)
+    h_n  = act(a_n)                                                (eq. 2.62: relu; sigmoid as in Boulanger-
+                                                                    Lewandowski et al. 2012, an option)
     P(x_n = 1 | x_<n) = sigmoid(V[n] . h_n + b_y[n])               (eq. 2.59, 2.63)
 
 In the RNN-NADE (eq. 2.64-2.65) the biases ``b_h`` and ``b_y`` come from the recurrent state at every frame, so
@@ -31,7 +31,7 @@ class NADE(nn.Module):
     units: one mask per frame, shared by the frame's ``D`` conditionals (thesis 4.8: "dropout was also applied to
     NADE units separately at each timestep")."""
 
-    def __init__(self, visible: int, hidden: int, activation: str = "sigmoid", dropout: float = 0.0) -> None:
+    def __init__(self, visible: int, hidden: int, activation: str = "relu", dropout: float = 0.0) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"NADE activation must be one of {ACTIVATIONS}, got {activation!r}")

@@ -5,10 +5,11 @@ A *prediction* is made wherever a closing bracket is the correct continuation: b
 bracket of the data (``positions="closing"``, the report's closing-bracket prediction task) or, as in
 Hewitt et al.'s evaluation, before every token read with a non-empty stack (``positions="open_stack"``:
 there the only closing bracket that may come next is the top's). A prediction is *correct* when at least
-80% of the probability mass the model puts on closing brackets is on the correct one,
-``p(correct) / sum_c p(c) >= 0.8`` (Hewitt et al.'s normalisation: a language model must also spend mass
-on opening brackets and the end, so only the choice among closing brackets is judged; a model that
-predicts closing brackets only, like the report's Dyck-RNN, has sum_c p(c) = 1).
+80% of the probability mass is on the correct bracket, ``p(correct) >= 0.8``: the report's definition
+(section 5.2), the default (``normalised=False``). ``normalised=True`` judges only the choice among closing
+brackets, ``p(correct) / sum_c p(c) >= 0.8``, as Hewitt et al. do for a language model that must also
+spend mass on opening brackets and the end; a model that predicts closing brackets only, like the
+report's Dyck-RNN, has ``sum_c p(c) = 1``, so the two agree for it.
 
 The *distance* of a prediction is the number of tokens from the opening bracket it must close to the
 token predicted: ``j - i`` for the bracket opened at position i and a prediction of position j (1 for
@@ -114,14 +115,17 @@ def wcpa_from_probabilities(
 
 
 @torch.no_grad()
-def closing_probabilities(log_probs: Tensor, close_ids: Tensor, positions: Tensor, types: Tensor) -> Tensor:
-    """The probability of the correct closing bracket among closing brackets.
+def closing_probabilities(log_probs: Tensor, close_ids: Tensor, positions: Tensor, types: Tensor,
+                          normalised: bool = False) -> Tensor:
+    """The probability of the correct closing bracket (``normalised``: among closing brackets only).
 
     ``log_probs`` ``[T, B, V]`` next-token log-probabilities; ``close_ids`` ``[k]`` the vocabulary ids of the
     closing brackets by type; ``positions`` ``[N, 2]`` (time, row) of each prediction; ``types`` ``[N]`` its
     correct closing type. Returns ``[N]``."""
     picked = log_probs[positions[:, 0], positions[:, 1]]  # [N, V]
-    closing = picked[:, close_ids].log_softmax(-1)  # [N, k], renormalised over closing brackets
+    closing = picked[:, close_ids]  # [N, k]
+    if normalised:
+        closing = closing.log_softmax(-1)  # [N, k], renormalised over closing brackets
     return closing.gather(1, types[:, None]).squeeze(1).exp()  # [N]
 
 
@@ -157,15 +161,18 @@ def evaluate_wcpa(
     batch_size: int = 64,
     edges: Sequence[int] | None = None,
     min_count: int = MIN_COUNT,
+    normalised: bool = False,
 ) -> WCPAResult:
     """WCPA of a model on bracket sequences. ``next_log_probs(inputs [T, B]) -> [T, B, V]`` are its next-token
-    log-probabilities (each row from a zero state); ``close_ids`` ``[k]`` are the closing brackets' ids in V."""
+    log-probabilities (each row from a zero state); ``close_ids`` ``[k]`` are the closing brackets' ids in V;
+    ``normalised``: judge the mass among closing brackets (Hewitt et al.), not the mass itself (the report)."""
     probabilities, distances = [], []
     for start in range(0, len(sequences), batch_size):
         inputs, where, types, d = prediction_batch(sequences[start : start + batch_size], num_types, token_ids,
                                                    start_id, positions)
         if len(types):
-            probabilities.append(closing_probabilities(next_log_probs(inputs).float().cpu(), close_ids, where, types))
+            probabilities.append(closing_probabilities(next_log_probs(inputs).float().cpu(), close_ids, where, types,
+                                                       normalised))
             distances.append(d)
     if not probabilities:
         return wcpa_from_probabilities(np.zeros(0), np.zeros(0, dtype=np.int64), edges, THRESHOLD, min_count)

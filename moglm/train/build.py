@@ -35,6 +35,7 @@ def _language_model(cfg: ModelConfig, vocab_size: int, hidden_size: int) -> Lang
         skip_sum=cfg.skip_sum,
         mos_components=cfg.mos_components,
         input_dropout=cfg.input_dropout,
+        variational_input_dropout=cfg.variational_input_dropout,
         inter_layer_dropout=cfg.inter_layer_dropout,
         state_dropout=cfg.state_dropout,
         output_dropout=cfg.output_dropout,

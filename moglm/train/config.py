@@ -105,6 +105,9 @@ class ModelConfig(WithCellOptions):
         None, description="The mLSTM recipe: the forget gate's initial bias, LSTM-gated architectures (null: the init's).")
     weight_norm: bool = Field(False, description="The mLSTM recipe: weight normalisation of the hidden weights.")
     input_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the embeddings into layer 1.")
+    variational_input_dropout: bool = Field(
+        False, description="Input dropout with one mask per sequence (each stream's window), shared by its steps, "
+        "as the thesis's mLSTM recipe (3.5.2, after Gal and Ghahramani 2016); false: a fresh mask at every step.")
     inter_layer_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the inputs of layers >= 2.")
     state_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Variational dropout on h_prev, one mask per sequence.")
     output_dropout: float = Field(
@@ -196,7 +199,7 @@ class SampleConfig(Section):
 #: defaults: a config that leaves them there is saved and digested as it was before they existed, so runs
 #: made by an earlier release resume (their config.toml matches) and experiments find them (same digest)
 ADDED_FIELDS: dict[str, dict[str, Any]] = {
-    "model": {"orthogonal_init": None, "forget_bias": None, "weight_norm": False},
+    "model": {"orthogonal_init": None, "forget_bias": None, "weight_norm": False, "variational_input_dropout": False},
     "train": {"learning_rate_schedule": "constant", "min_learning_rate": 0.0, "adam_beta1": 0.0},
 }
 

@@ -4,7 +4,6 @@ dropout. Results go to ``results.json`` in the run directory."""
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Callable
 
@@ -12,7 +11,7 @@ from ..evaluation.mc_dropout import evaluate_mc_dropout
 from ..evaluation.scores import Scores
 from ..evaluation.stream import evaluate_episodes, evaluate_stream
 from ..evaluation.temperature import search_temperature
-from ..atomic import atomic_write_text
+from ..provenance import write_result
 from ..errors import MoglmError
 from ..device import resolve_device
 from .build import load_data
@@ -87,7 +86,7 @@ def evaluate_run(
     results["level"] = corpus.format
     if write:  # every score was printed above: a failed write loses nothing but the file
         try:
-            atomic_write_text(run.results_path, json.dumps(results, indent=1))
+            write_result(run.results_path, results, cfg.train.seed)
         except OSError as e:
             raise MoglmError(f"{run.results_path}: could not be written ({e.strerror}); the results printed above "
                              "were not saved") from None
