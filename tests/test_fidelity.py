@@ -112,6 +112,27 @@ def test_6_out_of_domain_quotes_table_6_4s_wikitext_103_column():
     assert "WikiText-103 26.6 -> 21.9" in note and "-17.7%" in note and "WikiText-2 26.6" not in note
 
 
+# 7 -------------------------------------------------------------------------------------------------------------
+def test_7_unseen_words_follow_table_5_1_sequences_of_2000_tokens_after_1000_of_conditioning():
+    """Thesis 5.3, table 5.1: the second half of held-out sequences of length 2000, the first 1000 tokens only
+    conditioning; unseen = occurring for the first time in the sequence."""
+    import numpy as np
+
+    from moglm.data.corpus import build_corpus
+    from moglm.report.unseen_words import CONDITIONING, SEQUENCE_LENGTH, analyse
+
+    assert (SEQUENCE_LENGTH, CONDITIONING) == (2000, 1000)
+    words, later = "alpha beta gamma delta".split(), "epsilon zeta".split()
+    test = " ".join(words[i % 4] if i < 1600 else later[i % 2] for i in range(2200)) + "\n"
+    train = " ".join(words + later) + "\n"
+    corpus = build_corpus("w", "word", {"train": train, "valid": "alpha\n", "test": test})
+    n = 2100
+    result = analyse(corpus["train"], corpus["test"], corpus.vocab, "word", np.ones(n), np.ones(n))["table_5_1"]
+    assert result["sequences"] == 1 and result["conditioning"] == 1000
+    # scored: positions 1001..2000 (position 0 is only context); epsilon and zeta first occur at 1600 and 1601
+    assert result["groups"]["unseen"]["count"] == 2 and result["groups"]["seen"]["count"] == 998
+
+
 # 8 -------------------------------------------------------------------------------------------------------------
 def test_8_the_nade_hidden_activation_is_relu_as_eq_2_62_and_sigmoid_is_an_option():
     """Thesis eq. 2.62: h_n = relu(a_n)."""
@@ -145,6 +166,30 @@ def test_9_wcpa_judges_the_probability_mass_itself_as_the_report_defines_it():
     hewitt = evaluate_wcpa(half_on_opening, sequences, 2, torch.arange(4), 0, torch.tensor([2, 3]), min_count=1,
                            normalised=True)
     assert report.wcpa == 0.0 and hewitt.wcpa == 1.0
+
+
+# 10 ------------------------------------------------------------------------------------------------------------
+def test_10_the_paper_scale_collects_rms_statistics_in_batches_of_1024_and_cpu_scale_names_its_departure():
+    """Mogrifier paper, appendix A: "The batch size for estimating the mean squared gradients over the training
+    data was set to 1024"."""
+    headline = load_experiment("headline")
+    assert headline.scales["paper"].stats_batch_size == 1024
+    assert headline.scales["cpu"].stats_batch_size == 8  # the departure, named in docs/fidelity.md
+    fidelity = " ".join((ROOT / "docs" / "fidelity.md").read_text().split())
+    assert "batches of 1024" in fidelity and "batches of 8 streams x 70 tokens" in fidelity
+
+
+# 11 ------------------------------------------------------------------------------------------------------------
+def test_11_the_thesis_transformer_xl_is_an_option_and_the_paper_configs_use_it():
+    """Thesis 6.2.1, eq. 6.2: relative positions with u and v, segment memory, post-norm."""
+    from moglm.model.transformer import Transformer
+
+    stack = Transformer(8, 8, 2, memory=4, heads=2, positions="xl", norm="post")
+    names = {name for name, _ in stack.named_parameters()}
+    assert {"layers.0.u", "layers.0.v"} <= names and isinstance(stack.norm, torch.nn.Identity)
+    for name in ("ptb-word-transformer-paper", "ptb-char-transformer-paper"):
+        cell = load_config(name).model.cell
+        assert cell["positions"] == "xl" and cell["norm"] == "post" and cell["memory"] > 0, name
 
 
 # 12 ------------------------------------------------------------------------------------------------------------

@@ -150,3 +150,71 @@ def test_the_engine_trains_it_and_dynamic_evaluation_reads_it(trained):
     assert result.static.nll == pytest.approx(evaluate_stream(model, ids, 1, 10).nll, rel=1e-6)
     with pytest.raises(MoglmError, match="no recurrent layers"):
         dynamic_evaluate(model, ids, Hyperparameters(rule="sgd"), sparse=SparseSpec(4))
+
+
+def _xl_layer_by_hand(layer, x, memory):
+    """Thesis eq. 6.2 and a post-norm block, one query and one key at a time: the reference twin of
+    positions = "xl", norm = "post" (one row, no dropout)."""
+    from moglm.model.transformer import sinusoid
+
+    h, d = layer.heads, layer.head_size
+    inner = h * d
+    w_k, w_v = layer.key_value.weight[:inner], layer.key_value.weight[inner:]
+    b_k, b_v = layer.key_value.bias[:inner], layer.key_value.bias[inner:]
+    context = torch.cat([memory, x])  # [M+T, H]
+    m, t = memory.shape[0], x.shape[0]
+    u_rel = sinusoid(torch.arange(m + t), x.shape[1]).to(x.dtype)  # [M+T, H]: U[distance]
+    out = []
+    for i in range(t):
+        heads = []
+        q = (layer.query.weight @ x[i] + layer.query.bias).view(h, d)
+        scores = torch.full((h, m + t), float("-inf"), dtype=x.dtype)
+        for n in range(m + i + 1):
+            k = (w_k @ context[n] + b_k).view(h, d)
+            r = (w_k @ u_rel[m + i - n]).view(h, d)  # W_k U[t - n]
+            scores[:, n] = ((q * k).sum(-1) + (q * r).sum(-1) + (layer.u * k).sum(-1) + (layer.v * r).sum(-1))
+        p = torch.softmax(scores / math.sqrt(d), -1)  # [h, M+T]
+        values = torch.stack([(w_v @ context[n] + b_v).view(h, d) for n in range(m + t)])  # [M+T, h, d]
+        for head in range(h):
+            heads.append((p[head][:, None] * values[:, head]).sum(0))
+        a = layer.out(torch.cat(heads))
+        y = layer.norm_attention(x[i] + a)
+        out.append(layer.norm_ff(y + layer.ff_out(torch.nn.functional.gelu(layer.ff_in(y)))))
+    return torch.stack(out)
+
+
+def test_transformer_xl_positions_and_post_norm_match_eq_6_2_computed_by_hand_in_float64():
+    """positions = "xl", norm = "post": the thesis's Transformer-XL (eq. 6.2), against a plain loop, with a
+    memory, in float64; u and v are trained parameters, set to random values here."""
+    from moglm.model.transformer import Transformer
+
+    torch.manual_seed(0)
+    stack = Transformer(10, 10, 1, memory=3, heads=2, positions="xl", norm="post").double().eval()
+    layer = stack.layers[0]
+    with torch.no_grad():
+        layer.u.normal_()
+        layer.v.normal_()
+    x = torch.randn(7, 1, 10, dtype=torch.float64)  # [T, B, H]
+    first, state = stack.forward_layers(x[:4])
+    second, _ = stack.forward_layers(x[4:], state)
+    torch.testing.assert_close(first[0][:, 0], _xl_layer_by_hand(layer, x[:4, 0], x[:0, 0]))
+    torch.testing.assert_close(second[0][:, 0], _xl_layer_by_hand(layer, x[4:, 0], x[1:4, 0]))  # memory: last 3 inputs
+    assert isinstance(stack.norm, torch.nn.Identity)  # post-norm: no final LayerNorm
+
+
+def test_the_xl_model_trains_and_reads_windows_like_one_long_pass():
+    """Through a language model: a memory covering the stream gives one causal pass's outputs in windows, and
+    every parameter, u and v included, gets a gradient."""
+    torch.manual_seed(0)
+    model = LanguageModel(23, 12, 2, "transformer", {"heads": 3, "memory": 64, "positions": "xl", "norm": "post"},
+                          init="paper").double().eval()
+    ids = torch.randint(0, 23, (17, 2))
+    whole, _ = model(ids)
+    state, parts = None, []
+    for s in range(0, 17, 4):
+        h, state = model(ids[s : s + 4], state)
+        parts.append(h)
+    torch.testing.assert_close(torch.cat(parts), whole, rtol=1e-10, atol=1e-10)
+    model.train()
+    model.nll(ids[:-1], ids[1:])[0].mean().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())

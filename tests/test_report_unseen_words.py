@@ -129,3 +129,38 @@ def test_a_corpus_that_spells_unk_out_has_no_unseen_words_and_says_why(tmp_path)
     text = "\n".join(markdown_lines(tmp_path / "u.json", "C"))
     assert "No word of the scored test text is unseen in training: its unknown words are spelled out" in text
     assert "| LSTM | unseen in training | - | - | - | - | - | 0 / 0 | - | - | - (no words) |" in text
+
+
+def test_table_5_1_scores_the_second_half_of_each_sequence_and_unseen_means_first_in_its_sequence():
+    """Thesis 5.3, table 5.1: sequences of 2,000 tokens, the first 1,000 only conditioning; a word is unseen at its
+    first occurrence in the sequence. Here sequences of 6 words, 2 of them conditioning, at word level."""
+    from moglm.report.unseen_words import table_5_1
+
+    #          sequence 1: a b | a c c b          sequence 2: c a | b b a d
+    keys = ["a", "b", "a", "c", "c", "b", "c", "a", "b", "b", "a", "d"]
+    static = [1.0] * 12
+    dynamic = [2.0, 2.0, 0.5, 3.0, 0.5, 0.5, 2.0, 2.0, 0.5, 0.5, 0.5, 0.9]
+    words = [(k, "frequent", s, d, 1, p + 1, p + 2) for p, (k, s, d) in enumerate(zip(keys, static, dynamic))]
+    result = table_5_1(words, 12, sequence_length=6, conditioning=2)
+    assert result["sequences"] == 2
+    unseen, seen = result["groups"]["unseen"], result["groups"]["seen"]
+    # unseen: c (seq 1, pos 4), b (seq 2, pos 9), d (seq 2): the first b of seq 2 is unseen although seq 1 had b
+    assert unseen["count"] == 3 and unseen["dynamic"] == pytest.approx((3.0 + 0.5 + 0.9) / 3)
+    assert unseen["dynamic_better"] == pytest.approx(2 / 3)
+    assert seen["count"] == 5 and seen["dynamic"] == pytest.approx(0.5)  # a, c, b (seq 1); b, a (seq 2)
+
+
+def test_table_5_1_is_in_the_analysis_and_in_its_markdown(tmp_path):
+    train, test = TEXTS["char"]
+    corpus = build_corpus("t", "char", {"train": train, "valid": train, "test": test})
+    static, dynamic = _losses()
+    result = analyse(corpus["train"], corpus["test"], corpus.vocab, "char", static, dynamic)
+    split = result["table_5_1"]  # 20 tokens: one sequence, its first 10 tokens conditioning
+    assert split["sequences"] == 1 and split["conditioning"] == 10
+    assert split["groups"]["unseen"]["count"] == 1 and split["groups"]["seen"]["count"] == 1  # after 10 tokens: cat, hat
+    import json
+
+    path = tmp_path / "unseen_words-t.json"
+    path.write_text(json.dumps({"corpus": "t", "models": {"m": result}}))
+    text = "\n".join(markdown_lines(path, "t"))
+    assert text.index("Table 5.1's split") < text.index("not table 5.1's definition")

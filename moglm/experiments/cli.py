@@ -66,9 +66,11 @@ def report_command(
                                                   "directories."),
     out: Optional[Path] = typer.Option(None, help="Folder for report.md and its figures (default: the experiment "
                                                   "folder, or ./report)."),
+    bundle: bool = typer.Option(False, help="Copy every result file the report cites beside it (runs/<run>/...) "
+                                "and link there, so the folder can be committed or shared on its own."),
 ) -> None:
     """Write a markdown report (tables, figures, the papers' numbers) from run directories; trains nothing."""
     from ..report import write_report
 
-    path = write_report(list(paths), out)
+    path = write_report(list(paths), out, bundle=bundle)
     typer.echo(f"report: {path}")

@@ -138,8 +138,10 @@ def mc_dropout(run, samples: int, tokens: int | None, progress: bool, log: Calla
 def _dynamic(run, scale: Scale, mc_samples: int, splits: tuple[str, ...], progress: bool,
              log: Callable[[str], None], on_result=None, cache: bool = False) -> dict[str, Any]:
     from ..dynamic_evaluation.run import dyneval_run
+    from ..dynamic_evaluation.statistics import StatisticsSettings
 
     report = dyneval_run(run, splits, eval_tokens=scale.eval_tokens, mc_samples=mc_samples, on_result=on_result,
+                         statistics=StatisticsSettings(scale.stats_fraction, scale.stats_batch_size),
                          cache=cache, search=scale.dynamic_search, max_cost=scale.dynamic_max_cost,
                          search_tokens=scale.search_tokens, progress=progress, log=log, write=False)
     for split in report["splits"].values():

@@ -56,6 +56,10 @@ class Scale(_Strict):
                                  "of thesis 4.5) on search_tokens validation tokens before scoring (else the defaults).")
     dynamic_max_cost: float | None = Field(None, gt=0, description="The search's time budget: settings costing "
                                            "more than this many times a static pass are ruled out (null: none).")
+    stats_batch_size: int = Field(8, ge=1, description="Dynamic evaluation's RMS statistics: streams per batch (the "
+                                  "Mogrifier paper's appendix A: 1024; moglm's CPU default 8, a departure, docs/fidelity.md).")
+    stats_fraction: float = Field(0.01, gt=0, le=1, description="Dynamic evaluation's RMS statistics: the fraction "
+                                  "of the training split read (thesis table 5.6: 1% suffices).")
     target: str | None = Field(None, description="Out of domain: the corpus whose test text every run scores (a "
                                "data path as configs take it), read into each run's vocabulary.")
     tune_trials: int = Field(20, ge=1, description="Tuning trials per variant (experiments that tune; the "

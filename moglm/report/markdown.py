@@ -15,14 +15,16 @@ from .music import music_gain_lines
 from .optimisers import optimisers_lines
 from .out_of_domain import out_of_domain_lines
 from .runs import EVALUATION_LABELS, Run, read_experiment, read_run, score, unit
+from .seeds import several_seeds, spread_lines
 
 #: evaluations that may score a prefix of each split, each beside the static score of the same tokens
 PREFIX_EVALUATIONS = ("mc_dropout", "dynamic", "mc_dynamic", "cache", "dynamic_cache")
 
 
-def write_report(paths: list[Path], out: Path | None = None) -> Path:
+def write_report(paths: list[Path], out: Path | None = None, bundle: bool = False) -> Path:
     """``paths``: one experiment folder (``experiments/<scale>/<name>``) or run directories. Returns the
-    report's path (``report.md`` in ``out``)."""
+    report's path (``report.md`` in ``out``). ``bundle``: copy the files it cites beside it
+    (:mod:`moglm.report.bundle`)."""
     if len(paths) == 1 and (Path(paths[0]) / "experiment.json").is_file():
         folder = Path(paths[0])
         manifest, runs = read_experiment(folder)
@@ -59,6 +61,7 @@ def write_report(paths: list[Path], out: Path | None = None) -> Path:
             group = [r for r in runs if r.corpus == corpus]
             lines += table_lines(table, group, corpora.get(corpus, corpus), spec.get("reference", {}).get(corpus, {}),
                                  out, command)
+            lines += spread_lines(table, group, corpora.get(corpus, corpus))
             if any(e in PREFIX_EVALUATIONS for e in table["evaluations"]):
                 lines += same_tokens_lines(table, group, out, command)
     if not manifest or "out_of_domain" in spec.get("evaluations", []):  # not another experiment's shared runs'
@@ -90,6 +93,10 @@ def write_report(paths: list[Path], out: Path | None = None) -> Path:
                      f"| {r.label} | [{r.name}]({rel}) | - | - | [config.toml]({rel}/config.toml) |")
     path = out / "report.md"
     atomic_write_text(path, "\n".join(lines) + "\n")
+    if bundle:
+        from .bundle import bundle_report
+
+        bundle_report(path, [r.path for r in runs])
     return path
 
 
@@ -132,7 +139,7 @@ def table_lines(table: dict, runs: list[Run], corpus_label: str, reference: dict
     lines = [f"### {table['title']}: {corpus_label}, {unit(level)}", "", "| " + " | ".join(head) + " |",
              "|" + " --- |" * len(head)]
     for r in runs:
-        cells = [r.label] + [_cell(r, e, s, out, command) for e in evaluations for s in splits]
+        cells = [_label(r, runs)] + [_cell(r, e, s, out, command) for e in evaluations for s in splits]
         if ordering:
             cells.append(ordering_cell(r, ordering))
         if has_reference:
@@ -140,6 +147,11 @@ def table_lines(table: dict, runs: list[Run], corpus_label: str, reference: dict
             cells += [" / ".join(_fmt(v, level) for v in ref.get(e, [None] * len(splits))) for e in evaluations]
         lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
+
+
+def _label(run: Run, runs: list[Run]) -> str:
+    """The run's row label: its variant's, and its seed where the variants were trained with several."""
+    return f"{run.label} (seed {run.seed})" if run.seed is not None and several_seeds(runs) else run.label
 
 
 def ordering_cell(run: Run, ordering: list[str], split: str = "test") -> str:
@@ -178,7 +190,7 @@ def same_tokens_lines(table: dict, runs: list[Run], out: Path, command: str) -> 
              "|" + " --- |" * (1 + len(splits))]
     for r in runs:
         cells = [" / ".join(_cell(r, e, s, out, command, True) for e in others) for s in splits]
-        lines.append(f"| {r.label} | " + " | ".join(cells) + " |")
+        lines.append(f"| {_label(r, runs)} | " + " | ".join(cells) + " |")
     return lines + [""]
 
 

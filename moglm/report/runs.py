@@ -39,6 +39,7 @@ class Run:
     info: dict[str, Any] = field(default_factory=dict)
     evaluations: dict[str, dict[str, Any]] = field(default_factory=dict)
     series: str | None = None  # the line of a sweep figure this run is on (the variant's series)
+    seed: int | None = None  # the experiment's seed for this run (several seeds: moglm.report.seeds)
 
     @property
     def level(self) -> str:
@@ -165,5 +166,6 @@ def read_experiment(folder: Path) -> tuple[dict[str, Any], list[Run]]:
         if (path / "config.toml").is_file():
             run = read_run(path, row.get("label"), row.get("corpus"), row.get("variant", ""), row.get("x"))
             run.series = row.get("series")
+            run.seed = row.get("seed")
             out.append(run)
     return manifest, out

@@ -1,0 +1,80 @@
+"""Every number is traceable: README and docs link only to files committed in the repository (none ignored by
+git, none outside it), each linked number equals the number in the file it cites, and no committed result holds
+this machine's absolute paths."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from moglm.report.bundle import LINK
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+NUMBER = re.compile(r"\[\*{0,2}(-?[\d,]*\.?\d+)\*{0,2}\]\(([^)\s\"]+)")
+
+
+def _links(page: Path) -> list[str]:
+    return [link for link in LINK.findall(page.read_text()) if "://" not in link and not link.startswith(("#", "mailto:"))]
+
+
+def _ignored(paths: list[Path]) -> set[Path]:
+    """Those of ``paths`` that git ignores (empty outside a git checkout)."""
+    if not (ROOT / ".git").exists() or not paths:
+        return set()
+    done = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--stdin"], input="\n".join(map(str, paths)),
+                          capture_output=True, text=True)
+    return {Path(line) for line in done.stdout.splitlines()}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_link_of_a_page_is_a_committed_file_of_the_repository(page):
+    targets = {link: (page.parent / link.split("#")[0]).resolve() for link in _links(page)}
+    outside = [link for link, t in targets.items() if t != ROOT and ROOT not in t.parents]
+    missing = [link for link, t in targets.items() if not t.exists()]
+    ignored = _ignored([t for t in targets.values() if t.exists() and ROOT in t.parents])
+    assert not outside and not missing, (outside, missing)
+    assert not [link for link, t in targets.items() if t in ignored]
+
+
+def _leaves(value) -> list[float]:
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _leaves(v)]
+    if isinstance(value, list):
+        return [x for v in value for x in _leaves(v)]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return [float(value)]
+    return []
+
+
+def _matches(text: str, data) -> bool:
+    """Whether some number of ``data`` (or the perplexity of a cross-entropy in it) shows as ``text``."""
+    digits = len(text.split(".")[1]) if "." in text else 0
+    wanted = float(text.replace(",", ""))
+    leaves = _leaves(data)
+    candidates = leaves + [math.exp(x) for x in leaves if 0 < x < 20]
+    return any(abs(round(x, digits) - wanted) < 10 ** -digits / 2 + 1e-12 for x in candidates)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_each_linked_number_equals_the_number_in_the_file_it_cites(page):
+    wrong = []
+    for text, link in NUMBER.findall(page.read_text()):
+        target = (page.parent / link.split("#")[0]).resolve()
+        if target.suffix == ".json" and target.is_file():
+            if not _matches(text, json.loads(target.read_text())):
+                wrong.append(f"{text} -> {link}")
+    assert not wrong
+
+
+def test_committed_results_hold_no_absolute_path_of_a_machine():
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: the committed files are not known")
+    found = subprocess.run(["git", "-C", str(ROOT), "grep", "-l", "-E", "\"/(root|home|work|tmp|Users)/", "--",
+                            "docs", "benchmarks/results", "README.md"], capture_output=True, text=True).stdout.split()
+    assert not found
