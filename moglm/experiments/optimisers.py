@@ -22,8 +22,9 @@ best setting then scores the same number of test tokens:
   It is the local RMSprop row (the hybrid) with only the source of the statistics changed: the thesis
   found it on par with global RMS, so local statistics are what hurts RMSprop (they damp the updates of
   words that recur in the text, which dynamic evaluation needs most);
-* global RMS with the RMS decay prior (``rms-rmsdecay``, eq. 4.7), the thesis's final rule, lr tuned with
-  the default decay and eps.
+* table 4.1's progression, with the SGD and global RMS rows above: SGD with a decay prior (``sgd-decay``,
+  eq. 4.3) and global RMS with a decay prior (``rms-decay``, eq. 4.5), then global RMS with the RMS decay
+  prior (``rms-rmsdecay``, eq. 4.7), the thesis's final rule; lr tuned with the default decay and eps.
 
 Segments are ``Hyperparameters().segment_length`` tokens for every row; the divergence guard of
 :mod:`moglm.dynamic_evaluation.evaluate` is on (its rollbacks are counted per row). The global statistics
@@ -99,6 +100,8 @@ ROWS = (
     Row("global-rms-0.1", "global RMS, 10% of training data", "5.4.4.1", "rms", fraction=0.1),
     Row("nonlocal-rmsprop", "non-local RMSprop (statistics of training text)", "5.4.4.2", "rmsprop",
         {"alpha": 0.99}, nonlocal_statistics=True),
+    Row("sgd-decay", "SGD + decay (thesis eq. 4.3; table 4.1)", "4.5", "sgd-decay"),
+    Row("global-rms-decay", "global RMS + decay (thesis eq. 4.5; table 4.1)", "4.5", "rms-decay", fraction=0.01),
     Row("global-rms-rmsdecay", "global RMS + RMS decay (thesis eq. 4.7)", "4.5", "rms-rmsdecay", fraction=0.01),
 )
 

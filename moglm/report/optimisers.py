@@ -113,6 +113,8 @@ CLAIMS: list[tuple[str, Callable[[dict[str, dict]], tuple[bool | None, str]]]] =
     ("non-local RMSprop beats local RMSprop, the hybrid (table 5.7)", _chain("nonlocal-rmsprop", "hybrid")),
     (f"non-local RMSprop is on par with global RMS, within {TOLERANCE:.1%} (table 5.7)",
      _spread("nonlocal-rmsprop", "global-rms")),
+    ("each step of table 4.1 helps: global RMS + RMS decay < global RMS + decay < SGD + decay < SGD",
+     _chain("global-rms-rmsdecay", "global-rms-decay", "sgd-decay", "sgd")),
 ]
 
 

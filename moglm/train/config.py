@@ -135,7 +135,12 @@ class TrainConfig(Section):
     max_tokens: int | None = Field(
         None, ge=1, description="If set, training tokens in total (overrides max_steps: steps = tokens / (batch*bptt))."
     )
-    learning_rate: float = Field(0.003, gt=0.0, description="Adam learning rate (the initial one under a schedule).")
+    learning_rate: float = Field(0.003, gt=0.0, description="Adam learning rate (the initial one under a schedule; "
+                                 "normalised_rmsprop: the update's length).")
+    optimizer: Literal["adam", "normalised_rmsprop"] = Field(
+        "adam", description="adam (the Mogrifier paper's, and the thesis's later mLSTM recipe), or normalised_rmsprop: "
+        "RMSprop whose update is rescaled to the learning rate's length (thesis 3.5.1, eq. 3.14; its running average "
+        "weight is adam_beta2 and its stabiliser adam_eps).")
     learning_rate_schedule: Literal["constant", "linear"] = Field(
         "constant", description="constant (the Mogrifier paper's), or linear: decays from learning_rate at the first "
         "step to min_learning_rate at the last (the thesis's mLSTM recipe, 3.5.1).")
@@ -200,7 +205,7 @@ class SampleConfig(Section):
 #: made by an earlier release resume (their config.toml matches) and experiments find them (same digest)
 ADDED_FIELDS: dict[str, dict[str, Any]] = {
     "model": {"orthogonal_init": None, "forget_bias": None, "weight_norm": False, "variational_input_dropout": False},
-    "train": {"learning_rate_schedule": "constant", "min_learning_rate": 0.0, "adam_beta1": 0.0},
+    "train": {"learning_rate_schedule": "constant", "min_learning_rate": 0.0, "adam_beta1": 0.0, "optimizer": "adam"},
 }
 
 

@@ -47,7 +47,7 @@ from .weight_averaging import WeightAverage
 
 
 SCHEDULES = ("constant", "linear")
-OPTIMIZERS = ("adam", "sgd")
+OPTIMIZERS = ("adam", "sgd", "normalised_rmsprop")
 
 
 class TrainingDiverged(MoglmError):
@@ -70,7 +70,8 @@ class Settings:
     adam_beta1: float = 0.0
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
-    optimizer: str = "adam"  # or "sgd": plain SGD with clipping (the thesis's music models, 4.8), momentum below
+    optimizer: str = "adam"  # "sgd": plain SGD with clipping (the thesis's music models, 4.8), momentum below;
+    # "normalised_rmsprop": thesis eq. 3.14 (moglm.train.normalised_rmsprop), alpha adam_beta2, eps adam_eps
     momentum: float = 0.0  # SGD's momentum (0: none)
     clip_norm: float = 10.0
     l2_penalty: float = 0.0
@@ -251,6 +252,11 @@ class Engine:
         if settings.optimizer == "sgd":
             self.optimizer: torch.optim.Optimizer = torch.optim.SGD(self.parameters, lr=settings.learning_rate,
                                                                     momentum=settings.momentum)
+        elif settings.optimizer == "normalised_rmsprop":
+            from .normalised_rmsprop import NormalisedRMSprop
+
+            self.optimizer = NormalisedRMSprop(self.parameters, settings.learning_rate, settings.adam_beta2,
+                                               settings.adam_eps)
         else:
             self.optimizer = torch.optim.Adam(self.parameters, lr=settings.learning_rate,
                                               betas=(settings.adam_beta1, settings.adam_beta2), eps=settings.adam_eps)

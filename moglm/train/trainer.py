@@ -51,7 +51,7 @@ def total_steps(cfg: RunConfig) -> int:
 def engine_settings(cfg: RunConfig) -> Settings:
     """The engine's settings from a run config's ``[train]`` section."""
     t = cfg.train
-    return Settings(steps=total_steps(cfg), learning_rate=t.learning_rate, eval_every=t.eval_every,
+    return Settings(steps=total_steps(cfg), learning_rate=t.learning_rate, eval_every=t.eval_every, optimizer=t.optimizer,
                     schedule=t.learning_rate_schedule, min_learning_rate=t.min_learning_rate,
                     adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, adam_eps=t.adam_eps, clip_norm=t.clip_norm, l2_penalty=t.l2_penalty,
                     averaging_patience=t.averaging_patience, averaging_start=t.averaging_start,
