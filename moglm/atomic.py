@@ -102,10 +102,11 @@ def write_once(path: str | Path, text: str, valid: Callable[[Path], bool]) -> bo
 
 
 @contextmanager
-def exclusive_lock(path: str | Path) -> Iterator[None]:
+def exclusive_lock(path: str | Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``path`` (created if missing) while the block runs, waiting for any
     other holder: it serialises read-modify-write of a shared file between processes, and the kernel
-    releases it with a killed holder (no stale lock). Outside POSIX it does nothing."""
+    releases it with a killed holder (no stale lock). ``on_wait`` is called once before waiting, when another
+    process holds it (to say so). Outside POSIX it does nothing."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not POSIX
@@ -113,7 +114,12 @@ def exclusive_lock(path: str | Path) -> Iterator[None]:
         return
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # releases the flock

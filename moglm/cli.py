@@ -13,7 +13,8 @@ from typing import Optional
 try:
     import typer
 
-    from .cli_common import DEVICE_HELP, Checkpoint, Sampler, Split, UpdateRule, deprecated, new_app, renamed, values
+    from .cli_common import (DEVICE_HELP, Checkpoint, Sampler, Split, UpdateRule, deprecated,
+                             hyperparameter_overrides, new_app, renamed, values)
 except ImportError:  # pragma: no cover - exercised only without the extra
     typer = None
 
@@ -47,6 +48,14 @@ def _build_app():
         set_: list[str] = typer.Option([], "--set", "-s", help="Override a config key: section.key=value."),
         run_dir: Optional[Path] = typer.Option(None, help="Run directory (default: runs/<config name>)."),
         restart: bool = typer.Option(False, help="Discard an existing run in the run directory."),
+        learning_rate: Optional[float] = typer.Option(None, help="Sets train.learning_rate."),
+        lr: Optional[float] = deprecated("--lr"),
+        max_steps: Optional[int] = typer.Option(None, min=1, help="Sets train.max_steps."),
+        batch_size: Optional[int] = typer.Option(None, min=1, help="Sets train.batch_size."),
+        hidden_size: Optional[int] = typer.Option(None, min=1, help="Sets model.hidden_size (instead of a parameter "
+                                                  "budget)."),
+        threads: Optional[int] = typer.Option(None, min=1, help="Sets train.threads."),
+        seed: Optional[int] = typer.Option(None, min=0, max=2**63 - 1, help="Sets train.seed."),
         progress: bool = typer.Option(True, help="Show progress bars."),
         help_config: bool = typer.Option(False, "--help-config", help="Describe every config field and exit."),
         nproc_per_node: Optional[int] = typer.Option(
@@ -57,13 +66,16 @@ def _build_app():
         from .atomic import atomic_write_text
         from .train import data_parallel
         from .train.config import describe, load_config
-        from .train.final_evaluation import headline
+        from .train.final_evaluation import final_block
         from .train.language_model_run import LanguageModelRun
         from .train.trainer import train_and_evaluate
 
         if help_config:
             typer.echo(describe())
             return
+        set_ = [*set_, *hyperparameter_overrides(
+            learning_rate=renamed(learning_rate, lr, "--lr", "--learning-rate"), max_steps=max_steps,
+            batch_size=batch_size, hidden_size=hidden_size, threads=threads, seed=seed)]
         cfg = load_config(config or "default", set_)
         path = run_dir or Path("runs") / (cfg.name or "default")
         if nproc_per_node is not None and not data_parallel.launched():
@@ -76,8 +88,8 @@ def _build_app():
         _, results = train_and_evaluate(cfg, path, progress=progress, log=typer.echo)
         if not data_parallel.is_main_process():
             return
-        for split in results["splits"]:
-            typer.echo(headline(results, split))
+        for line in final_block(results, cfg):
+            typer.echo(line)
         run = LanguageModelRun(path)
         if cfg.sample.num_tokens:
             text = _sample(run, cfg.sample.prompt, cfg.sample.num_tokens, cfg.sample.temperature, cfg.sample.top_k,
@@ -119,7 +131,7 @@ def _build_app():
         tokens: Optional[int] = deprecated("--tokens", min=0),
         temperature: float = typer.Option(1.0, help="Sampling temperature (> 0)."),
         top_k: Optional[int] = typer.Option(None, help="Sample among the k most likely tokens."),
-        seed: Optional[int] = typer.Option(None, help="Random seed."),
+        seed: Optional[int] = typer.Option(None, min=0, max=2**63 - 1, help="Random seed."),
         checkpoint: Checkpoint = typer.Option("best", help="The best or the last checkpoint."),
         prompt_file: Optional[Path] = typer.Option(None, help="Read the prompt from a file (a long text)."),
         adapt: bool = typer.Option(False, help="Dynamic evaluation: adapt the weights to the prompt first."),
@@ -189,9 +201,10 @@ def _build_app():
     @app.command()
     def info(
         as_json: bool = typer.Option(False, "--json", help="Print the details as one JSON object."),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="List every probed shape class's timings."),
     ) -> None:
         """What runs here: versions, threads, the CPU, the compiled recurrence (built at first use) and its GEMM route."""
-        typer.echo(_info(as_json))
+        typer.echo(_info(as_json, verbose))
 
     @app.command()
     def tune(
@@ -428,8 +441,9 @@ def _seconds(text: Optional[str]) -> Optional[float]:
     return value
 
 
-def _info(as_json: bool) -> str:
-    """``moglm info``: ``key: value`` lines, or with ``as_json`` ``compiled.info()`` plus the versions as JSON."""
+def _info(as_json: bool, verbose: bool = False) -> str:
+    """``moglm info``: ``key: value`` lines (``verbose``: every probed shape class's timings too), or with
+    ``as_json`` ``compiled.info()`` plus the versions as JSON."""
     import json
     import platform
     import warnings
@@ -468,9 +482,10 @@ def _info(as_json: bool) -> str:
             f"{cache['limit_bytes'] / 2**20:.0f} MiB, {cache['hits']} hits, {cache['misses']} misses"
             if cache["limit_bytes"] else "off (MOGLM_WORKSPACE_CACHE_MB=0)")
         choices = details["auto_backend"]
-        lines["auto_backend"] = (f"{len(choices)} shape classes probed on this machine" if choices
+        lines["auto_backend"] = (f"{len(choices)} shape classes probed on this machine"
+                                 + ("" if verbose else " (--verbose lists them)") if choices
                                  else "no shape class probed yet (each is, on first use)")
-        for key, choice in sorted(choices.items()):
+        for key, choice in sorted(choices.items()) if verbose else ():
             times = ", ".join(f"{name} {seconds * 1e3:.2f} ms" for name, seconds in choice["seconds"].items())
             noise = "" if choice.get("separated") else ", within noise"
             route = f", compiled on route {choice['route']}" if choice.get("route") else ""

@@ -64,6 +64,21 @@ def renamed(value: Any, old_value: Any, old: str, new: str) -> Any:
     return old_value
 
 
+#: the options ``moglm train`` and ``moglm music train`` share, each setting one config key (after ``--set``)
+HYPERPARAMETERS = {"learning_rate": "train.learning_rate", "max_steps": "train.max_steps",
+                   "batch_size": "train.batch_size", "hidden_size": "model.hidden_size", "threads": "train.threads",
+                   "seed": "train.seed"}
+
+
+def hyperparameter_overrides(budget: bool = True, **values: Any) -> list[str]:
+    """``--set`` assignments for the hyperparameter options given (``None``: not given). With ``budget`` (a
+    language model's config), a hidden size replaces a parameter budget (``model.num_params``)."""
+    out = [f"{HYPERPARAMETERS[name]}={value!r}" for name, value in values.items() if value is not None]
+    if budget and values.get("hidden_size") is not None:
+        out.append("model.num_params=")
+    return out
+
+
 def deprecated(old: str, **options: Any) -> Any:
     """A hidden option for the deprecated spelling ``old`` of a renamed option (see :func:`renamed`)."""
     return typer.Option(options.pop("default", None), old, hidden=True, **options)

@@ -80,3 +80,24 @@ def test_exclusive_lock_keeps_another_process_out_until_released(tmp_path):
     with exclusive_lock(lock):
         assert other() == "held"
     assert other() == "free"
+
+
+def test_exclusive_lock_says_when_it_waits_for_another_process(tmp_path):
+    lock = tmp_path / "lock"
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time\n"
+                               f"fd = os.open({str(lock)!r}, os.O_RDWR | os.O_CREAT)\n"
+                               "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(1.5)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        waited = []
+        with exclusive_lock(lock, on_wait=lambda: waited.append(True)):
+            pass
+        assert waited == [True]  # it was held: it said so, then waited for it
+        waited.clear()
+        with exclusive_lock(lock, on_wait=lambda: waited.append(True)):
+            pass
+        assert waited == []  # free: no wait, no word
+    finally:
+        holder.kill()
+        holder.wait()

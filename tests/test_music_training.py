@@ -141,7 +141,7 @@ def test_the_cli_trains_evaluates_adapts_and_samples_midi_and_a_piano_roll(tmp_p
     assert (run / "sample.mid").stat().st_size > 0 and (run / "sample.png").stat().st_size > 0
     assert main(["music", "evaluate", str(run), "--split", "test", "--no-progress"]) == 0
     assert "test: log-likelihood" in capsys.readouterr().out
-    assert main(["music", "dyneval", str(run), "--rule", "sgd", "--no-search", "--lr", "0.1",
+    assert main(["music", "dyneval", str(run), "--rule", "sgd", "--no-search", "--learning-rate", "0.1",
                  "--segment-length", "4", "--no-progress"]) == 0
     saved = json.loads((run / "dyneval" / "music-sgd.json").read_text())
     assert saved["hyperparameters"]["lr"] == 0.1 and list(saved["splits"]) == ["test"]

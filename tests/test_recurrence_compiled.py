@@ -750,3 +750,18 @@ def test_a_bad_workspace_cache_setting_is_one_line_naming_the_variable():
                           timeout=300)
     assert done.returncode == 1
     assert done.stderr.strip() == "error: MOGLM_WORKSPACE_CACHE_MB must be a whole number from 0 to 2^40, got 'lots'"
+
+
+def test_two_installs_get_two_build_folders_and_the_same_install_one(tmp_path, monkeypatch):
+    """The build key covers the install (sources' folder, torch's, the interpreter's): a second checkout with the
+    same sources builds its own library instead of relinking the first's at every switch."""
+    import shutil
+
+    key = compiled.build_key()
+    assert compiled.build_key() == key
+    copy = tmp_path / "csrc"
+    shutil.copytree(compiled.source_dir(), copy)
+    monkeypatch.setattr(compiled, "source_dir", lambda: copy)
+    assert compiled.build_key() != key
+    monkeypatch.setattr(compiled.sys, "prefix", "/another/venv")
+    assert compiled.build_key() not in (key,)

@@ -47,6 +47,8 @@ def bench_app() -> typer.Typer:
                                                  "for one epoch's seconds (0: skip)."),
         threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's)."),
         out: Path = typer.Option(default_out("throughput.json"), help=OUT_HELP, show_default=False),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="Print the recurrence's details (routes, probes) "
+                                     "before the table, not just their summary."),
         hidden: list[int] = deprecated("--hidden", default=[]),
         batch: Optional[int] = deprecated("--batch"),
     ) -> None:
@@ -82,7 +84,7 @@ def bench_app() -> typer.Typer:
                 path = out.with_name(f"{out.stem}{suffix}{out.suffix}")
                 report = run_throughput(tuple(hidden_size), b, bptt, repeats, memory_bptt,
                                         tuple(model) or (CUDA_MODELS if cuda else MODELS), device, path,
-                                        log=typer.echo, precision_name=p)
+                                        log=typer.echo, precision_name=p, verbose=verbose)
                 typer.echo(markdown_table(report))
                 typer.echo(f"written to {path}")
         if cuda and epoch_steps:

@@ -314,16 +314,17 @@ def run_throughput(
     out_path: str | Path | None = "benchmarks/results/throughput.json",
     log: Callable[[str], None] = print,
     precision_name: str = "fp32",
+    verbose: bool = False,
 ) -> dict[str, Any]:
     """Measure everything with products in ``precision_name`` (:func:`precision`); write JSON to ``out_path``
-    (if given) and return the report."""
+    (if given) and return the report. ``verbose``: log the recurrence's details, not just their summary."""
     with precision(precision_name, device):
         return _run_throughput(hidden_sizes, batch, bptt, repeats, memory_bptt, models, device, out_path, log,
-                               precision_name)
+                               precision_name, verbose)
 
 
 def _run_throughput(hidden_sizes, batch, bptt, repeats, memory_bptt, models, device, out_path, log,
-                    precision_name) -> dict[str, Any]:
+                    precision_name, verbose=False) -> dict[str, Any]:
     torch.manual_seed(0)
     report: dict[str, Any] = {
         "command": command_line(),
@@ -340,7 +341,11 @@ def _run_throughput(hidden_sizes, batch, bptt, repeats, memory_bptt, models, dev
     report["recurrence"] = compiled.info(paths=False) if device == "cpu" else {
         "compiled": False, "reason": f"device {device}",
         "pointwise": pointwise_for(torch.empty(0, device=device)).name}  # the fused window's kernels: triton or torch
-    log(f"recurrence: {report['recurrence']}")
+    rec = report["recurrence"]
+    summary = (f"compiled, GEMM route {rec.get('gemm_route')}" if rec.get("compiled")
+               else f"not compiled ({rec.get('reason')})")
+    log(f"recurrence: {summary}" + (f"\n{json.dumps(rec, indent=1, default=str)}" if verbose else
+                                    " (--verbose prints its details)"))
     log("measuring the GEMM peak ...")
     report["gemm_gflops"] = peak = gemm_peak(device)
     log(f"  {peak}")

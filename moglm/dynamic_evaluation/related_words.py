@@ -103,7 +103,7 @@ def related_words_of_run(run_dir: str | Path, word: str, split: str = "test", oc
 
 def markdown_lines(result: dict[str, Any]) -> list[str]:
     """The table in the thesis's layout."""
-    lines = [f"| word | embedding cosine | change in log probability |", "| --- | ---: | ---: |"]
+    lines = ["| word | embedding cosine | change in log probability |", "| --- | ---: | ---: |"]
     lines += [f"| {r['word']} | {r['cosine']:.2f} | {r['change']:+.2f} |" for r in result["rows"]]
     lines.append(f"| median over the vocabulary | {result['median']['cosine']:.2f} | {result['median']['change']:+.2f} |")
     return lines

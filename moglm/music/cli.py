@@ -8,7 +8,7 @@ from typing import Literal, Optional
 
 import typer
 
-from ..cli_common import Checkpoint, Split, new_app, values
+from ..cli_common import Checkpoint, Split, deprecated, hyperparameter_overrides, new_app, renamed, values
 
 Rule = Literal["sgd", "rms"]
 MusicSplit = Literal["valid", "test"]
@@ -23,13 +23,21 @@ def music_app() -> typer.Typer:
         set_: list[str] = typer.Option([], "--set", "-s", help="Override a config key: section.key=value."),
         run_dir: Optional[Path] = typer.Option(None, help="Run directory (default: runs/<config name>)."),
         restart: bool = typer.Option(False, help="Discard an existing run in the run directory."),
+        learning_rate: Optional[float] = typer.Option(None, help="Sets train.learning_rate."),
+        max_steps: Optional[int] = typer.Option(None, min=1, help="Sets train.max_steps."),
+        batch_size: Optional[int] = typer.Option(None, min=1, help="Sets train.batch_size."),
+        hidden_size: Optional[int] = typer.Option(None, min=1, help="Sets model.hidden_size."),
+        threads: Optional[int] = typer.Option(None, min=1, help="Sets train.threads."),
+        seed: Optional[int] = typer.Option(None, min=0, max=2**63 - 1, help="Sets train.seed."),
         progress: bool = typer.Option(True, help="Show progress bars."),
     ) -> None:
         """Train an RNN-NADE on songs (rerun the same command to resume), evaluate it and write a sample."""
         from .config import load_music_config
         from .training import MusicRun, train_music
 
-        cfg = load_music_config(config, list(set_))
+        overrides = hyperparameter_overrides(False, learning_rate=learning_rate, max_steps=max_steps,
+                                             batch_size=batch_size, hidden_size=hidden_size, threads=threads, seed=seed)
+        cfg = load_music_config(config, [*set_, *overrides])
         path = run_dir or Path("runs") / (cfg.name or "music")
         if restart and path.exists():
             MusicRun(path).discard()
@@ -53,17 +61,21 @@ def music_app() -> typer.Typer:
         run_dir: Path = typer.Argument(..., help="A run directory made by `moglm music train`."),
         rule: Rule = typer.Option("rms", help="sgd, or rms: global RMS (eq. 4.4), both without decay (thesis 4.8)."),
         split: MusicSplit = typer.Option("test", help="The split scored."),
-        search: bool = typer.Option(True, help="Search the learning rate and segment length on validation first."),
-        lr: Optional[float] = typer.Option(None, min=0.0, help="Learning rate (with --search: where it starts)."),
-        segment_length: Optional[int] = typer.Option(None, min=1, help="Frames per segment (one update each)."),
+        search: bool = typer.Option(False, help="Search the learning rate and segment length on the validation songs "
+                                    "first (as `moglm dyneval --search`)."),
+        learning_rate: Optional[float] = typer.Option(None, min=0.0, help="Learning rate (with --search: where it "
+                                                      "starts)."),
+        lr: Optional[float] = deprecated("--lr", min=0.0),
+        segment_length: Optional[int] = typer.Option(None, "--segment-length", "-n", min=1,
+                                                      help="Frames per segment (one update each)."),
         checkpoint: Checkpoint = typer.Option("best", help="The best or the last checkpoint."),
         progress: bool = typer.Option(True, help="Show progress bars."),
     ) -> None:
         """Dynamic evaluation of songs: weights and state reset at every song (thesis 4.8)."""
         from .run import dyneval_music_run, music_run
 
-        dyneval_music_run(music_run(run_dir), rule, (split,), search, lr, segment_length, checkpoint, progress,
-                          typer.echo)
+        dyneval_music_run(music_run(run_dir), rule, (split,), search, renamed(learning_rate, lr, "--lr",
+                          "--learning-rate"), segment_length, checkpoint, progress, typer.echo)
 
     @app.command()
     def configs() -> None:

@@ -75,7 +75,8 @@ class MusicTrainConfig(Section):
                                            "evaluations without improvement (null: never).")
     early_stopping_patience: int | None = Field(None, ge=1, description="Stop after this many evaluations "
                                                 "without improvement (null: never).")
-    seed: int = Field(1, description="Random seed (weights, dropout masks, song order).")
+    seed: int = Field(1, ge=0, le=2**63 - 1, description="Random seed (weights, dropout masks, song order), 0 to "
+                      "2^63 - 1.")
     device: str = Field("auto", description="auto (CUDA when available), cpu, cuda or cuda:N.")
     threads: int | None = Field(None, ge=1, description="CPU threads for torch (null: torch's default).")
 
@@ -117,7 +118,10 @@ def load_music_config(config: str | Path, overrides: list[str] | None = None) ->
     if not path.is_file():
         shipped = shipped_music_configs()
         if str(config) not in shipped:
-            raise MoglmError(f"{config}: no such config file or shipped music config (shipped: {', '.join(shipped)})")
+            from ..train.config import did_you_mean
+
+            raise MoglmError(f"{config}: no such config file or shipped music config{did_you_mean(str(config), shipped)} "
+                             f"(shipped: {', '.join(shipped)})")
         path = shipped[str(config)]
     data = read_mapping(path)
     data.setdefault("name", path.stem)

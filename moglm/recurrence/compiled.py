@@ -139,11 +139,14 @@ def source_dir() -> Path:
 
 
 def build_key() -> str:
-    """Hash of everything the built library depends on."""
+    """Hash of everything the built library depends on, and of the install it belongs to: the sources' folder,
+    torch's and the interpreter's, so that two installs (two checkouts, two virtual environments) never share
+    a build folder whose ``build.ninja`` names the other's paths, which would relink at every switch."""
     digest = hashlib.sha256()
     for name in SOURCES:
         digest.update((source_dir() / name).read_bytes())
-    for part in (torch.__version__, sys.version, _cpu_id(), " ".join(CFLAGS + LDFLAGS)):
+    install = (str(source_dir().resolve()), str(Path(torch.__file__).resolve().parent), sys.prefix)
+    for part in (torch.__version__, sys.version, _cpu_id(), " ".join(CFLAGS + LDFLAGS), *install):
         digest.update(part.encode())
     return digest.hexdigest()[:16]
 
@@ -158,8 +161,14 @@ def extensions_dir() -> Path:
 def _build_lock(build_dir: Path):
     """torch's build lock (a ``lock`` file it creates and deletes) outlives a process killed mid-build, and
     every later build then waits for it forever. Builds of this directory are serialised by an ``flock``
-    here, which the kernel releases with its holder, so a ``lock`` file found while holding it is stale."""
-    with exclusive_lock(build_dir / ".moglm-build"):
+    here, which the kernel releases with its holder, so a ``lock`` file found while holding it is stale.
+    A process that waits for another's build says so."""
+
+    def waiting() -> None:
+        print("moglm: waiting for another process that is building the compiled recurrence (once; about a "
+              "minute)...", file=sys.stderr, flush=True)
+
+    with exclusive_lock(build_dir / ".moglm-build", on_wait=waiting):
         (build_dir / "lock").unlink(missing_ok=True)
         yield
 

@@ -168,7 +168,8 @@ class TrainConfig(Section):
     early_stopping_patience: int | None = Field(
         None, ge=1, description="Stop after this many evaluations without improvement (null: never)."
     )
-    seed: int = Field(1, description="Random seed (weights, dropout masks, state resets, episode order).")
+    seed: int = Field(1, ge=0, le=2**63 - 1, description="Random seed (weights, dropout masks, state resets, "
+                      "episode order), 0 to 2^63 - 1.")
     device: str = Field("auto", description="auto (CUDA when available), cpu, cuda or cuda:N.")
     cuda_graphs: bool = Field(
         False, description="CUDA only: replay each recurrent layer's fused window as a CUDA graph, captured once per "
@@ -308,7 +309,27 @@ def locate(config: str | Path) -> Path:
     shipped = shipped_configs()
     if str(config) in shipped:
         return shipped[str(config)]
-    raise MoglmError(f"{config}: no such config file or shipped config (shipped: {', '.join(shipped)})")
+    close = did_you_mean(str(config), shipped)
+    raise MoglmError(f"{config}: no such config file or shipped config{close} (shipped: {', '.join(shipped)})")
+
+
+def did_you_mean(word: str, choices) -> str:
+    """``"; did you mean X?"`` for the choice closest to ``word`` (difflib), or ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _keys(schema: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every dotted key of ``schema`` (sections and their fields)."""
+    out = []
+    for name, f in schema.model_fields.items():
+        out.append(prefix + name)
+        kind = f.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            out += _keys(kind, f"{prefix}{name}.")
+    return out
 
 
 def parse_value(raw: str) -> Any:
@@ -361,7 +382,7 @@ def validate(data: dict[str, Any], source: str = "config", schema: type[BaseMode
         err = e.errors()[0]
         where = ".".join(str(x) for x in err["loc"]) or "(top level)"
         if err["type"] == "extra_forbidden":
-            raise MoglmError(f"{source}: unknown key {where!r}") from None
+            raise MoglmError(f"{source}: unknown key {where!r}{did_you_mean(where, _keys(schema or RunConfig))}") from None
         msg = err["msg"].removeprefix("Value error, ")
         raise MoglmError(f"{source}: {where}: {msg}") from None
 

@@ -507,7 +507,8 @@ class Engine:
         for tag, value in (("train/xent", xent), ("train/grad_norm", norm), ("train/tokens_per_s", rate),
                            ("train/learning_rate", lr)):
             self._scalar(tag, value, step)
-        self.bar.set_postfix_str(f"xent {xent:.3f}")
+        describe = getattr(self.task, "describe_training", None)  # the validation lines' unit, where it has one
+        self.bar.set_postfix_str(f"train {describe(xent)}" if describe else f"xent {xent:.3f}")
         p.window_nll, p.window_tokens = 0.0, 0
 
 

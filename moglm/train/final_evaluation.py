@@ -64,7 +64,8 @@ def evaluate_run(
         factor, tried = search_temperature(model, corpus["valid"], search_tokens, cfg.train.eval_batch_size,
                                            cfg.train.bptt)
         results["temperature_search"] = {str(k): v for k, v in tried.items()}
-        log(f"softmax temperature factor {factor:.2f} (searched on {search_tokens:,} validation tokens)")
+        log(f"logit factor {factor:.2f} (a softmax temperature of {1 / factor:.2f}), searched on {search_tokens:,} "
+            "validation tokens")
     results["temperature"] = factor
     results["batch_size"] = batch_size
     results["splits"] = {}
@@ -111,6 +112,19 @@ def temperature_search_tokens(cfg, trained_tokens: int | None) -> int:
     if cfg.evaluation.temperature_tokens is not None:
         return cfg.evaluation.temperature_tokens
     return max(1_000, min(50_000, trained_tokens or 50_000))
+
+
+def final_block(results: dict[str, Any], cfg) -> list[str]:
+    """The end of ``moglm train``: what the final scores scored, and why they differ from the last validation
+    line, in the validation lines' unit (the scores themselves were printed as they were computed)."""
+    point = results["checkpoint"]
+    weights = "averaged weights" if point.get("weights") == "averaged" else "raw weights"
+    factor = results.get("temperature", 1.0)
+    prefix = f"the first {cfg.train.eval_tokens:,} tokens of" if cfg.train.eval_tokens else "all of"
+    return [f"final scores above: the {point['which']} checkpoint (step {point['step']}, {weights}), each split read "
+            f"whole as one stream at batch size {results['batch_size']}, logit factor {factor:.2f}; the validation "
+            f"lines during training read {prefix} valid at batch size {cfg.train.eval_batch_size} with factor 1.00, "
+            "so the two differ"]
 
 
 def headline(results: dict[str, Any], split: str = "valid") -> str:

@@ -142,6 +142,10 @@ class LanguageModelTask:
             return f"perplexity {scores['perplexity']:.2f}"
         return f"{scores['bits_per_token']:.4f} {'bits per byte' if self.corpus.format == 'byte' else 'bpc'}"
 
+    def describe_training(self, xent: float) -> str:
+        """The training loss in the validation lines' unit (the progress bar shows it)."""
+        return self.describe({"perplexity": math.exp(min(xent, 700.0)), "bits_per_token": xent / math.log(2)})
+
     # -- resumable state ------------------------------------------------------------------------------
     def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
         """The carried state of all B stripes (``[L, B, *]`` each, gathered from every process)."""

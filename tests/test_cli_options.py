@@ -1,0 +1,65 @@
+"""One vocabulary of options across commands: moglm train's hyperparameter options, "did you mean" for config
+names, keys and options, quiet-by-default info, and an honest end to training."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from conftest import tiny_config
+from moglm.cli import main
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+@pytest.fixture
+def config_file(tiny_corpus, tmp_path):
+    path = tmp_path / "tiny.toml"
+    path.write_text(tiny_config(tiny_corpus, train={"max_steps": 8}, sample={"num_tokens": 0}).to_toml())
+    return path
+
+
+def test_train_takes_the_common_hyperparameters_as_options_and_says_what_it_scored(config_file, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", str(config_file), "--run-dir", str(run), "--learning-rate", "0.02", "--max-steps", "4",
+                 "--batch-size", "3", "--hidden-size", "20", "--threads", "1", "--seed", "5", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    saved = tomllib.loads((run / "config.toml").read_text())
+    assert saved["train"]["learning_rate"] == 0.02 and saved["train"]["max_steps"] == 4
+    assert saved["train"]["batch_size"] == 3 and saved["train"]["threads"] == 1 and saved["train"]["seed"] == 5
+    assert saved["model"]["hidden_size"] == 20
+    final = [line for line in out.splitlines() if line.startswith("final scores above")]
+    assert len(final) == 1 and "batch size 1" in final[0] and "validation lines during training" in final[0]
+    assert out.count("valid: ") == 1  # the score once, as it was computed
+    assert "softmax temperature factor" not in out and "logit factor" in out
+
+
+def test_the_deprecated_lr_still_works_with_a_warning(config_file, tmp_path, capsys):
+    assert main(["train", str(config_file), "--run-dir", str(tmp_path / "r"), "--lr", "0.02", "--max-steps", "2",
+                 "--no-progress"]) == 0
+    assert "--lr is deprecated" in capsys.readouterr().err
+    assert tomllib.loads((tmp_path / "r" / "config.toml").read_text())["train"]["learning_rate"] == 0.02
+
+
+@pytest.mark.parametrize("args, suggestion", [
+    (["train", "ptb-word-mogrifer-cpu"], "did you mean 'ptb-word-mogrifier-cpu'?"),
+    (["train", "--set", "train.learning_rat=0.1"], "did you mean 'train.learning_rate'?"),
+    (["music", "train", "jsb-chorales-lstm-nade-cp"], "did you mean 'jsb-chorales-lstm-nade-cpu'?"),
+    (["train", "--learning-rat", "0.1"], "Possible options: --learning-rate"),
+])
+def test_a_mistyped_config_name_key_or_option_gets_a_suggestion(args, suggestion, capsys):
+    assert main(args) != 0
+    err = capsys.readouterr().err
+    assert suggestion in err and "Traceback" not in err
+
+
+def test_info_is_a_summary_unless_verbose(capsys):
+    assert main(["info"]) == 0
+    quiet = capsys.readouterr().out
+    assert main(["info", "--verbose"]) == 0
+    verbose = capsys.readouterr().out
+    assert len(quiet.splitlines()) <= len(verbose.splitlines()) and len(quiet.splitlines()) <= 20
