@@ -90,3 +90,13 @@ def tiny_trained_run(root, **train):
         cfg = tiny_config(corpus, train=train, sample={"num_tokens": 0})
         Trainer(cfg, root / "run", progress=False, log=lambda s: None).train()
     return root / "run"
+
+
+def dyneval_report(run, tag):
+    """The report ``moglm dyneval`` wrote under ``tag`` (``full``, ``sparse-first100`` ...): ``dyneval/<tag>.json``,
+    or ``<tag>-rejected.json`` where adapting scored worse than static or rolled back (tiny test models may)."""
+    import json
+
+    found = [p for p in (run / "dyneval" / f"{tag}.json", run / "dyneval" / f"{tag}-rejected.json") if p.is_file()]
+    assert len(found) == 1, f"expected one of {tag}.json and {tag}-rejected.json, found {found}"
+    return json.loads(found[0].read_text())

@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import tiny_config, write_tiny_corpus
+from conftest import dyneval_report, tiny_config, write_tiny_corpus
 
 from moglm.cli import main
 from moglm.train import LanguageModelRun, Trainer
@@ -114,11 +114,11 @@ def test_dynamic_evaluation_splits_its_streams_over_the_processes(runs, tmp_path
     args = ["dyneval", str(run), "--split", "valid", "--streams", "4", "--sparse", "--sparse-units", "8", "--rule",
             "sgd", "--no-progress"]
     assert main(args) == 0
-    one = json.loads((run / "dyneval" / "sparse.json").read_text())["splits"]["valid"]
+    one = dyneval_report(run, "sparse")["splits"]["valid"]
     result = _torchrun("-m", "moglm", *args)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("valid: static") == 1  # rank 0 reports
-    two = json.loads((run / "dyneval" / "sparse.json").read_text())["splits"]["valid"]
+    two = dyneval_report(run, "sparse")["splits"]["valid"]
     for kind in ("static", "dynamic"):  # each stripe adapts its own matrix: the same scores as one process
         assert two[kind]["tokens"] == one[kind]["tokens"]
         assert abs(two[kind]["xent"] - one[kind]["xent"]) <= 1e-6 * one[kind]["xent"]

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import tiny_trained_run, write_tiny_corpus
+from conftest import dyneval_report, tiny_trained_run, write_tiny_corpus
 from moglm.cli import main
 from moglm.dynamic_evaluation import DynamicEvaluator, Hyperparameters, StatisticsSettings
 from moglm.dynamic_evaluation import statistics as statistics_module
@@ -37,12 +37,13 @@ def test_dyneval_end_to_end(tiny_run, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "RMS statistics cached" in out and "searching on the first 121 validation tokens" in out
     assert "test: static ppl" in out and "-> dynamic ppl" in out and "rollbacks" in out
-    report = json.loads((run / "dyneval" / "full.json").read_text())
+    report = dyneval_report(run, "full-first150")  # a short run: never the run's full.json
+    assert not (run / "dyneval" / "full.json").exists()
     assert set(report["splits"]) == {"valid", "test"} and report["search"]["trials"]
     test = report["splits"]["test"]
     assert test["dynamic"]["tokens"] == test["static"]["tokens"] == 150 and test["profile"]["dynamic"]
     assert report["hyperparameters"] == report["search"]["best"]
-    assert (run / "dyneval" / "full-test.png").is_file()
+    assert (run / "dyneval" / "full-first150-test.png").is_file()
     # the statistics are cached: a second run collects nothing
     assert main(args[:4] + ["--eval-tokens", "50", "--stats-batch-size", "2", "--stats-fraction", "0.5",
                             "--no-progress"]) == 0
@@ -53,8 +54,8 @@ def test_dyneval_end_to_end(tiny_run, tmp_path, capsys):
     assert main(["dyneval", str(run), "--episodic", "--eval-tokens", "100", "--rule", "sgd", "--learning-rate", "0.1",
                  "--no-progress"]) == 0
     assert "decay 0" in capsys.readouterr().out
-    assert json.loads((run / "dyneval" / "sparse.json").read_text())["sparse"] == {"units": 6, "layers": [0, 1]}
-    assert json.loads((run / "dyneval" / "full-episodic.json").read_text())["episodic"] is True
+    assert dyneval_report(run, "sparse-first100")["sparse"] == {"units": 6, "layers": [0, 1]}
+    assert dyneval_report(run, "full-episodic-first100")["episodic"] is True
 
 
 def test_statistics_are_loaded_from_the_cache(tiny_run, tmp_path, monkeypatch):

@@ -6,12 +6,11 @@ is local RMSprop."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
 
+from conftest import dyneval_report
 from moglm.dynamic_evaluation import DynamicEvaluator, Hyperparameters, dynamic_evaluate, static_pass
 from moglm.dynamic_evaluation.search import GRIDS, grid_for
 from moglm.dynamic_evaluation.update_rules import UpdateRule, uses_eps, uses_rms
@@ -233,13 +232,13 @@ def test_dyneval_cli_takes_the_new_rules_and_their_options(tiny_run, capsys):
 
     assert main(["dyneval", str(tiny_run), "--rule", "rmsprop", "--alpha", "0.9", "--eps", "0.01",
                  "--learning-rate", "1e-3", "--eval-tokens", "60", "--no-progress"]) == 0
-    report = json.loads((tiny_run / "dyneval" / "full.json").read_text())
+    report = dyneval_report(tiny_run, "full-first60")
     assert report["hyperparameters"] == {"rule": "rmsprop", "lr": 1e-3, "eps": 0.01, "segment_length": 20,
                                          "alpha": 0.9}
     assert report["statistics"] is None and not list((tiny_run / "dyneval").glob("rms-*.safetensors"))
     assert main(["dyneval", str(tiny_run), "--rule", "sgd-momentum", "--momentum", "0.9", "--eval-tokens", "60",
                  "--no-progress"]) == 0
-    assert json.loads((tiny_run / "dyneval" / "full.json").read_text())["hyperparameters"]["momentum"] == 0.9
+    assert dyneval_report(tiny_run, "full-first60")["hyperparameters"]["momentum"] == 0.9
     capsys.readouterr()
     assert main(["dyneval", str(tiny_run), "--rule", "sgd-momentum", "--momentum", "1.5", "--no-progress"]) == 1
     err = capsys.readouterr().err

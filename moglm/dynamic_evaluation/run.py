@@ -190,6 +190,9 @@ def dyneval_run(
         report["cache"] = tuned_cache.as_dict()
     report["splits"] = {}
     tag = ("sparse" if sparse else "full") + ("-episodic" if episodic else "") + ("-mc" if mc_samples else "")
+    if eval_tokens is not None:  # a short run never stands in for the full run (sample --adapt, compress read it)
+        tag += f"-first{eval_tokens}"
+    harmful: list[str] = []
     for split in splits:
         ids = corpus[split] if eval_tokens is None else corpus[split][: eval_tokens + streams]
         if episodic:
@@ -210,9 +213,20 @@ def dyneval_run(
             f"dynamic {result.scores.headline(corpus.format)}"
             f" (perplexity {-result.gain:+.1%}); {result.rollbacks} rollbacks; "
             f"{result.timing.seconds:.1f}s, {result.cost:.1f}x the static CPU time")
+        if result.gain <= 0 or result.rollbacks:
+            why = (f"scored worse than static ({result.static.headline(corpus.format)} -> "
+                   f"{result.scores.headline(corpus.format)})" if result.gain <= 0 else
+                   f"rolled back {result.rollbacks} time{'s' * (result.rollbacks > 1)} (diverging updates)")
+            harmful.append(f"{split}: {why}")
+            log(f"warning: dynamic evaluation {why} on {split} with {hp.label()}; search the settings on this "
+                "model (--search) or lower --learning-rate")
         if write:
             plot_profile(profile, run.path / "dyneval" / f"{tag}-{split}.png",
                          f"{run.path.name} {split}: {tag} dynamic evaluation")
+    if write and harmful:
+        tag += "-rejected"  # the settings the other commands read are left alone
+        log(f"this report goes to dyneval/{tag}.json; the run's saved dynamic-evaluation settings are unchanged")
+    report["harmful"] = harmful
     if write:
         path = run.path / "dyneval" / f"{tag}.json"
         write_result(path, report, None)

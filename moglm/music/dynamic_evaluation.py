@@ -12,6 +12,7 @@ of thesis 4.5).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -133,9 +134,32 @@ def search_songs(model: NadeSequenceModel, songs: list[Tensor], rule: str, rms: 
     coordinate search of thesis 4.5 (:func:`moglm.dynamic_evaluation.search.coordinate_search`), from ``start``
     (default :func:`start_for`)."""
 
+    results: dict[Hyperparameters, SongDynamicResult] = {}
+
     def score(hp: Hyperparameters) -> tuple[float, dict]:
-        result = dynamic_evaluate_songs(model, songs, hp, rms)
+        results[hp] = result = dynamic_evaluate_songs(model, songs, hp, rms)
         return -result.dynamic.log_likelihood, {"log_likelihood": result.dynamic.log_likelihood,
                                                 "gain": result.gain}
 
-    return coordinate_search(score, start or start_for(rule), max_segment_length=20, log=log)
+    start = start or start_for(rule)
+    best, trials = coordinate_search(score, start, max_segment_length=20, log=log)
+    gain, noise = gain_and_noise(results[best], results[start])
+    if best != start and not gain > 2 * noise:  # a gain the songs' spread could give by chance is not kept
+        log(f"the best searched setting ({best.label()}) gains {gain:+.4f} per frame over the start on validation, "
+            f"within twice its noise ({noise:.4f}): keeping the start ({start.label()})")
+        best = start
+    return best, trials
+
+
+def gain_and_noise(a: SongDynamicResult, b: SongDynamicResult) -> tuple[float, float]:
+    """How much better ``a`` scores the same songs than ``b``, in nats per frame, and the standard error of that
+    gain over the songs (each song's paired difference of summed nll, at the mean song length)."""
+    diffs = [nb - na for na, nb in zip(a.dynamic_per_song, b.dynamic_per_song)]  # [songs], positive: a better
+    length = a.dynamic.frames / max(len(diffs), 1)  # frames per song on average
+    gain = sum(diffs) / max(a.dynamic.frames, 1)
+    if len(diffs) < 2:
+        return gain, math.inf
+    per_song = [d / length for d in diffs]
+    mean = sum(per_song) / len(per_song)
+    variance = sum((x - mean) ** 2 for x in per_song) / (len(per_song) - 1)
+    return gain, math.sqrt(variance / len(per_song))

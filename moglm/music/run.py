@@ -74,12 +74,27 @@ def dyneval_music_run(run: MusicRun, rule: str = "rms", splits: tuple[str, ...] 
         hp, trials = search_songs(model, corpus["valid"], rule, rms, log=log, start=hp)
     out: dict[str, Any] = {"rule": rule, "checkpoint": checkpoint, "hyperparameters": hp.as_dict(),
                            "searched": search, "search": trials, "splits": {}}
+    harmful = []
     for split in splits:
         result = dynamic_evaluate_songs(model, corpus[split], hp, rms, progress=progress, desc=f"dyneval {split}")
+        cost = result.as_dict()["cost"]
         log(f"{split}: static {result.static.log_likelihood:.4f}, dynamic ({rule}, {hp.label()}) "
-            f"{result.dynamic.log_likelihood:.4f} per frame ({result.gain:+.4f})")
+            f"{result.dynamic.log_likelihood:.4f} per frame ({result.gain:+.4f}); {result.rollbacks} rollbacks; "
+            f"{cost:.1f}x the static CPU time")
         out["splits"][split] = result.as_dict()
-    run.write_json(run.path / "dyneval" / f"music-{rule}.json", out)
+        if result.gain <= 0 or result.rollbacks:
+            why = (f"scored worse than static ({result.static.log_likelihood:.4f} -> "
+                   f"{result.dynamic.log_likelihood:.4f} per frame)" if result.gain <= 0 else
+                   f"rolled back {result.rollbacks} time{'s' * (result.rollbacks > 1)} (diverging updates)")
+            harmful.append(f"{split}: {why}")
+            log(f"warning: dynamic evaluation {why} on {split} with {hp.label()}")
+    out["harmful"] = harmful
+    name = f"music-{rule}" + ("-rejected" if harmful else "")
+    if harmful:
+        log(f"this report goes to dyneval/{name}.json; the run's saved music-{rule} settings are unchanged")
+    from ..provenance import write_result
+
+    write_result(run.path / "dyneval" / f"{name}.json", out, cfg.train.seed)
     return out
 
 

@@ -1,0 +1,74 @@
+"""No silent harm from adaptation: dynamic evaluation that scores worse than static or rolls back says so in one
+line with the numbers and leaves the run's saved settings alone; a short run never stands in for the full one;
+a search keeps no setting whose gain is within its noise; the eps grid starts at 1e-6."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from conftest import tiny_trained_run
+from moglm.cli import main
+from moglm.dynamic_evaluation import Hyperparameters
+from moglm.dynamic_evaluation.search import grid_for
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    return tiny_trained_run(tmp_path_factory.mktemp("harm"), max_steps=8, eval_every=4)
+
+
+def _copy(run, tmp_path):
+    shutil.copytree(run, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_a_harmful_setting_says_so_and_leaves_the_saved_settings_alone(tiny_run, tmp_path, capsys):
+    run = _copy(tiny_run, tmp_path)
+    assert main(["dyneval", str(run), "--split", "valid", "--rule", "sgd", "--learning-rate", "0.05",
+                 "--no-progress"]) == 0  # a full run with a gentle setting: the run's settings
+    good = json.loads((run / "dyneval" / "full.json").read_text())
+    capsys.readouterr()
+    assert main(["dyneval", str(run), "--split", "valid", "--rule", "sgd", "--learning-rate", "1000",
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    warning = [line for line in out.splitlines() if line.startswith("warning: dynamic evaluation")]
+    assert len(warning) == 1 and ("scored worse than static" in warning[0] or "rolled back" in warning[0])
+    assert "lr=1000" in warning[0]
+    assert json.loads((run / "dyneval" / "full.json").read_text()) == good  # untouched
+    rejected = json.loads((run / "dyneval" / "full-rejected.json").read_text())
+    assert rejected["harmful"] and rejected["hyperparameters"]["lr"] == 1000
+
+
+def test_a_short_run_never_overwrites_the_full_runs_settings(tiny_run, tmp_path):
+    run = _copy(tiny_run, tmp_path)
+    (run / "dyneval").mkdir(exist_ok=True)
+    (run / "dyneval" / "full.json").write_text('{"hyperparameters": {"rule": "sgd", "lr": 0.01}}')
+    assert main(["dyneval", str(run), "--eval-tokens", "40", "--rule", "sgd", "--learning-rate", "0.05",
+                 "--no-progress"]) == 0
+    assert json.loads((run / "dyneval" / "full.json").read_text())["hyperparameters"]["lr"] == 0.01
+    assert list((run / "dyneval").glob("full-first40*.json"))
+
+
+def test_the_search_starts_eps_at_1e_6_as_asked_unless_an_eps_is_given():
+    assert min(grid_for("eps", Hyperparameters())) == 1e-6
+    assert Hyperparameters(eps=1e-8).eps == 1e-8  # still there to be asked for
+
+
+def test_a_music_search_keeps_no_setting_whose_gain_is_within_the_songs_noise():
+    from moglm.music.dynamic_evaluation import SongDynamicResult, gain_and_noise
+    from moglm.music.evaluation import SongScores
+
+    def result(per_song):
+        return SongDynamicResult(SongScores(0.0, 40, 4), SongScores(sum(per_song), 40, 4), Hyperparameters(),
+                                 [0.0] * 4, per_song)
+
+    start = result([10.0, 10.0, 10.0, 10.0])
+    noisy = result([8.0, 12.5, 7.5, 11.0])  # 1 nat better in all, songs disagree
+    steady = result([9.0, 9.1, 8.9, 9.0])  # 4 nats better, every song
+    gain, noise = gain_and_noise(noisy, start)
+    assert gain == pytest.approx(1.0 / 40) and not gain > 2 * noise
+    gain, noise = gain_and_noise(steady, start)
+    assert gain == pytest.approx(4.0 / 40) and gain > 2 * noise
