@@ -16,6 +16,29 @@ def _seed():
     yield
 
 
+def pytest_configure(config):
+    """SIGTERM stops the run as Ctrl-C does (a KeyboardInterrupt: pytest reports what ran and exits)."""
+    import signal
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+@pytest.fixture(autouse=True)
+def _stop_on_signals_a_trainer_caught(request):
+    """A SIGINT or SIGTERM that arrives while a test trains in this process is caught by the training engine
+    (it saves a checkpoint and stops that run): the test run stops after that test instead of going on. Tests
+    that signal themselves on purpose are marked ``sends_signals``."""
+    from moglm.train.engine import _InterruptFlag
+
+    _InterruptFlag.received = None
+    yield
+    if _InterruptFlag.received is not None and request.node.get_closest_marker("sends_signals") is None:
+        pytest.exit(f"stopped by signal {_InterruptFlag.received} during {request.node.nodeid}", returncode=2)
+
+
 def grads_of(tensors):
     """Gradients of ``tensors`` (a list), with ``None`` for tensors that got none."""
     return [None if t.grad is None else t.grad.clone() for t in tensors]

@@ -14,6 +14,7 @@ from moglm.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_bench_throughput_writes_ratios_to_nn_lstm_for_every_model(tmp_path, capsys):
     out = tmp_path / "throughput.json"
     code = main(["bench", "throughput", "--hidden-size", "65", "--batch-size", "3", "--bptt", "5", "--repeats", "1",
@@ -58,6 +59,7 @@ temperature_tokens = 100
 """
 
 
+@pytest.mark.slow
 def test_bench_budget_is_the_budget_experiment_with_its_report(tmp_path, capsys):
     text = tmp_path / "tiny.txt"
     text.write_text("\n".join(f"the cat {i % 7} sat on the mat {i % 5} ." for i in range(500)) + "\n")
@@ -109,6 +111,7 @@ def test_bench_gemm_routes_times_the_gate_products_split_by_columns_on_two_threa
     assert table.splitlines()[-2].count("| -") == len(routes)  # a round's row: no split timings
 
 
+@pytest.mark.slow
 def test_bench_end_to_end_times_a_config_on_both_paths(tiny_corpus, tmp_path, capsys):
     path = tmp_path / "tiny.toml"
     path.write_text(BUDGET.format(arch="mogrifier", cell="cell = { rounds = 2, rank = 2 }").replace(
@@ -217,6 +220,7 @@ def test_the_dynamic_evaluation_cost_benchmark_times_both_passes(tiny_corpus, tm
     assert "graphs" not in report  # CUDA only
 
 
+@pytest.mark.slow
 def test_the_compiled_phases_benchmark_times_every_phase_and_counts_its_products(tmp_path):
     """Small sizes (the Mogrifier's rank 64 needs 64 units): every model's phases are timed, the weight-gradient shapes are the models' own weights,
     and the FLOPs of the phases add up to the training step's count in the throughput bench."""
@@ -250,6 +254,7 @@ def compiled_available() -> bool:
     return compiled.available()
 
 
+@pytest.mark.slow
 def test_the_workspace_cache_benchmark_times_steps_with_the_cache_on_and_off_in_fresh_processes(tmp_path,
                                                                                                 monkeypatch):
     """Tiny sizes (the cache keeps blocks of any size here): each setting runs in its own process (the cache

@@ -148,6 +148,7 @@ def _metrics(run: Path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_sigkill_then_the_same_command_resumes_and_matches_an_uninterrupted_run(tiny_corpus, tmp_path):
     cfg = _config(tmp_path, steps=400, eval_every=50)
     base = [sys.executable, "-m", "moglm.cli", "train", str(cfg), "--set", f"data.path={tiny_corpus}",

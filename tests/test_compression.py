@@ -74,6 +74,7 @@ def test_any_file_round_trips_exactly(char_run, data):
     assert read_header(blob)[0]["bytes"] == len(data)
 
 
+@pytest.mark.slow
 def test_text_compresses_to_the_models_cross_entropy(char_run):
     """The payload is the range coder's output: within 0.1% of the ideal code length (the model's cross-entropy
     on the tokens plus the gaps' code length), and text the model knows is far smaller than the file."""
@@ -85,6 +86,7 @@ def test_text_compresses_to_the_models_cross_entropy(char_run):
     assert report.compressed_bytes < 0.35 * len(long)
 
 
+@pytest.mark.slow
 def test_dynamic_evaluation_round_trips_and_compresses_repeated_text_better(char_run):
     trained = load_run(char_run)
     long = TEXT * 10
@@ -133,6 +135,7 @@ def test_a_word_level_run_is_refused():
         Layout.of(Vocabulary(["the", "cat"], "word"))
 
 
+@pytest.mark.slow
 def test_command_line_round_trip_with_and_without_adaptation(char_run, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(char_run, run)
@@ -214,6 +217,7 @@ def test_compression_refuses_a_model_in_training_mode_or_float64(char_run):
         compress(TEXT, trained.model.eval().to(torch.float64), trained.vocab, progress=False)
 
 
+@pytest.mark.slow
 def test_bench_compress_puts_the_model_beside_gzip_bzip2_and_xz(char_run, tmp_path, capsys):
     import json
 
@@ -229,3 +233,14 @@ def test_bench_compress_puts_the_model_beside_gzip_bzip2_and_xz(char_run, tmp_pa
         assert r["against"]["xz -9"] == pytest.approx(r["compressed_bytes"] / r["baselines"]["xz -9"] - 1)
         assert r["kilobytes_per_second"] > 0 and r["decompress_kilobytes_per_second"] > 0
     assert "| xz -9 |" in capsys.readouterr().out
+
+
+def test_an_empty_file_round_trips_and_reports_no_rate(char_run, tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    assert main(["compress", str(char_run), str(empty), "-o", str(tmp_path / "e.moglm"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "an empty file ->" in out and "bits per byte" not in out and "%" not in out
+    assert main(["decompress", str(char_run), str(tmp_path / "e.moglm"), "-o", str(tmp_path / "e.txt"),
+                 "--no-progress"]) == 0
+    assert (tmp_path / "e.txt").read_bytes() == b""

@@ -17,7 +17,7 @@ from conftest import dyneval_report, tiny_config, write_tiny_corpus
 from moglm.cli import main
 from moglm.train import LanguageModelRun, Trainer
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # several processes each: CI runs them (pytest -m slow)
 
 # SIGKILL of one rank at a given step, as an external kill would: nothing is saved on the way out
 KILLER = """

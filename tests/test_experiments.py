@@ -106,6 +106,7 @@ def _rows(report: str, label: str) -> list[str]:
     return [line for line in report.splitlines() if line.startswith(f"| {label} |")]
 
 
+@pytest.mark.slow
 def test_ablation_at_smoke_scale_trains_every_variant_and_reports_them(smoke):
     root, data = smoke
     folder = run_experiment("ablation", "smoke", root=root, data=str(data), progress=False, log=lambda s: None)
@@ -118,6 +119,7 @@ def test_ablation_at_smoke_scale_trains_every_variant_and_reports_them(smoke):
     assert all(r["state"] == "done" for r in status("ablation", "smoke", root, str(data)))
 
 
+@pytest.mark.slow
 def test_report_numbers_are_the_run_files_numbers(smoke):
     root, data = smoke
     folder = root / "smoke-tiny" / "ablation"
@@ -129,6 +131,7 @@ def test_report_numbers_are_the_run_files_numbers(smoke):
     assert f"[{static['splits']['test']['bits_per_token']:.3f}]" in row
 
 
+@pytest.mark.slow
 def test_headline_and_surprise_share_runs_and_add_their_evaluations(smoke):
     root, data = smoke
     seen: list[str] = []
@@ -153,6 +156,7 @@ def test_headline_and_surprise_share_runs_and_add_their_evaluations(smoke):
     assert "surprising tokens of" in text
 
 
+@pytest.mark.slow
 def test_mc_dropout_evaluations_repeat_exactly_whatever_ran_before_them(smoke):
     """Their dropout masks come from the run's seed, not from the random state a process happens to have."""
     from moglm.experiments.language_model import evaluate_run_spec
@@ -176,6 +180,7 @@ def test_mc_dropout_evaluations_repeat_exactly_whatever_ran_before_them(smoke):
             assert got["xent"] == want["xent"], (name, split)
 
 
+@pytest.mark.slow
 def test_transformer_dyneval_scores_four_ways_and_says_whether_the_thesis_order_holds(smoke):
     root, data = smoke
     folder = run_experiment("transformer-dyneval", "smoke", root=root, data=str(data), progress=False,
@@ -194,6 +199,7 @@ def test_transformer_dyneval_scores_four_ways_and_says_whether_the_thesis_order_
         assert row.rstrip(" |").endswith(("yes", "-")) or "| no: " in row
 
 
+@pytest.mark.slow
 def test_mi_lstm_trains_both_thesis_recipes_with_their_own_orthogonal_scales(smoke):
     """Thesis table 3.1's MI-LSTM against the mLSTM: the same recipe, 0.5 and 0.7 orthogonal scales (footnote 2)."""
     specs = {s.variant: run_config(s) for s in runs(load_experiment("mi-lstm"), "cpu")}
@@ -206,6 +212,7 @@ def test_mi_lstm_trains_both_thesis_recipes_with_their_own_orthogonal_scales(smo
     assert _rows(report, "mLSTM") and _rows(report, "MI-LSTM")
 
 
+@pytest.mark.slow
 def test_surprise_mlstm_reads_the_mlstm_size_runs(smoke):
     """Thesis figure 3.3 as stated: the mLSTM against the LSTM, from mlstm-size's runs."""
     root, data = smoke
@@ -215,6 +222,7 @@ def test_surprise_mlstm_reads_the_mlstm_size_runs(smoke):
     assert "mLSTM" in report and (folder / "surprise-tiny.png").is_file()
 
 
+@pytest.mark.slow
 def test_optimisers_tunes_each_optimiser_on_transformer_dynevals_runs_and_checks_the_thesis(smoke):
     """Krause thesis 5.4: every optimiser's row, each with its own learning rate, on the same tokens."""
     root, data = smoke
@@ -267,6 +275,7 @@ def _text_with_new_words(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_unseen_words_reads_transformer_dyneval_runs_word_by_word(smoke):
     """Krause thesis 5.3: character-level runs on a corpus whose test split has words unseen in training."""
     root, _ = smoke
@@ -294,6 +303,7 @@ def test_unseen_words_reads_transformer_dyneval_runs_word_by_word(smoke):
     assert "Transformer: no unseen-word analysis: novel-transformer-s1: its corpus cannot be read: " in report
 
 
+@pytest.mark.slow
 def test_rounds_and_budget_at_smoke_scale(smoke):
     root, data = smoke
     folder = run_experiment("rounds", "smoke", root=root, data=str(data), progress=False, log=lambda s: None)
@@ -304,6 +314,7 @@ def test_rounds_and_budget_at_smoke_scale(smoke):
     assert _rows(write_report([budget]).read_text(), "Mogrifier")
 
 
+@pytest.mark.slow
 def test_mlstm_size_sweeps_three_budgets_of_three_models_and_draws_one_line_each(smoke):
     specs = runs(load_experiment("mlstm-size"), "cpu")
     budgets = {(s.variant, run_config(s).model.num_params, s.x, s.series) for s in specs}
@@ -320,6 +331,7 @@ def test_mlstm_size_sweeps_three_budgets_of_three_models_and_draws_one_line_each
     assert sorted({r["x"] for r in manifest["runs"]}) == [50_000, 100_000, 200_000]
 
 
+@pytest.mark.slow
 def test_reverse_copy_tunes_then_trains_each_model_and_length(tmp_path):
     folder = run_experiment("reverse-copy", "smoke", root=tmp_path, progress=False, log=lambda s: None)
     report = write_report([folder]).read_text()
@@ -330,6 +342,7 @@ def test_reverse_copy_tunes_then_trains_each_model_and_length(tmp_path):
     assert (tmp_path / "smoke" / "studies" / "length4-mogrifier-s1").is_dir()
 
 
+@pytest.mark.slow
 def test_a_rerun_resumes_and_trains_nothing_done(smoke):
     root, data = smoke
     seen: list[str] = []
@@ -337,6 +350,7 @@ def test_a_rerun_resumes_and_trains_nothing_done(smoke):
     assert not any("] step" in line for line in seen)
 
 
+@pytest.mark.slow
 def test_the_cli_lists_runs_reports_and_refuses_a_bad_scale(smoke, tmp_path):
     root, data = smoke
     cli = CliRunner()
@@ -370,6 +384,7 @@ def test_wikitext_lines_read_into_the_ptb_character_alphabet():
     assert [words.itos[i] for i in ids] == ["the", "<unk>", "<eos>", "cat", "<eos>"] and changed["unknown_words"] == 1
 
 
+@pytest.mark.slow
 def test_out_of_domain_tunes_on_the_training_domain_and_scores_another_text(smoke, tmp_path):
     root, data = smoke
     target = tmp_path / "other.txt"
@@ -391,6 +406,7 @@ def test_out_of_domain_tunes_on_the_training_domain_and_scores_another_text(smok
     assert row.rstrip(" |").endswith(("yes", "no"))
 
 
+@pytest.mark.slow
 def test_music_trains_both_nades_scores_static_sgd_and_rms_and_reports_table_4_6(tmp_path):
     """Thesis table 4.6's protocol at smoke scale on generated songs: every run scores static, SGD and global-RMS
     dynamic evaluation (searched on valid), the report lays them out with the thesis's numbers and gains."""
@@ -422,3 +438,22 @@ def test_music_trains_both_nades_scores_static_sgd_and_rms_and_reports_table_4_6
     assert "| LSTM-NADE, sigmoid NADE |" in report  # the thesis's relu (eq. 2.62) beside Boulanger-Lewandowski's sigmoid
     assert len(gains) == 3 and all("lr=" in line for line in gains)  # each row names its searched settings
     assert "learning_curves-chorales.png" in report
+
+
+def test_an_interrupted_run_stops_the_experiment_instead_of_going_on_to_the_next(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM during one run (the engine saves a checkpoint and raises TrainingInterrupted) stops the
+    whole experiment: the next run does not start, and rerunning resumes."""
+    from moglm.experiments import language_model
+    from moglm.train.engine import TrainingInterrupted
+
+    started = []
+
+    def interrupted(spec, run_dir, progress, log):
+        started.append(spec.name)
+        raise TrainingInterrupted("interrupted at step 3; checkpoint saved, rerun the same command to resume")
+
+    monkeypatch.setattr(language_model, "train_run_spec", interrupted)
+    with pytest.raises(TrainingInterrupted):
+        run_experiment("ablation", "smoke", root=tmp_path / "root", data=str(_tiny_text(tmp_path / "tiny.txt")),
+                       progress=False, log=lambda s: None)
+    assert len(started) == 1

@@ -60,6 +60,7 @@ def _damage(run, what):
 
 
 @pytest.mark.parametrize("what", ["truncated weights", "flipped bit", "truncated state", "pointer is a list"])
+@pytest.mark.slow
 def test_a_damaged_last_checkpoint_falls_back_to_the_previous_one_and_resumes_exactly(tiny_corpus, tmp_path, what):
     cfg = tiny_config(tiny_corpus, train={"max_steps": 12})
     _train(cfg, tmp_path / "straight")
@@ -125,6 +126,7 @@ def test_a_second_trainer_on_the_same_run_directory_is_refused_with_the_holders_
     _train(tiny_config(tiny_corpus), run.path)  # a killed holder releases the lock
 
 
+@pytest.mark.slow
 def test_restart_while_another_trainer_runs_is_refused_and_removes_nothing(config_file, tmp_path, capsys):
     run = tmp_path / "run"
     assert _cli(["train", config_file, "--run-dir", run], capsys)[0] == 0
@@ -321,6 +323,7 @@ def _results(run):
 
 
 @pytest.mark.parametrize("stage", [s for s in STAGES if s != "pruning"])
+@pytest.mark.slow
 def test_a_full_disk_inside_the_last_checkpoint_write_is_one_line_and_the_rerun_finishes_exactly(
         tiny_corpus, tmp_path, capsys, stage):
     config = tmp_path / "tiny.toml"
@@ -360,6 +363,7 @@ def _one_line(code, err, *names):
     assert all(str(name) in err for name in names), err
 
 
+@pytest.mark.slow
 def test_training_in_a_read_only_run_directory_is_one_line(tmp_path):
     write_tiny_corpus(tmp_path / "tiny")
     config = tmp_path / "tiny.toml"
@@ -390,6 +394,7 @@ def test_tuning_in_a_read_only_study_directory_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("sqlite", [False, True], ids=["journal", "sqlite"])
+@pytest.mark.slow
 def test_adding_trials_to_a_read_only_study_is_one_line_naming_the_study(tmp_path, sqlite):
     space, study = _space(tmp_path), tmp_path / "study"
     storage = ["--storage", f"sqlite:///{study / 'study.db'}"] if sqlite else []

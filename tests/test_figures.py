@@ -83,6 +83,7 @@ def test_a_long_title_is_wrapped_and_a_bad_unit_refused(drawn, tmp_path):
         plot_learning_curve(_records(), tmp_path / "c.png", unit="furlongs")
 
 
+@pytest.mark.slow
 def test_plots_leave_the_users_backend_and_pyplot_alone(tmp_path):
     """A notebook's backend stays, and no figure is left open in pyplot (run apart: a fresh interpreter)."""
     script = textwrap.dedent(f"""

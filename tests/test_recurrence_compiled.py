@@ -248,6 +248,7 @@ print(json.dumps(out))
 
 @pytest.mark.usefixtures("built")
 @pytest.mark.parametrize("thread_limit", ["2", "4"], ids=["fewer_threads_than_partitions", "four_threads"])
+@pytest.mark.slow
 def test_column_split_over_four_partitions_matches_reference_on_any_number_of_threads(thread_limit):
     """Four partitions (67 units, four threads asked), run by four threads or, with OMP_THREAD_LIMIT=2, by
     two threads that each run two partitions and count for both at every barrier (in a fresh process: the
@@ -689,6 +690,7 @@ def test_windows_on_reused_workspace_blocks_full_of_nan_still_match_reference_on
 
 
 @pytest.mark.usefixtures("built")
+@pytest.mark.slow
 def test_every_compiled_parity_test_passes_on_workspace_blocks_full_of_nan():
     """This file's parity tests (every model, option, route and split, the adaptation, double backward, edge
     cases) in a fresh process whose workspace cache hands out every block, of any size, full of NaN."""

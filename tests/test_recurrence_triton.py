@@ -115,6 +115,7 @@ def test_the_kernels_are_picked_under_the_interpreter_and_switched_off_by_moglm_
 
 @pytest.mark.parametrize("mode", ["train", "eval"])
 @pytest.mark.parametrize("make", DEVICE_AGNOSTIC, ids=["mogrifier", "mogrifier_full", "lstm", "multiplicative_lstm"])
+@pytest.mark.slow
 def test_fused_windows_on_the_kernels_match_the_reference_loop(make, mode):
     """Outputs, final states and every gradient (input, initial state, parameters) in float64, in training
     (state dropout on) and in eval mode: dynamic evaluation's backward with dropout off."""
@@ -190,6 +191,7 @@ def assert_round_outputs_close(names, got, want):
 
 @pytest.mark.parametrize("zigzag", [True, False], ids=["zigzag", "no_zigzag"])
 @pytest.mark.parametrize("mode", ["train", "eval"])
+@pytest.mark.slow
 def test_float32_mogrifier_windows_on_the_round_kernels_match_the_reference_loop(zigzag, mode, monkeypatch):
     """Each low-rank round one kernel forward and one backward, in 1 and 2 layers, with and without biases."""
     from moglm.recurrence import triton_rounds

@@ -220,6 +220,7 @@ def test_torch_export_of_forward_matches_eager():
     torch.testing.assert_close(c, c_ref)
 
 
+@pytest.mark.slow
 def test_torch_compile_of_forward_and_backward_matches_eager():
     model = moglm.MogrifierLSTM(5, 7, 2, rounds=3, rank=2)
     compiled = torch.compile(model)

@@ -71,6 +71,7 @@ def test_kill_and_rerun_continues_exactly_like_an_uninterrupted_run(tiny_corpus,
     _kill_at_7_and_resume(cfg, tmp_path)
 
 
+@pytest.mark.sends_signals
 @pytest.mark.parametrize("signum, said", [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "terminated")])
 def test_ctrl_c_or_sigterm_saves_a_checkpoint_at_the_current_step_and_resume_is_exact(tiny_corpus, tmp_path,
                                                                                        signum, said):

@@ -53,6 +53,7 @@ def _trials(directory: Path, name: str = "space") -> list[optuna.trial.FrozenTri
     return study.get_trials()
 
 
+@pytest.mark.slow
 def test_study_with_two_workers_resumes_and_its_best_config_trains(space, tmp_path, capsys):
     study_dir = tmp_path / "study"
     assert main(["tune", str(space), "--workers", "2", "--study-dir", str(study_dir)]) == 0

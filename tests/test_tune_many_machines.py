@@ -23,7 +23,7 @@ from optuna.trial import TrialState
 from moglm.cli import main
 from moglm.tune.study import WORKER, counted_trials, open_storage
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # several processes each: CI runs them (pytest -m slow)
 
 SPACE = """
 base = "{base}"

@@ -105,6 +105,9 @@ class Report:
 
     def summary(self) -> str:
         d = self.as_dict()
+        if not self.original_bytes:  # nothing to code: no rate or overhead to speak of
+            return (f"an empty file -> {self.compressed_bytes:,} bytes (the header, {self.header_bytes} bytes, and "
+                    f"{self.compressed_bytes - self.header_bytes} bytes of coder state) in {self.seconds:.1f}s")
         return (f"{self.original_bytes:,} -> {self.compressed_bytes:,} bytes ({d['bits_per_byte']:.4f} bits per byte; "
                 f"{self.tokens:,} tokens at {d['model_bits_per_token']:.4f} bits each by the model's cross-entropy; "
                 f"payload {100 * self.coding_overhead:+.4f}% against the ideal code length; header "

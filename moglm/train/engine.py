@@ -183,9 +183,11 @@ class Progress:
 
 class _InterruptFlag:
     """SIGINT (Ctrl-C) and SIGTERM (a scheduler's or ``kill``'s stop) set a flag checked between steps, so
-    the run saves a checkpoint before it stops; a second Ctrl-C interrupts at once."""
+    the run saves a checkpoint before it stops; a second Ctrl-C interrupts at once. ``received`` keeps the
+    last signal handled this way, for a caller that trains in its own process and must stop too (a test run)."""
 
     SIGNALS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
+    received: int | None = None
 
     def __init__(self) -> None:
         self.set: str | None = None
@@ -201,6 +203,7 @@ class _InterruptFlag:
         if self.set and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.set = self.SIGNALS[signum]
+        _InterruptFlag.received = signum
 
     def __exit__(self, *exc) -> None:
         for signum, previous in self._previous.items():
