@@ -126,11 +126,14 @@ def _build_app():
     @app.command()
     def sample(
         run_dir: Path = typer.Argument(..., help="A run directory made by `moglm train`."),
-        prompt: str = typer.Option("", help="Text to continue."),
-        num_tokens: int = typer.Option(200, min=0, help="Tokens to sample (a music run: frames)."),
+        prompt: Optional[str] = typer.Option(None, help="Text to continue (default: the run's [sample] prompt)."),
+        num_tokens: Optional[int] = typer.Option(None, min=0, help="Tokens to sample, a music run: frames (default: "
+                                                 "the run's [sample] num_tokens, or 200 where that is 0)."),
         tokens: Optional[int] = deprecated("--tokens", min=0),
-        temperature: float = typer.Option(1.0, help="Sampling temperature (> 0)."),
-        top_k: Optional[int] = typer.Option(None, help="Sample among the k most likely tokens."),
+        temperature: Optional[float] = typer.Option(None, help="Sampling temperature, > 0 (default: the run's "
+                                                    "[sample] temperature)."),
+        top_k: Optional[int] = typer.Option(None, help="Sample among the k most likely tokens (default: the run's "
+                                            "[sample] top_k)."),
         seed: Optional[int] = typer.Option(None, min=0, max=2**63 - 1, help="Random seed."),
         checkpoint: Checkpoint = typer.Option("best", help="The best or the last checkpoint."),
         prompt_file: Optional[Path] = typer.Option(None, help="Read the prompt from a file (a long text)."),
@@ -157,7 +160,8 @@ def _build_app():
             if prompt or prompt_file or adapt or adapt_output or top_k is not None or adapt_learning_rate is not None:
                 raise MoglmError("a music run samples from silence: --prompt, --prompt-file, --adapt, "
                                  "--adapt-learning-rate and --top-k apply to language models")
-            sample_music_run(music_run(run_dir), num_tokens, temperature, seed, checkpoint, output, typer.echo, force)
+            sample_music_run(music_run(run_dir), 200 if num_tokens is None else num_tokens,
+                             1.0 if temperature is None else temperature, seed, checkpoint, output, typer.echo, force)
             return
         if output is not None or force:
             raise MoglmError("--output and --force apply to music runs; a language model's sample is printed")
@@ -167,8 +171,24 @@ def _build_app():
                 raise MoglmError("give --prompt or --prompt-file, not both")
             if not prompt_file.is_file():
                 raise MoglmError(f"{prompt_file}: no such prompt file")
-            prompt = prompt_file.read_text().rstrip("\n")
-        typer.echo(_sample(LanguageModelRun(run_dir), prompt, num_tokens, temperature, top_k, seed, checkpoint,
+            try:
+                prompt = prompt_file.read_text(encoding="utf-8").rstrip("\n")
+            except UnicodeDecodeError as e:
+                raise MoglmError(f"{prompt_file}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        run = LanguageModelRun(run_dir)
+        saved = run.load_config().sample  # the run's [sample] settings, as moglm train used them
+        prompt = saved.prompt if prompt is None else prompt
+        num_tokens = num_tokens if num_tokens is not None else (saved.num_tokens or 200)
+        temperature = saved.temperature if temperature is None else temperature
+        top_k = saved.top_k if top_k is None else top_k
+        from .sampling import unknown_prompt_tokens
+
+        vocab = run.load_vocab()
+        if vocab.unk is not None and (unknown := unknown_prompt_tokens(vocab, prompt)):
+            shown = ", ".join(repr(t) for t in unknown[:8]) + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else "")
+            typer.echo(f"warning: the prompt's {shown} {'is' if len(unknown) == 1 else 'are'} not in the run's "
+                       "vocabulary and will be read as <unk>", err=True)
+        typer.echo(_sample(run, prompt, num_tokens, temperature, top_k, seed, checkpoint,
                            adapt or adapt_output, adapt_output, adapt_learning_rate))
 
     @app.command("related-words")
@@ -279,12 +299,15 @@ def _build_app():
                                                       help="Tokens per update (default: 20)."),
         search: bool = typer.Option(False, help="Search the learning rate, decay, eps and segment length on a "
                                     "validation prefix."),
-        search_tokens: int = typer.Option(10_000, help="Validation tokens the search scores each setting on."),
+        search_tokens: Optional[int] = typer.Option(None, min=1, help="Validation tokens the search scores each "
+                                                    "setting on (default: 10,000)."),
         max_cost: Optional[float] = typer.Option(None, help="Search: at most this x the static CPU time."),
         sparse: bool = typer.Option(False, help="Sparse dynamic evaluation: adapt only an H x H matrix per layer."),
-        sparse_units: int = typer.Option(100, help="Sparse: hidden units H each matrix transforms."),
+        sparse_units: Optional[int] = typer.Option(None, min=1, help="Sparse: hidden units H each matrix transforms "
+                                                   "(default: 100)."),
         sparse_layer: list[int] = typer.Option([], help="Sparse: adapted layer(s) (default: all)."),
-        streams: int = typer.Option(1, help="Streams side by side (full: shared weights)."),
+        streams: Optional[int] = typer.Option(None, min=1, help="Streams side by side (full: shared weights; "
+                                              "default: 1)."),
         mc_samples: int = typer.Option(0, min=0, help="MC dropout with dynamic evaluation: score and adapt on the "
                                        "mean of this many dropout samples (0: dropout off)."),
         episodic: Optional[bool] = typer.Option(None, "--episodic/--stream",
@@ -323,7 +346,7 @@ def _build_app():
             "results.json's, else 1)."),
         temperature: Optional[float] = deprecated("--temperature"),
         margin: Optional[float] = typer.Option(None, help="Divergence guard: nats/token over static (default: 3)."),
-        checkpoint: Checkpoint = typer.Option("best", help="The best or the last checkpoint."),
+        checkpoint: Optional[Checkpoint] = typer.Option(None, help="The best or the last checkpoint (default: best)."),
         device: Optional[str] = typer.Option(None, help=f"{DEVICE_HELP} (default: the run's)."),
         threads: Optional[int] = typer.Option(None, help="CPU threads for torch."),
         cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="CUDA: replay the recurrent layers' fused "
@@ -363,6 +386,15 @@ def _build_app():
         if hf is not None:
             from .dynamic_evaluation.huggingface import dyneval_hf, read_text
 
+            run_only = {"--search-tokens": search_tokens, "--sparse": sparse or None, "--sparse-units": sparse_units,
+                        "--sparse-layer": sparse_layer or None, "--streams": streams, "--split": split or None,
+                        "--mc-samples": mc_samples or None, "--episodic/--stream": episodic,
+                        "--boundary": boundary, "--checkpoint": checkpoint, "--cuda-graphs": cuda_graphs or None}
+            if given_run_only := [name for name, value in run_only.items() if value is not None]:
+                raise MoglmError(f"{', '.join(given_run_only)} appl{'ies' if len(given_run_only) == 1 else 'y'} to "
+                                 "a run, not to --hf (its text is --text; --search tunes on --search-text)")
+            if hf.startswith((".", "/", "~")) and not Path(hf).expanduser().is_dir():
+                raise MoglmError(f"--hf {hf}: no such directory")
             if text is None:
                 raise MoglmError("--hf needs --text FILE, the text to score")
             statistics = StatisticsSettings(1.0 if stats_fraction is None else stats_fraction, stats_batch_size or 1)
@@ -379,13 +411,14 @@ def _build_app():
             raise MoglmError(f"--cuda-graphs: {why}")
         with graphs.graphs() if cuda_graphs else contextlib.nullcontext():
             dyneval_run(LanguageModelRun(run_dir), tuple(values(split)) or ("test",), hp, search=search,
-                        search_tokens=search_tokens,
+                        search_tokens=search_tokens or 10_000,
                         max_cost=max_cost,
-                        sparse=SparseSpec(sparse_units, tuple(sparse_layer) or None) if sparse else None,
-                        streams=streams, episodic=episodic, boundary=boundary,
+                        sparse=SparseSpec(sparse_units or 100, tuple(sparse_layer) or None) if sparse else None,
+                        streams=streams or 1, episodic=episodic, boundary=boundary,
                         statistics=statistics, eval_tokens=eval_tokens,
                         temperature=logit_factor, mc_samples=mc_samples, selection=selection, cache=cache,
-                        cache_size=cache_size, which=checkpoint, device=device, progress=progress, log=typer.echo,
+                        cache_size=cache_size, which=checkpoint or "best", device=device, progress=progress,
+                        log=typer.echo,
                         **extra)
 
     from .compression.cli import register as compression_commands

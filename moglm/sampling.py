@@ -24,6 +24,11 @@ def _prompt_tokens(vocab: Vocabulary, prompt: str) -> list[str]:
     return [t for i, line in enumerate(lines) for t in vocab.tokenize_prompt(line) + [vocab.eos] * (i < len(lines) - 1)]
 
 
+def unknown_prompt_tokens(vocab: Vocabulary, prompt: str) -> list[str]:
+    """The prompt's tokens that are not in the vocabulary (each once, in order): they are read as ``<unk>``."""
+    return list(dict.fromkeys(t for t in _prompt_tokens(vocab, prompt) if t not in vocab.stoi))
+
+
 def encode_prompt(vocab: Vocabulary, prompt: str) -> list[int]:
     """Prompt tokens as ids, preceded by the line separator (every line in training ends with one)."""
     ids = []

@@ -63,3 +63,46 @@ def test_info_is_a_summary_unless_verbose(capsys):
     assert main(["info", "--verbose"]) == 0
     verbose = capsys.readouterr().out
     assert len(quiet.splitlines()) <= len(verbose.splitlines()) and len(quiet.splitlines()) <= 20
+
+
+@pytest.mark.parametrize("extra, named", [(["--sparse"], "--sparse"), (["--streams", "2"], "--streams"),
+                                          (["--split", "valid"], "--split"), (["--mc-samples", "2"], "--mc-samples"),
+                                          (["--search-tokens", "50"], "--search-tokens"),
+                                          (["--checkpoint", "last"], "--checkpoint"), (["--episodic"], "--episodic")])
+def test_run_only_options_are_refused_with_hf_instead_of_ignored(tmp_path, capsys, extra, named):
+    (tmp_path / "model").mkdir()
+    assert main(["dyneval", "--hf", str(tmp_path / "model"), "--text", "t.txt", *extra]) == 1
+    err = capsys.readouterr().err
+    assert named in err and "not to --hf" in err and err.count("\n") == 1
+
+
+def test_a_local_hf_path_that_does_not_exist_is_no_such_directory(capsys):
+    assert main(["dyneval", "--hf", "./nonexistent", "--text", "t.txt"]) == 1
+    assert "--hf ./nonexistent: no such directory" in capsys.readouterr().err
+
+
+def test_sample_uses_the_runs_sample_settings_and_names_prompt_words_it_does_not_know(tiny_corpus, tmp_path,
+                                                                                      capsys):
+    config = tmp_path / "s.toml"
+    config.write_text(tiny_config(tiny_corpus, train={"max_steps": 4},
+                                  sample={"num_tokens": 7, "temperature": 0.5, "top_k": 3, "prompt": "the"}).to_toml())
+    run = tmp_path / "run"
+    assert main(["train", str(config), "--run-dir", str(run), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["sample", str(run), "--seed", "3"]) == 0
+    saved = capsys.readouterr().out
+    assert main(["sample", str(run), "--seed", "3", "--prompt", "the", "--num-tokens", "7", "--temperature", "0.5",
+                 "--top-k", "3"]) == 0
+    assert capsys.readouterr().out == saved
+    assert main(["sample", str(run), "--seed", "3", "--prompt", "the zebra"]) == 1  # no <unk> to read it as
+    err = capsys.readouterr().err
+    assert "prompt: 'zebra' is not in the vocabulary" in err and err.count("\n") == 1
+
+
+def test_prompt_words_outside_a_vocabulary_with_unk_are_named_once(tmp_path, capsys):
+    from moglm.data.corpus import build_corpus
+    from moglm.sampling import unknown_prompt_tokens
+
+    corpus = build_corpus("w", "word", {"train": "the cat sat <unk> .\n", "valid": "the\n", "test": "the\n"})
+    assert corpus.vocab.unk is not None
+    assert unknown_prompt_tokens(corpus.vocab, "the zebra sat zebra quokka") == ["zebra", "quokka"]

@@ -152,7 +152,7 @@ def test_a_missing_model_or_text_is_a_one_line_error(tmp_path, capsys):
     assert main(["dyneval", "--hf", str(tmp_path), "--no-progress"]) == 1
     assert main(["dyneval", "--no-progress"]) == 1
     errors = capsys.readouterr().err.strip().splitlines()
-    assert len(errors) == 3 and "cannot load" in errors[0] and "--text" in errors[1] and "--hf" in errors[2]
+    assert len(errors) == 3 and "no-model: no such directory" in errors[0] and "--text" in errors[1] and "--hf" in errors[2]
 
 
 class _Bidirectional(torch.nn.Module):
