@@ -498,3 +498,11 @@ def test_a_music_sample_never_replaces_a_users_file_without_force(tmp_path, caps
     assert tune.read_bytes() != b"my own tune"
     code, err = _cli(["sample", run, "--output", tmp_path], capsys)
     assert code == 1 and "a music sample is a MIDI file" in err
+
+
+def test_a_model_too_large_for_the_memory_is_one_line_before_anything_is_allocated(config_file, tmp_path, capsys):
+    code, err = _cli(["train", config_file, "--run-dir", tmp_path / "run", "--set", "model.num_layers=100000",
+                      "--hidden-size", "256"], capsys)
+    assert code == 1 and err.count("\n") == 1 and "100000 layers" in err and "GiB free here" in err
+    code, err = _cli(["train", config_file, "--run-dir", tmp_path / "run", "--hidden-size", "300000"], capsys)
+    assert code == 1 and "need about" in err and "lower model.num_layers, model.hidden_size" in err

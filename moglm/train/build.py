@@ -52,3 +52,50 @@ def resolve_hidden_size(cfg: ModelConfig, vocab_size: int) -> int:
     if cfg.hidden_size is not None:
         return cfg.hidden_size
     return largest_hidden_size(cfg.num_params, lambda h: _language_model(cfg, vocab_size, h))
+
+
+def available_memory(device) -> int | None:
+    """Bytes free for a new model on ``device``: the kernel's MemAvailable on CPU, the CUDA driver's free memory
+    on a GPU (``None`` where unknown)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+#: memory per parameter to build and train a model: float32 weights, gradients and Adam's two moments (16 bytes)
+#: and the initialisation's temporaries (building a 460M-parameter LSTM stack peaked at 41 bytes per parameter)
+BYTES_PER_PARAMETER = 40
+
+
+def check_fits(cfg: ModelConfig, vocab_size: int, hidden_size: int, device="cpu") -> int | None:
+    """Refuse, in one line and before anything is allocated, a model whose training would not fit in memory:
+    its parameters (counted on the meta device, for 1 and 2 layers and extrapolated to ``num_layers``) times
+    :data:`BYTES_PER_PARAMETER`. Returns the estimated parameter count."""
+    import torch
+
+    def count(layers: int) -> int:
+        with torch.device("meta"):
+            model = _language_model(cfg.model_copy(update={"num_layers": layers}), vocab_size, hidden_size)
+        return sum(p.numel() for p in model.parameters())
+
+    try:
+        one = count(1)
+        params = one if cfg.num_layers == 1 else one + (cfg.num_layers - 1) * (count(2) - one)
+    except Exception:  # noqa: BLE001 - an architecture that cannot be built on the meta device: no estimate
+        return None
+    free = available_memory(device)
+    need = BYTES_PER_PARAMETER * params
+    if free is not None and need > free:
+        raise MoglmError(f"model: {params:,} parameters ({cfg.num_layers} layers of {hidden_size} units) need about "
+                         f"{need / 2**30:,.1f} GiB to train, more than the {free / 2**30:,.1f} GiB free here; lower "
+                         "model.num_layers, model.hidden_size or model.num_params")
+    return params

@@ -31,7 +31,7 @@ from ..device import resolve_device
 from ..evaluation.stream import evaluate_episodes, evaluate_stream
 from ..model.language_model import LanguageModel, count_parameters
 from ..sampling import encode_prompt
-from .build import build_model, load_data, resolve_hidden_size
+from .build import build_model, check_fits, load_data, resolve_hidden_size
 from .config import RunConfig, without_added_defaults
 from .learning_curve import unit_for
 from . import data_parallel
@@ -207,6 +207,7 @@ class Trainer:
             load()
         vocab_size = len(self.corpus.vocab)
         hidden = resolve_hidden_size(cfg.model, vocab_size)
+        check_fits(cfg.model, vocab_size, hidden, self.device)  # one line, not a machine out of memory
         self.model: LanguageModel = build_model(cfg.model, vocab_size, hidden).to(self.device)
         if cfg.sample.num_tokens:  # a sample the run cannot start fails now, not after training
             group.on_main(lambda: encode_prompt(self.corpus.vocab, cfg.sample.prompt) and None)
