@@ -61,6 +61,11 @@ def check_free(path: str | Path, force: bool) -> None:
     path = Path(path)
     if path.is_dir():
         raise MoglmError(f"{path} is a folder: give a file name")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise MoglmError(f"{path}: {parent} is a file, not a folder")
+            break
     if path.exists() and not force:
         raise MoglmError(f"{path} exists: give --force to replace it, or another --output")
 

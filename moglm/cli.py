@@ -231,7 +231,7 @@ def _build_app():
         space: Optional[str] = typer.Argument(None, help="Search-space file (TOML/YAML) or shipped space name."),
         base: Optional[str] = typer.Option(None, help="Run config every trial starts from (default: the space's)."),
         set_: list[str] = typer.Option([], "--set", "-s", help="Override a base-config key: section.key=value."),
-        trials: Optional[int] = typer.Option(None, help="Trials in the study in total (default: the space's)."),
+        trials: Optional[int] = typer.Option(None, min=1, help="Trials in the study in total (default: the space's)."),
         timeout: Optional[str] = typer.Option(None, help="Wall time, e.g. 3600, 90m, 2h: no trial starts after it."),
         train_tokens: Optional[int] = typer.Option(
             None, min=1, help="Training tokens per trial (sets train.max_tokens; default: the space's budget)."),
@@ -240,7 +240,7 @@ def _build_app():
             "space's budget, else 10,000)."),
         max_tokens: Optional[int] = deprecated("--max-tokens", min=1),
         workers: int = typer.Option(1, help="Worker processes on this machine."),
-        threads: Optional[int] = typer.Option(None, help="Torch threads per worker (default: cores / workers)."),
+        threads: Optional[int] = typer.Option(None, min=1, help="Torch threads per worker (default: cores / workers)."),
         storage: Optional[str] = typer.Option(None, help="Optuna storage: a journal file, or a database URL such as "
                                               "postgresql+psycopg://user@host/db (default: study.journal in the "
                                               "study dir)."),
@@ -345,10 +345,11 @@ def _build_app():
             None, help="Multiply the logits by this factor, the inverse of a softmax temperature (default: "
             "results.json's, else 1)."),
         temperature: Optional[float] = deprecated("--temperature"),
-        margin: Optional[float] = typer.Option(None, help="Divergence guard: nats/token over static (default: 3)."),
+        margin: Optional[float] = typer.Option(None, help="Divergence guard: nats/token over static, > 0 (default: "
+                                               "3)."),
         checkpoint: Optional[Checkpoint] = typer.Option(None, help="The best or the last checkpoint (default: best)."),
         device: Optional[str] = typer.Option(None, help=f"{DEVICE_HELP} (default: the run's)."),
-        threads: Optional[int] = typer.Option(None, help="CPU threads for torch."),
+        threads: Optional[int] = typer.Option(None, min=1, help="CPU threads for torch."),
         cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="CUDA: replay the recurrent layers' fused "
                                          "windows as CUDA graphs (on an H200, 1.7x static instead of 2.3-3.1x)."),
         progress: bool = typer.Option(True, help="Show progress bars."),
@@ -382,6 +383,8 @@ def _build_app():
                                        not (freeze_embeddings if freeze_embeddings is not None else hf is not None))
         if threads is not None:
             torch.set_num_threads(max(1, threads))
+        if margin is not None and not margin > 0:
+            raise MoglmError(f"--margin must be > 0 nats per token, got {margin}")
         extra = {} if margin is None else {"margin": margin}
         if hf is not None:
             from .dynamic_evaluation.huggingface import dyneval_hf, read_text
@@ -397,6 +400,10 @@ def _build_app():
                 raise MoglmError(f"--hf {hf}: no such directory")
             if text is None:
                 raise MoglmError("--hf needs --text FILE, the text to score")
+            if out is not None:
+                from .atomic import check_free
+
+                check_free(out, True)  # a folder, or a path through a file, is refused before the work
             statistics = StatisticsSettings(1.0 if stats_fraction is None else stats_fraction, stats_batch_size or 1)
             dyneval_hf(hf, read_text(text, "text"), hp, context=context, selection=selection,
                        stats_text=None if stats_text is None else read_text(stats_text, "statistics text"),

@@ -13,7 +13,7 @@ temperature is the factor the final evaluation searched on validation (docs/meth
 
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,11 +52,15 @@ class TrainedRun:
         if len(ids) < 2:
             raise MoglmError("score: the text has no token to predict")
         factor = self.temperature if temperature is None else temperature
+        if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
+            raise MoglmError(f"score: the logit factor (temperature) must be a finite number > 0, got {factor!r}")
         return evaluate_stream(self.model, ids, 1, self.config.train.bptt, factor)
 
     def sample(self, prompt: str = "", num_tokens: int = 200, temperature: float = 1.0, top_k: int | None = None,
                seed: int | None = None) -> str:
         """``prompt`` continued by ``num_tokens`` sampled tokens (``temperature`` divides the logits)."""
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+            raise MoglmError(f"sample: num_tokens must be an integer >= 0, got {num_tokens!r}")
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         return sample(self.model, self.vocab, prompt, num_tokens, temperature, top_k, generator)
 
@@ -67,7 +71,6 @@ def load_run(path: str | Path, checkpoint: str = "best", device: str | torch.dev
     run = LanguageModelRun(path)
     model, config, vocab = run.load_model(checkpoint, resolve_device(str(device)))
     model.eval()
-    temperature = 1.0
-    if run.results_path.is_file():
-        temperature = float(json.loads(run.results_path.read_text()).get("temperature", 1.0))
-    return TrainedRun(run.path, config, model, vocab, temperature)
+    from .dynamic_evaluation.run import run_temperature
+
+    return TrainedRun(run.path, config, model, vocab, run_temperature(run))

@@ -506,3 +506,96 @@ def test_a_model_too_large_for_the_memory_is_one_line_before_anything_is_allocat
     assert code == 1 and err.count("\n") == 1 and "100000 layers" in err and "GiB free here" in err
     code, err = _cli(["train", config_file, "--run-dir", tmp_path / "run", "--hidden-size", "300000"], capsys)
     assert code == 1 and "need about" in err and "lower model.num_layers, model.hidden_size" in err
+
+
+# -- the hold-out fault run's remaining cases: each a one-line error naming the problem -----------------------
+
+@pytest.fixture
+def trained(config_file, tmp_path, capsys):
+    run = tmp_path / "trained"
+    assert _cli(["train", config_file, "--run-dir", run], capsys)[0] == 0
+    return run
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "CONFIG", "--set", "train.adam_eps=inf"], "train.adam_eps: Input should be a finite number"),
+    (["train", "CONFIG", "--set", "model.forget_bias=inf"], "model.forget_bias: Input should be a finite number"),
+    (["train", "CONFIG", "--set", "data.split_fractions=[nan, 0.1, 0.1]"], "data.split_fractions.0: Input should be a finite"),
+    (["train", "CONFIG", "--set", "train.seed=99999999999999999999"], "train.seed"),
+    (["train", "CONFIG", "--seed", "99999999999999999999"], "--seed"),
+    (["dyneval", "RUN", "--margin", "-1"], "--margin must be > 0"),
+    (["dyneval", "RUN", "--threads", "0"], "--threads"),
+    (["evaluate", "RUN", "--logit-factor", "0"], "must be a finite number > 0"),
+    (["evaluate", "RUN", "--device", "bogus"], "unknown device 'bogus'"),
+    (["tune", "mogrifier", "--trials", "-1"], "--trials"),
+    (["task", "reverse-copy", "--vocab-size", "1"], "vocab_size must be >= 2"),
+    (["compress", "RUN", "CONFIG", "--report", "DIR"], "is a folder: give a file name"),
+    (["compress", "RUN", "CONFIG", "-o", "FILE/x.moglm"], "is a file, not a folder"),
+])
+def test_bad_values_and_outputs_are_one_line_errors(trained, config_file, tmp_path, capsys, args, message):
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "file").write_text("x")
+    where = {"CONFIG": config_file, "RUN": trained, "DIR": tmp_path / "dir", "FILE": tmp_path / "file"}
+    args = [str(where.get(a, a)) if a not in ("FILE/x.moglm",) else f"{tmp_path / 'file'}/x.moglm" for a in args]
+    code, err = _cli(args, capsys)
+    assert code != 0 and message in err and "internal error" not in err, err
+
+
+def test_a_config_or_prompt_file_that_is_not_utf8_is_one_line(trained, tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_bytes(b'name = "x"\n\xff\xfe\n')
+    code, err = _cli(["train", bad], capsys)
+    assert code == 1 and "not UTF-8 text" in err and err.count("\n") == 1
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_bytes(b"\xff\xfe the")
+    code, err = _cli(["sample", trained, "--prompt-file", prompt], capsys)
+    assert code == 1 and "not UTF-8 text" in err
+
+
+def test_ptb_char_format_on_plain_text_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MOGLM_CACHE_DIR", str(tmp_path / "cache"))
+    text = tmp_path / "plain.txt"
+    text.write_text("the cat sat on the mat\n" * 50)
+    code, err = _cli(["train", "--set", f"data.path={text}", "--set", "data.format=ptb_char", "--run-dir",
+                      tmp_path / "run"], capsys)
+    assert code == 1 and "not PTB char format" in err and "'the'" in err and 'data.format = "char"' in err
+
+
+def test_a_damaged_results_or_dyneval_file_is_an_error_not_a_default(trained, capsys):
+    import moglm
+
+    (trained / "dyneval").mkdir(exist_ok=True)
+    (trained / "dyneval" / "full.json").write_text('{"hyperparameters": [1, 2]')
+    code, err = _cli(["sample", trained, "--adapt", "--prompt", "the"], capsys)
+    assert code == 1 and "full.json: damaged" in err
+    (trained / "results.json").write_text('{"temperature": "hot"}')
+    with pytest.raises(MoglmError, match="results.json: damaged"):
+        moglm.load_run(trained)
+
+
+def test_trained_run_refuses_a_bad_temperature_or_token_count(trained):
+    import moglm
+
+    run = moglm.load_run(trained)
+    for bad in (-1.0, float("nan"), 0.0):
+        with pytest.raises(MoglmError, match="finite number > 0"):
+            run.score("the cat sees the dog .\n", temperature=bad)
+    with pytest.raises(MoglmError, match="num_tokens must be an integer >= 0"):
+        run.sample(num_tokens=-5)
+
+
+def test_music_a_deep_json_and_a_corpus_changed_since_training_are_one_line(tmp_path, capsys):
+    from test_music_training import tiny_config as music_config, write_corpus
+
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"train": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    code, err = _cli(["music", "train", "jsb-chorales-lstm-nade-cpu", "--set", f"data.path={deep}", "--run-dir",
+                      tmp_path / "m"], capsys)
+    assert code == 1 and "nested too deeply" in err
+    corpus = write_corpus(tmp_path / "songs.json")
+    config = tmp_path / "tiny.toml"
+    config.write_text(music_config(corpus, max_steps=4).to_toml())
+    assert main(["music", "train", str(config), "--run-dir", str(tmp_path / "run"), "--no-progress"]) == 0
+    write_corpus(corpus, seed=1)  # other songs at the same path
+    code, err = _cli(["music", "evaluate", tmp_path / "run"], capsys)
+    assert code == 1 and "changed since this run trained on it" in err

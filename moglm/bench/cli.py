@@ -45,7 +45,7 @@ def bench_app() -> typer.Typer:
                                                      "bf16 on CUDA)."),
         epoch_steps: int = typer.Option(30, help="CUDA: optimizer steps of the paper's PTB Mogrifier (24M) timed "
                                                  "for one epoch's seconds (0: skip)."),
-        threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's)."),
+        threads: Optional[int] = typer.Option(None, min=1, help="CPU threads for torch (default: torch's)."),
         out: Path = typer.Option(default_out("throughput.json"), help=OUT_HELP, show_default=False),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Print the recurrence's details (routes, probes) "
                                      "before the table, not just their summary."),
@@ -175,7 +175,7 @@ def bench_app() -> typer.Typer:
         context: list[int] = typer.Option([], help="Context lengths before each segment (default: 224 992)."),
         segment_length: int = typer.Option(32, "--segment-length", "-n", min=1, help="Tokens per segment."),
         tokens: int = typer.Option(1024, min=2, help="Tokens scored at each context length."),
-        threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's)."),
+        threads: Optional[int] = typer.Option(None, min=1, help="CPU threads for torch (default: torch's)."),
         out: Path = typer.Option(default_out("hf_dyneval.json"), help=OUT_HELP, show_default=False),
     ) -> None:
         """Dynamic evaluation of a GPT-2-shaped Hugging Face model against a static pass over the same tokens."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -56,6 +55,8 @@ def register(app: typer.Typer) -> None:
         data = _read(file)
         target = container.output_path(file, output, compressing=True)
         check_free(target, force)
+        if report is not None:
+            check_free(report, True)  # a folder, or a path through a file, is refused before the work
         run = _load(run_dir, checkpoint)
         Layout.of(run.vocab)  # a word-level run is refused before any statistics are collected
         adapter = settings = None
@@ -67,10 +68,9 @@ def register(app: typer.Typer) -> None:
         _write(target, blob, force)
         typer.echo(f"{file} -> {target}: {result.summary()}")
         if report is not None:
-            from ..atomic import atomic_write_text
+            from ..provenance import write_result
 
-            atomic_write_text(report, json.dumps({"run": str(run_dir), "file": str(file), "dynamic": settings,
-                                                  **result.as_dict()}, indent=1))
+            write_result(report, {"run": str(run_dir), "file": str(file), "dynamic": settings, **result.as_dict()})
 
     @app.command()
     def decompress(

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..atomic import atomic_directory
 from ..errors import MoglmError
-from .vocabulary import EOS, Vocabulary
+from .vocabulary import EOS, UNK, Vocabulary
 
 FORMATS = ("word", "ptb_char", "char", "byte")
 SPLITS = ("train", "valid", "test")
@@ -193,6 +193,11 @@ def build_corpus(name: str, fmt: str, raw_splits: dict[str, object]) -> Corpus:
         tokens = {s: _char_codes(raw) for s, raw in raw_splits.items()}
     else:
         tokens = {s: _line_tokens(raw) for s, raw in raw_splits.items()}
+    if fmt == "ptb_char":  # Mikolov's format: every symbol one character, words separated by "_"
+        words = [x for t in tokens.values() for x in dict.fromkeys(t) if len(x) > 1 and x not in (EOS, UNK)]
+        if words:
+            raise MoglmError(f"corpus {name}: not PTB char format: {len(words):,} tokens are longer than one character "
+                             f"({', '.join(repr(w) for w in words[:3])}); plain text is data.format = \"char\"")
     for split, t in tokens.items():
         if len(t) == 0 or (fmt in ("word", "ptb_char") and all(x == EOS for x in t)):
             raise MoglmError(f"corpus {name}: the {split} split has no tokens")

@@ -14,6 +14,7 @@ reads the settings of ``dyneval/full.json`` when it exists.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any, Callable
 
@@ -75,8 +76,9 @@ def saved_settings(run: LanguageModelRun, tag: str = "full") -> tuple[Hyperparam
     try:
         report = json.loads(path.read_text())
         return Hyperparameters(**report["hyperparameters"]), StatisticsSettings(**(report["statistics"] or {}))
-    except (ValueError, KeyError, TypeError, MoglmError):
-        return None
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, MoglmError) as e:
+        raise MoglmError(f"{path}: damaged ({type(e).__name__}: {e}); delete it, or run `moglm dyneval "
+                         f"{run.path}` to write it again") from None
 
 
 def sampling_adapter(run: LanguageModelRun, model, which: str = "best", lr: float | None = None) -> DynamicEvaluator:
@@ -263,12 +265,18 @@ def _cache_rows(result: DynamicResult, ids: np.ndarray, streams: int, tuned: Cac
 
 
 def run_temperature(run: LanguageModelRun) -> float:
-    if run.results_path.is_file():
-        try:
-            return float(json.loads(run.results_path.read_text()).get("temperature", 1.0))
-        except (ValueError, TypeError):
-            pass
-    return 1.0
+    """The logit factor ``moglm evaluate`` found (``results.json``), else 1; a damaged file is a one-line error,
+    not a silent 1."""
+    if not run.results_path.is_file():
+        return 1.0
+    try:
+        factor = json.loads(run.results_path.read_text()).get("temperature", 1.0)
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor <= 0:
+            raise ValueError(f"temperature {factor!r}")
+        return float(factor)
+    except (ValueError, TypeError, AttributeError, UnicodeDecodeError) as e:
+        raise MoglmError(f"{run.results_path}: damaged ({type(e).__name__}: {e}); run `moglm evaluate "
+                         f"{run.path}` to write it again") from None
 
 
 def search_settings(model, valid: np.ndarray, hp: Hyperparameters, rms, tokens: int, max_cost: float | None,

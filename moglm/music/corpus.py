@@ -175,6 +175,18 @@ class MusicCorpus:
             raise MoglmError(f"split must be one of {SPLITS}, got {split!r}")
         return self.songs[split]
 
+    def digest(self) -> str:
+        """A hash of every split's piano rolls: a run records it, and later commands refuse another corpus."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for split in SPLITS:
+            for song in self.songs.get(split, []):
+                h.update(split.encode())
+                h.update(song.to(torch.uint8).numpy().tobytes())
+                h.update(str(tuple(song.shape)).encode())
+        return h.hexdigest()[:16]
+
     def frames(self, split: str) -> int:
         """The number of frames (time steps) of ``split``, all songs together."""
         return sum(song.shape[0] for song in self[split])
@@ -231,6 +243,8 @@ def _read_json(path: Path) -> Any:
         raise MoglmError(f"{path}: cannot be read ({e.strerror or e})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise MoglmError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise MoglmError(f"{path}: not a music corpus (its JSON is nested too deeply to be songs of frames)") from None
 
 
 def _read_pickle(path: Path) -> Any:

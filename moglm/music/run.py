@@ -33,7 +33,7 @@ def evaluate_music_run(run: MusicRun, splits: list[str] | None = None, checkpoin
                        progress: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Static log-likelihood per frame of each split under checkpoint ``checkpoint``."""
     model, cfg = run.load_model(checkpoint)
-    corpus = read_music(cfg.data.path)
+    corpus = run.read_corpus(cfg)
     out = {}
     for split in splits or cfg.evaluation.splits:
         _check_split(split)
@@ -54,7 +54,7 @@ def dyneval_music_run(run: MusicRun, rule: str = "rms", splits: tuple[str, ...] 
     for split in splits:
         _check_split(split)
     model, cfg = run.load_model(checkpoint)
-    corpus = read_music(cfg.data.path)
+    corpus = run.read_corpus(cfg)
     hp = start_for(rule)
     hp = hp.with_(**{k: v for k, v in (("lr", lr), ("segment_length", segment_length)) if v is not None})
     rms = None

@@ -81,6 +81,15 @@ class MusicRun(RunDirectory):
     def load_config(self) -> MusicConfig:
         return validate_music(self.read_config(), str(self.config_path))
 
+    def read_corpus(self, config: MusicConfig):
+        """The run's corpus, refused in one line when it changed since the run trained on it."""
+        corpus = read_music(config.data.path)
+        trained_on = self.model_info().get("corpus_digest") if self.model_info_path.is_file() else None
+        if trained_on is not None and trained_on != corpus.digest():
+            raise MoglmError(f"{self.path}: the corpus ({config.data.path}) changed since this run trained on it; its "
+                             "scores would be of other songs. Restore the corpus, or train a new run")
+        return corpus
+
     def load_model(self, which: str = "best", device: torch.device | str = "cpu") -> tuple[NadeSequenceModel,
                                                                                           MusicConfig]:
         """The model of checkpoint ``which`` (best on validation, or the last)."""
@@ -113,7 +122,7 @@ def train_music(cfg: MusicConfig, run_dir: str | Path, *, progress: bool = True,
         model.init_output_bias(torch.cat(corpus["train"]).mean(0))  # a resumed run then loads its own weights
         run.prepare(cfg.model_dump(mode="json", exclude_none=True), "music")
         info = {"num_params": count_parameters(model), "hidden_size": cfg.model.hidden_size,
-                "nade_hidden": cfg.model.nade_hidden}
+                "nade_hidden": cfg.model.nade_hidden, "corpus_digest": corpus.digest()}
         run.write_json(run.model_info_path, info)
         log(corpus.summary())
         log(f"model: {cfg.model.architecture}-NADE, {cfg.model.num_layers} x {cfg.model.hidden_size}, NADE "

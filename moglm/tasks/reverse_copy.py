@@ -105,6 +105,8 @@ class ReverseCopyConfig:
         for name in names:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise MoglmError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.vocab_size < 2:  # one token to copy: every sequence is the same, nothing to learn or measure
+            raise MoglmError(f"vocab_size must be >= 2 (with one token there is nothing to copy), got {self.vocab_size}")
         low, high = self.lengths
         if low > high:
             raise MoglmError(f"min_length ({low}) must be <= max_length ({high})")

@@ -31,7 +31,8 @@ SHIPPED = Path(__file__).resolve().parent.parent / "configs"
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # infinities and NaN are refused everywhere: none is a meaningful setting, and TOML would not keep them
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class DataConfig(Section):
@@ -284,7 +285,10 @@ def read_mapping(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise MoglmError(f"{p}: no such config file")
-    text = p.read_text()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise MoglmError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     if not text.strip():
         raise MoglmError(f"{p}: config file is empty")
     try:
