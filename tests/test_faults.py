@@ -599,3 +599,13 @@ def test_music_a_deep_json_and_a_corpus_changed_since_training_are_one_line(tmp_
     write_corpus(corpus, seed=1)  # other songs at the same path
     code, err = _cli(["music", "evaluate", tmp_path / "run"], capsys)
     assert code == 1 and "changed since this run trained on it" in err
+
+
+def test_a_run_whose_config_was_deleted_is_refused_then_restart_discards_it(config_file, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert _cli(["train", config_file, "--run-dir", run], capsys)[0] == 0
+    (run / "config.toml").unlink()
+    code, err = _cli(["train", config_file, "--run-dir", run, "--hidden-size", "30"], capsys)
+    assert code == 1 and "config.toml is missing" in err and err.count("\n") == 1
+    assert _cli(["train", config_file, "--run-dir", run, "--hidden-size", "30", "--restart"], capsys)[0] == 0
+    assert "hidden_size = 30" in (run / "config.toml").read_text()

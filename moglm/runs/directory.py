@@ -81,6 +81,10 @@ RUN_ENTRIES = frozenset({
 })
 
 
+#: what only a run that started training holds: a folder with one of these and no config.toml is a damaged run
+RUN_EVIDENCE = ("checkpoints", "metrics.jsonl", "model.json", "vocab.json")
+
+
 def _temporary(name: str) -> bool:
     """A leftover of an atomic write cut short by a kill (``moglm.atomic``'s hidden temporary names)."""
     return name.startswith(".tmp-") or (name.startswith(".") and ".tmp" in name)
@@ -179,7 +183,8 @@ class RunDirectory:
             shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
             raise MoglmError(f"{self.path} holds files that are not a moglm run's ({shown}): --restart removes only "
                              "what a run wrote, so nothing was removed; choose another --run-dir")
-        if any(e.name != ".lock" and not _temporary(e.name) for e in entries) and not self.config_path.is_file():
+        if (any(e.name != ".lock" and not _temporary(e.name) for e in entries) and not self.config_path.is_file()
+                and not any((self.path / name).exists() for name in RUN_EVIDENCE)):
             raise MoglmError(f"{self.path} is not a moglm run (no config.toml): --restart removed nothing; "
                              "choose another --run-dir")
         with self.lock():
@@ -224,6 +229,9 @@ class RunDirectory:
                 raise MoglmError(f"{self.path} holds {kind} with a different config ({diff}); "
                                  "choose another --run-dir, or pass --restart to discard it")
             return (self.checkpoints.root / "last.json").is_file()  # damaged or not: the engine opens it
+        if any((self.path / name).exists() for name in RUN_EVIDENCE):
+            raise MoglmError(f"{self.path} holds a run whose config.toml is missing, so it cannot be resumed or "
+                             "checked; pass --restart to discard it, or choose another --run-dir")
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.config_path, to_toml(config))
         return False
