@@ -52,7 +52,7 @@ def machine() -> dict[str, Any]:
     return out
 
 
-def _portable(arg: str) -> str:
+def portable(arg: str) -> str:
     """``arg`` with this machine's working folder and home folder written as relative and ``~`` paths."""
     for folder, short in ((Path.cwd(), ""), (Path.home(), "~/")):
         prefix = str(folder).rstrip("/") + "/"
@@ -67,7 +67,7 @@ def command() -> str:
     program = Path(argv[0]).name
     moglm = program == "moglm" or argv[0].endswith(os.path.join("moglm", "__main__.py"))
     head = ["moglm"] if moglm else [program]
-    return shlex.join(head + [_portable(a) for a in argv[1:]])
+    return shlex.join(head + [portable(a) for a in argv[1:]])
 
 
 @functools.lru_cache(maxsize=1)

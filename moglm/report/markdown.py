@@ -15,6 +15,7 @@ from .music import music_gain_lines
 from .optimisers import optimisers_lines
 from .out_of_domain import out_of_domain_lines
 from .runs import EVALUATION_LABELS, Run, read_experiment, read_run, score, unit
+from ..provenance import portable
 from .seeds import several_seeds, spread_lines
 
 #: evaluations that may score a prefix of each split, each beside the static score of the same tokens
@@ -29,7 +30,7 @@ def write_report(paths: list[Path], out: Path | None = None, bundle: bool = Fals
         folder = Path(paths[0])
         manifest, runs = read_experiment(folder)
         spec = manifest.get("spec") or _shipped_spec(manifest["experiment"])
-        command = manifest.get("command", "")
+        command = portable(manifest.get("command", ""))  # no absolute path of the machine that ran it
         out = Path(out or folder)
         title = f"{spec['name']} ({manifest['scale']} scale): {spec['description']}"
         source = spec.get("source", "")
