@@ -609,3 +609,17 @@ def test_a_run_whose_config_was_deleted_is_refused_then_restart_discards_it(conf
     assert code == 1 and "config.toml is missing" in err and err.count("\n") == 1
     assert _cli(["train", config_file, "--run-dir", run, "--hidden-size", "30", "--restart"], capsys)[0] == 0
     assert "hidden_size = 30" in (run / "config.toml").read_text()
+
+
+def test_weights_copied_in_from_another_run_of_the_same_shape_are_refused(config_file, tmp_path, capsys):
+    import shutil
+
+    for name in ("a", "b"):
+        assert _cli(["train", config_file, "--run-dir", tmp_path / name], capsys)[0] == 0
+    best = RunDirectory(tmp_path / "a").checkpoints.pointer("best")["path"]
+    other = RunDirectory(tmp_path / "b").checkpoints.pointer("best")["path"]
+    shutil.rmtree(best)
+    shutil.copytree(other, best)  # b's checkpoint, manifest and all, under a's name
+    code, err = _cli(["evaluate", tmp_path / "a"], capsys)
+    assert code == 1 and "the weights of another run" in err and err.count("\n") == 1
+    assert _cli(["evaluate", tmp_path / "b"], capsys)[0] == 0

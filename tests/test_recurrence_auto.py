@@ -63,9 +63,11 @@ def test_auto_runs_the_path_stored_for_the_layers_shape_class(choice_dir, spies,
 
 
 def test_the_probe_stores_its_choice_and_a_new_process_takes_the_same_path_without_probing(choice_dir, spies,
-                                                                                          monkeypatch):
+                                                                                          monkeypatch, capsys):
     model, x = moglm.LSTM(6, 5), torch.randn(4, 3, 6)
     train_step(model, x)
+    said = capsys.readouterr().err  # the first-use probe says what it does and how long it took
+    assert "timing the compiled and Python recurrences" in said and "chosen in" in said
     stored = json.loads(choice_dir.read_text())[the_class(model, x)]
     probed_routes = auto.probed_routes(stored["route_seconds"])  # from the stored file, whose keys are sorted
     assert stored["backend"] in ("compiled", "fused") and stored["route"] in probed_routes
@@ -78,6 +80,7 @@ def test_the_probe_stores_its_choice_and_a_new_process_takes_the_same_path_witho
     before = dict(spies)
     train_step(model, x)
     assert {k: spies[k] - before[k] for k in spies} == {k: int(k == stored["backend"]) for k in spies}
+    assert "timing" not in capsys.readouterr().err  # no probe, no word
 
 
 def test_training_and_evaluation_are_separate_classes(choice_dir):

@@ -123,7 +123,7 @@ def train_music(cfg: MusicConfig, run_dir: str | Path, *, progress: bool = True,
         run.prepare(cfg.model_dump(mode="json", exclude_none=True), "music")
         info = {"num_params": count_parameters(model), "hidden_size": cfg.model.hidden_size,
                 "nade_hidden": cfg.model.nade_hidden, "corpus_digest": corpus.digest()}
-        run.write_json(run.model_info_path, info)
+        run.write_model_info(info)
         log(corpus.summary())
         log(f"model: {cfg.model.architecture}-NADE, {cfg.model.num_layers} x {cfg.model.hidden_size}, NADE "
             f"{cfg.model.nade_hidden}: {info['num_params']:,} parameters")

@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 import threading
 import time
 import warnings
@@ -217,8 +218,14 @@ def choose(cell: Cell, params: Params, xs: Tensor, runners: dict, route_probe=No
                     if path is None or not os.access(path.parent, os.W_OK):
                         found = UNSTORED  # nowhere to store: no probe, the same path in every process
                     else:
+                        started = time.perf_counter()
+                        print(f"moglm: timing the compiled and Python recurrences for {key} (once per machine; "
+                              "seconds)...", file=sys.stderr, flush=True)
                         try:
                             result = _probe_class(cell, params, xs, training, runners, route_probe)
+                            print(f"moglm: {key}: {result.get('backend', '?')} chosen in "
+                                  f"{time.perf_counter() - started:.1f}s (moglm info --verbose lists the timings)",
+                                  file=sys.stderr, flush=True)
                         except Exception as error:  # noqa: BLE001 - e.g. out of memory running both
                             warnings.warn(f"moglm: could not time the compiled and Python windows for {key} "
                                           f"({type(error).__name__}: {error}); this class runs the compiled "

@@ -288,11 +288,34 @@ class RunDirectory:
         pointer = self.checkpoints.open(which)
         if pointer is None:
             raise MoglmError(f"{self.path}: no {which} checkpoint yet")
+        state = pointer["path"] / "state.json"
+        if state.is_file():
+            saved = json_object(state, "damaged (not JSON)", "damaged (not a JSON object)", MoglmError).get("run_id")
+            ours = self.run_id()
+            if saved is not None and ours is not None and saved != ours:
+                raise MoglmError(f"{pointer['path']}: these are the weights of another run (run {saved}; this run is "
+                                 f"{ours}): they would be scored as this run's. Restore this run's checkpoints")
         weights = load_group(pointer["path"], pointer.get("weights", "model"))
         missing, unexpected = model.load_state_dict(weights, strict=False)
         if missing or unexpected:
             raise MoglmError(f"{pointer['path']}: weights do not fit the model ({(missing or unexpected)[0]})")
         return model
+
+    def write_model_info(self, info: dict[str, Any]) -> None:
+        """Write ``model.json`` (sizes, parameter count, corpus digest), keeping the run's identity (``run_id``,
+        made once, at the run's first start): every checkpoint records it, so weights copied in from another
+        run are refused on loading (:meth:`load_weights`)."""
+        import uuid
+
+        previous = self.model_info().get("run_id") if self.model_info_path.is_file() else None
+        self.write_json(self.model_info_path, {**info, "run_id": previous or uuid.uuid4().hex})
+
+    def run_id(self) -> str | None:
+        """The run's identity (``model.json``), or ``None`` for a run made before runs had one."""
+        if not self.model_info_path.is_file():
+            return None
+        found = self.model_info().get("run_id")
+        return found if isinstance(found, str) else None
 
     def model_info(self) -> dict[str, Any]:
         if not self.model_info_path.is_file():

@@ -304,7 +304,7 @@ class Engine:
         if self.average.active:
             groups["averaged"] = self.average.weights()
         state = {"progress": asdict(self.progress), "averaged_count": self.average.count, "task": task_info,
-                 "world_size": self.group.world_size}
+                 "world_size": self.group.world_size, "run_id": self.run.run_id()}
         directory = self.run.checkpoints.write(self.progress.step, groups, state)
         if best:  # before last: a kill between the two resumes from the older last and moves best again
             weights = "averaged" if self.average.active else "model"

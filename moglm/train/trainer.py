@@ -220,7 +220,7 @@ class Trainer:
                 "num_params": count_parameters(self.model), "vocab_size": vocab_size,
                 "corpus_digest": self.corpus.digest()}
         if group.is_main:
-            self.run.write_json(self.run.model_info_path, info)
+            self.run.write_model_info(info)
         layers = f"{cfg.model.num_layers} layer{'s' * (cfg.model.num_layers > 1)}"
         self.log(f"model: {cfg.model.architecture}, {layers}, hidden {hidden}, embedding {self.model.embedding_size}: "
                  f"{info['num_params']:,} parameters")
