@@ -50,9 +50,43 @@ class TokenBar:
             log(message)
 
 
+class LineProgress(_Silent):
+    """Progress for a log file (stderr is not a terminal): a plain line every ``every`` seconds and at the end,
+    with the step, tokens/s and the ETA, instead of a bar's carriage-return frames."""
+
+    def __init__(self, total: int, desc: str, tokens_per_step: int, initial: int = 0, every: float = 60.0) -> None:
+        import time
+
+        self.total, self.desc, self.tokens_per_step, self.every = total, desc, tokens_per_step, every
+        self.step = self.start_step = initial
+        self.start = self.last = time.monotonic()
+        self.extra = ""
+
+    def update(self, n: int = 1) -> None:
+        import time
+
+        self.step += n
+        now = time.monotonic()
+        if now - self.last >= self.every or self.step >= self.total:
+            self.last = now
+            rate = (self.step - self.start_step) / max(now - self.start, 1e-9)  # steps/s
+            eta = (self.total - self.step) / rate if rate > 0 else float("inf")
+            print(f"{self.desc}: step {self.step:,}/{self.total:,} ({100 * self.step / max(self.total, 1):.0f}%), "
+                  f"{rate * self.tokens_per_step:,.0f} tok/s, ETA {eta / 60:.1f} min{self.extra}", file=sys.stderr,
+                  flush=True)
+
+    def set_postfix_str(self, s: str) -> None:
+        self.extra = f", {s}" if s else ""
+
+
 def progress_bar(total: int, desc: str, tokens_per_step: int, enabled: bool = True, initial: int = 0):
-    """A :class:`TokenBar`, or a silent stand-in when ``enabled`` is false."""
-    return TokenBar(total, desc, tokens_per_step, initial) if enabled else _Silent()
+    """A :class:`TokenBar` on a terminal, a :class:`LineProgress` when stderr goes to a file or a pipe (no
+    carriage-return frames in a log), or a silent stand-in when ``enabled`` is false."""
+    if not enabled:
+        return _Silent()
+    if not sys.stderr.isatty():
+        return LineProgress(total, desc, tokens_per_step, initial)
+    return TokenBar(total, desc, tokens_per_step, initial)
 
 
 def above_bars(log: Callable[[str], None] = print) -> Callable[[str], None]:
