@@ -244,3 +244,32 @@ def test_an_empty_file_round_trips_and_reports_no_rate(char_run, tmp_path, capsy
     assert main(["decompress", str(char_run), str(tmp_path / "e.moglm"), "-o", str(tmp_path / "e.txt"),
                  "--no-progress"]) == 0
     assert (tmp_path / "e.txt").read_bytes() == b""
+
+
+def test_a_forged_header_claiming_a_billion_tokens_stops_in_seconds_not_at_a_kill(char_run, tmp_path, capsys):
+    """The header's token count is bounded by the payload: decoding past it is stopped as soon as the symbols
+    decoded would have needed more bits than the payload holds (the CRC is recomputed, so only that catches it)."""
+    import json as _json
+    import struct
+    import time
+    import zlib
+
+    from moglm.compression.container import _PREFIX
+
+    source = tmp_path / "text.txt"
+    source.write_bytes(TEXT)
+    assert main(["compress", str(char_run), str(source), "-o", str(tmp_path / "t.moglm"), "--no-progress"]) == 0
+    blob = (tmp_path / "t.moglm").read_bytes()
+    magic, version, length = _PREFIX.unpack_from(blob)
+    header = _json.loads(blob[_PREFIX.size : _PREFIX.size + length])
+    header["tokens"], header["bytes"] = 10**9, 10**9
+    encoded = _json.dumps(header, separators=(",", ":")).encode()
+    body = _PREFIX.pack(magic, version, len(encoded)) + encoded + blob[_PREFIX.size + length : -4]
+    (tmp_path / "forged.moglm").write_bytes(body + struct.pack("<I", zlib.crc32(body)))
+    started = time.monotonic()
+    err = _error(capsys, ["decompress", str(char_run), str(tmp_path / "forged.moglm"), "-o", str(tmp_path / "f.txt"),
+                          "--no-progress"])
+    assert "claims more tokens than its" in err and time.monotonic() - started < 60
+    assert main(["decompress", str(char_run), str(tmp_path / "t.moglm"), "-o", str(tmp_path / "t.txt"),
+                 "--no-progress"]) == 0  # an honest file still decodes
+    assert (tmp_path / "t.txt").read_bytes() == TEXT

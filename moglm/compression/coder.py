@@ -133,6 +133,8 @@ class Coder:
         self.family = _constriction().stream.model.Categorical(perfect=False)
         self.encoder = queue.RangeEncoder() if compressed is None else None
         self.decoder = None if compressed is None else queue.RangeDecoder(compressed)
+        self.decoded_bits = 0.0  # a lower bound of the payload the decoded symbols took (see check_payload)
+        self.payload_bits = 0 if compressed is None else 32 * len(compressed)
 
     def encode(self, symbol: int, probabilities: np.ndarray) -> float:
         """Code ``symbol``; returns its ideal code length in bits (-log2 of its probability)."""
@@ -141,9 +143,21 @@ class Coder:
 
     def decode(self, probabilities: np.ndarray) -> int:
         try:
-            return int(self.decoder.decode(self.family, probabilities[None])[0])
+            symbol = int(self.decoder.decode(self.family, probabilities[None])[0])
         except Exception as e:  # the coder's own error on data that is not what it wrote
             raise MoglmError(f"the compressed data is damaged (the range decoder failed: {e})") from None
+        # the coder quantises to 24 bits: a symbol costs at least -log2(p + V 2^-24), whatever p was
+        p = probabilities[symbol] / probabilities.sum() + len(probabilities) * 2.0**-24
+        self.decoded_bits += -math.log2(min(1.0, p))
+        return symbol
+
+    def check_payload(self) -> None:
+        """Decoding past the payload reads zeros, and the symbols it yields cost bits the payload never held:
+        a header that claims more tokens than the payload can hold (a forged or damaged file) is stopped here
+        after at most about the payload's own length in tokens, instead of decoding until killed."""
+        if self.decoded_bits > 1.01 * self.payload_bits + 64:
+            raise MoglmError(f"the compressed data is damaged: its header claims more tokens than its "
+                             f"{self.payload_bits // 8:,}-byte payload holds")
 
     def compressed(self) -> np.ndarray:
         return self.encoder.get_compressed()  # uint32 words
@@ -176,6 +190,7 @@ def decode(predictor: Predictor, gaps: GapModel, compressed: np.ndarray, count: 
         token = coder.decode(predictor.probabilities())
         tokens.append(token)
         predictor.advance(token)
+        coder.check_payload()
         if i % 256 == 255:
             bar.update(256)
     gap_list.append(gaps.decode(coder))
