@@ -72,3 +72,31 @@ def test_a_music_search_keeps_no_setting_whose_gain_is_within_the_songs_noise():
     assert gain == pytest.approx(1.0 / 40) and not gain > 2 * noise
     gain, noise = gain_and_noise(steady, start)
     assert gain == pytest.approx(4.0 / 40) and gain > 2 * noise
+
+
+def test_a_language_model_search_gain_counts_only_beyond_its_block_standard_error():
+    import numpy as np
+
+    from moglm.dynamic_evaluation.run import gain_and_noise
+
+    rng = np.random.default_rng(0)
+    static = rng.normal(5.0, 1.0, 2000)
+    steady = static - 0.3 + rng.normal(0, 0.05, 2000)  # 0.3 nats better everywhere
+    gain, noise = gain_and_noise(static, steady)
+    assert gain == pytest.approx(0.3, abs=0.01) and gain > 2 * noise
+    noisy = static + rng.normal(0.0, 1.0, 2000) - 0.01  # 0.01 nats better on average, by chance
+    gain, noise = gain_and_noise(static, noisy)
+    assert abs(gain) < 2 * noise
+    assert gain_and_noise(static[:60], steady[:60])[1] == float("inf")  # one block: no estimate, nothing kept
+
+
+def test_a_search_whose_best_gain_is_within_noise_keeps_its_start(tiny_run, monkeypatch):
+    from moglm.dynamic_evaluation import run as dyneval
+
+    monkeypatch.setattr(dyneval, "gain_and_noise", lambda static, dynamic: (0.001, 0.01))
+    report = dyneval.dyneval_run(dyneval.LanguageModelRun(tiny_run), ("valid",), Hyperparameters(rule="sgd", lr=0.03),
+                                 search=True, search_tokens=100, eval_tokens=60, progress=False, log=lambda s: None,
+                                 write=False)
+    assert report["search"]["best"] != report["search"]["kept"]  # the search moved, and its move was not kept
+    assert report["search"]["kept"] == Hyperparameters(rule="sgd", lr=0.03).as_dict()
+    assert report["hyperparameters"] == report["search"]["kept"]

@@ -297,9 +297,11 @@ def search_settings(model, valid: np.ndarray, hp: Hyperparameters, rms, tokens: 
     log(f"searching on the first {len(prefix):,} validation tokens"
         + ("" if episodic else f" (static xent {static_for(hp.segment_length).scores.xent:.4f})"))
 
+    results: dict[Hyperparameters, Any] = {}
+
     def score(candidate: Hyperparameters) -> tuple[float, dict]:
         static = None if episodic else static_for(candidate.segment_length)
-        result = dynamic_evaluate(model, prefix, candidate, rms, static=static, **options)
+        results[candidate] = result = dynamic_evaluate(model, prefix, candidate, rms, static=static, **options)
         feasible = max_cost is None or result.cost <= max_cost
         return (result.scores.xent if feasible else float("inf")), {"xent": result.scores.xent, "cost": result.cost}
 
@@ -307,8 +309,30 @@ def search_settings(model, valid: np.ndarray, hp: Hyperparameters, rms, tokens: 
     if max_cost is not None:
         hp = hp.with_(segment_length=longest)
     order = tuple(c for c in order if not (episodic and c == "decay"))  # episodic: decay stays 0
+    start = hp
     best, trials = coordinate_search(score, hp, order, longest, log)
     log(f"best: {best.label()}")
     if not any(t["objective"] < float("inf") for t in trials):
         raise MoglmError(f"search: no setting ran within {max_cost}x the static evaluation time")
-    return best, {"tokens": len(prefix), "max_cost": max_cost, "trials": trials, "best": best.as_dict()}
+    gain, noise = gain_and_noise(results[best].static_losses, results[best].losses)
+    kept = best
+    if best != start and not gain > 2 * noise:  # a gain the text's own variation could give is not kept
+        log(f"the best setting gains {gain:+.4f} nats per token over static on the search's tokens, within twice "
+            f"its noise ({noise:.4f}): keeping the start, {start.label()}")
+        kept = start
+    return kept, {"tokens": len(prefix), "max_cost": max_cost, "trials": trials, "best": best.as_dict(),
+                  "gain": gain, "noise": noise, "kept": kept.as_dict()}
+
+
+def gain_and_noise(static_losses, dynamic_losses, block: int = 50) -> tuple[float, float]:
+    """The mean per-token gain of dynamic over static evaluation (nats) and its standard error, from the means
+    of blocks of ``block`` consecutive tokens (neighbouring tokens' gains are correlated)."""
+    as_numpy = lambda x: np.asarray(x.detach().cpu() if hasattr(x, "detach") else x, dtype=np.float64)  # noqa: E731
+    diff = (as_numpy(static_losses) - as_numpy(dynamic_losses)).reshape(-1)  # [N]
+    if diff.size == 0:
+        return 0.0, math.inf
+    n = diff.size // block
+    if n < 2:
+        return float(diff.mean()), math.inf
+    means = diff[: n * block].reshape(n, block).mean(1)  # [blocks]
+    return float(diff.mean()), float(means.std(ddof=1) / math.sqrt(n))
