@@ -77,3 +77,22 @@ def test_mc_dropout_averages_probabilities_over_samples_each_with_its_own_masks(
     many = evaluate_mc_dropout(model, ids, samples=16, multiplier=0.8, bptt=10)
     assert one.nll != many.nll and math.isfinite(many.nll) and many.tokens == 39
     assert model.training and model.input_dropout == 0.3  # mode and rates restored
+
+
+def test_the_mc_dropout_multiplier_search_picks_the_lowest_validation_cross_entropy():
+    """Mogrifier paper 3.3: in the MC case the dropout rates are scaled, by a multiplier searched on validation."""
+    import numpy as np
+    import torch
+
+    from moglm.evaluation.mc_dropout import evaluate_mc_dropout, search_multiplier
+    from moglm.model.language_model import LanguageModel
+
+    torch.manual_seed(0)
+    model = LanguageModel(13, 10, 1, "lstm", input_dropout=0.5, output_dropout=0.5).eval()
+    ids = np.random.default_rng(0).integers(0, 13, 200)
+    best, scored = search_multiplier(model, ids, samples=3, bptt=20, tokens=120, candidates=(0.0, 0.5, 1.0))
+    assert set(scored) == {"0.0", "0.5", "1.0"} and scored[str(best)] == min(scored.values())
+    torch.manual_seed(0)
+    again = evaluate_mc_dropout(model, ids, 3, best, 20, max_tokens=120).xent
+    assert again == pytest.approx(scored[str(best)])  # each candidate from the same random state
+    assert scored["0.0"] != scored["1.0"]

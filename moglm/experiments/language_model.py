@@ -66,7 +66,8 @@ def _evaluate(name: str, run, scale: Scale, folder: Path, path: Path, progress: 
     """One evaluation, written to ``path`` with its provenance (and, for the dynamic pass over test, the token
     losses)."""
     if name == "mc_dropout":
-        report = mc_dropout(run, scale.mc_samples, scale.eval_tokens, progress, log)
+        report = mc_dropout(run, scale.mc_samples, scale.eval_tokens, progress, log,
+                            scale.search_tokens if scale.mc_multiplier_search else None)
         write_result(path, report, seed)
     elif name == "mc_dynamic":
         report = _dynamic(run, scale, scale.mc_dynamic_samples, ("valid", "test"), progress, log)
@@ -109,9 +110,11 @@ def cache_evaluations(run, scale: Scale, folder: Path, progress: bool, log: Call
         write_result(folder / EVALUATION_FILES["dynamic"], report, seed)
 
 
-def mc_dropout(run, samples: int, tokens: int | None, progress: bool, log: Callable[[str], None]) -> dict[str, Any]:
+def mc_dropout(run, samples: int, tokens: int | None, progress: bool, log: Callable[[str], None],
+               search_tokens: int | None = None) -> dict[str, Any]:
     """MC-dropout scores of valid and test (the first ``tokens`` of each, or all), with the deterministic
-    scores of the same tokens beside them (the run's temperature and dropout multiplier)."""
+    scores of the same tokens beside them (the run's temperature; its dropout multiplier, or with
+    ``search_tokens`` the one searched on that many validation tokens)."""
     from ..evaluation.stream import evaluate_stream
     from ..evaluation.mc_dropout import evaluate_mc_dropout
     from ..train.build import load_data
@@ -121,8 +124,15 @@ def mc_dropout(run, samples: int, tokens: int | None, progress: bool, log: Calla
     corpus = load_data(cfg.data)
     factor = _temperature(run)
     multiplier = cfg.evaluation.mc_dropout_multiplier
-    out: dict[str, Any] = {"samples": samples, "multiplier": multiplier, "temperature": factor, "tokens": tokens,
-                           "splits": {}, "static": {}}
+    searched = None
+    if search_tokens:
+        from ..evaluation.mc_dropout import search_multiplier
+
+        multiplier, searched = search_multiplier(model, corpus["valid"], samples, cfg.train.bptt, factor, search_tokens)
+        log(f"MC dropout: multiplier {multiplier:g} (searched on {search_tokens:,} validation tokens: "
+            + ", ".join(f"{m}: {x:.4f}" for m, x in searched.items()) + ")")
+    out: dict[str, Any] = {"samples": samples, "multiplier": multiplier, "multiplier_search": searched,
+                           "temperature": factor, "tokens": tokens, "splits": {}, "static": {}}
     for split in ("valid", "test"):
         ids = corpus[split] if tokens is None else corpus[split][: tokens + 1]
         words = corpus.words.get(split) if tokens is None else None

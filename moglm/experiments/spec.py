@@ -48,6 +48,9 @@ class Scale(_Strict):
     seeds: list[int] | None = Field(None, description="Seeds at this scale (default: the experiment's).")
     mc_samples: int = Field(200, ge=1, description="MC-dropout samples (the paper: 200).")
     mc_dynamic_samples: int = Field(10, ge=1, description="MC-dropout samples with dynamic evaluation.")
+    mc_multiplier_search: bool = Field(False, description="MC dropout: search the dropout multiplier on search_tokens "
+                                       "validation tokens (the paper's scaled rates, section 3.3) instead of the "
+                                       "run's evaluation.mc_dropout_multiplier.")
     eval_tokens: int | None = Field(None, ge=1, description="MC dropout and dynamic evaluation score this prefix "
                                     "of each split (static evaluation always scores the whole split).")
     search_tokens: int = Field(10_000, ge=1, description="Validation tokens that the neural cache's theta and "
