@@ -91,9 +91,14 @@ def _build_app():
         for line in final_block(results, cfg):
             typer.echo(line)
         run = LanguageModelRun(path)
-        if cfg.sample.num_tokens:
+        from .sampling import NoStart
+
+        try:
             text = _sample(run, cfg.sample.prompt, cfg.sample.num_tokens, cfg.sample.temperature, cfg.sample.top_k,
-                           cfg.train.seed)
+                           cfg.train.seed) if cfg.sample.num_tokens else None
+        except NoStart:  # said before training: the run trained all the same
+            text = None
+        if text is not None:
             atomic_write_text(run.sample_path, text + "\n")
             typer.echo(f"--- sample ---\n{text}\n--------------")
         typer.echo(f"run directory: {path}")

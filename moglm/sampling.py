@@ -24,6 +24,10 @@ def _prompt_tokens(vocab: Vocabulary, prompt: str) -> list[str]:
     return [t for i, line in enumerate(lines) for t in vocab.tokenize_prompt(line) + [vocab.eos] * (i < len(lines) - 1)]
 
 
+class NoStart(MoglmError):
+    """An empty prompt where the corpus has no line separator: there is nothing to start a sample from."""
+
+
 def unknown_prompt_tokens(vocab: Vocabulary, prompt: str) -> list[str]:
     """The prompt's tokens that are not in the vocabulary (each once, in order): they are read as ``<unk>``."""
     return list(dict.fromkeys(t for t in _prompt_tokens(vocab, prompt) if t not in vocab.stoi))
@@ -43,7 +47,7 @@ def encode_prompt(vocab: Vocabulary, prompt: str) -> list[int]:
         else:
             raise MoglmError(f"prompt: {token!r} is not in the vocabulary")
     if not ids:
-        raise MoglmError("prompt: empty, and the vocabulary has no line separator to start from")
+        raise NoStart("prompt: empty, and the vocabulary has no line separator to start from (set sample.prompt)")
     return ids
 
 

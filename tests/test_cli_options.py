@@ -106,3 +106,15 @@ def test_prompt_words_outside_a_vocabulary_with_unk_are_named_once(tmp_path, cap
     corpus = build_corpus("w", "word", {"train": "the cat sat <unk> .\n", "valid": "the\n", "test": "the\n"})
     assert corpus.vocab.unk is not None
     assert unknown_prompt_tokens(corpus.vocab, "the zebra sat zebra quokka") == ["zebra", "quokka"]
+
+
+def test_a_corpus_without_a_newline_trains_and_says_there_is_no_sample(tmp_path, capsys):
+    text = tmp_path / "one-line.txt"
+    text.write_text("the cat sat on the mat and the dog ran far away " * 200)  # no newline anywhere
+    assert main(["train", "--set", f"data.path={text}", "--set", "data.format=char", "--max-steps", "2",
+                 "--set", "train.eval_every=2", "--set", "sample.num_tokens=10", "--set", "sample.prompt=''",
+                 "--run-dir", str(tmp_path / "run"),
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "no sample after training" in out and "set sample.prompt" in out and "--- sample ---" not in out
+    assert (tmp_path / "run" / "results.json").is_file()

@@ -30,7 +30,7 @@ from ..atomic import atomic_write_text
 from ..device import resolve_device
 from ..evaluation.stream import evaluate_episodes, evaluate_stream
 from ..model.language_model import LanguageModel, count_parameters
-from ..sampling import encode_prompt
+from ..sampling import NoStart, encode_prompt
 from .build import build_model, check_fits, load_data, resolve_hidden_size
 from .config import RunConfig, without_added_defaults
 from .learning_curve import unit_for
@@ -210,7 +210,13 @@ class Trainer:
         check_fits(cfg.model, vocab_size, hidden, self.device)  # one line, not a machine out of memory
         self.model: LanguageModel = build_model(cfg.model, vocab_size, hidden).to(self.device)
         if cfg.sample.num_tokens:  # a sample the run cannot start fails now, not after training
-            group.on_main(lambda: encode_prompt(self.corpus.vocab, cfg.sample.prompt) and None)
+            def check_prompt() -> None:
+                try:
+                    encode_prompt(self.corpus.vocab, cfg.sample.prompt)
+                except NoStart as e:  # the sample cannot start, but that is no reason not to train
+                    self.log(f"no sample after training: {e}")
+
+            group.on_main(check_prompt)
         saved = without_added_defaults(json.loads(cfg.model_dump_json(exclude_none=True)))
         group.on_main(lambda: self.run.prepare(saved, "language-model"))
         self.log(self.corpus.summary())
