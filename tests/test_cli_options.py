@@ -118,3 +118,10 @@ def test_a_corpus_without_a_newline_trains_and_says_there_is_no_sample(tmp_path,
     out = capsys.readouterr().out
     assert "no sample after training" in out and "set sample.prompt" in out and "--- sample ---" not in out
     assert (tmp_path / "run" / "results.json").is_file()
+
+
+def test_dyneval_hf_out_that_is_a_folder_is_refused_before_the_model_loads(tmp_path, capsys):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "out").mkdir()
+    assert main(["dyneval", "--hf", str(tmp_path / "model"), "--text", "t.txt", "--out", str(tmp_path / "out")]) == 1
+    assert "is a folder: give a file name" in capsys.readouterr().err

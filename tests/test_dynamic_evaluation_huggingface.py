@@ -222,3 +222,28 @@ def test_a_tokenizer_that_cannot_encode_the_text_is_a_one_line_error(gpt2_dir, t
     assert main(["dyneval", "--hf", str(path), "--text", str(text), "-n", "8", "--no-progress"]) == 1
     err = capsys.readouterr().err.strip()
     assert "cannot encode the text: 'zebra.' at character 19" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("damage", ["truncated weights", "empty weights", "weights of another size",
+                                    "corrupt tokenizer"])
+def test_a_damaged_model_directory_is_one_line_naming_it(gpt2_dir, tmp_path, capsys, damage):
+    import json
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(gpt2_dir, broken)
+    weights = broken / "model.safetensors"
+    if damage == "truncated weights":
+        weights.write_bytes(weights.read_bytes()[:200])
+    elif damage == "empty weights":
+        weights.write_bytes(b"")
+    elif damage == "weights of another size":
+        config = json.loads((broken / "config.json").read_text())
+        (broken / "config.json").write_text(json.dumps(config | {"n_embd": 64}))
+    else:
+        (broken / "tokenizer.json").write_text('{"version": "1.0", "model": [')
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT)
+    assert main(["dyneval", "--hf", str(broken), "--text", str(text), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot load a causal LM" in err and str(broken) in err and err.count("\n") == 1 and "Traceback" not in err

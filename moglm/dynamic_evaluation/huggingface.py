@@ -57,7 +57,8 @@ def load_causal_lm(name_or_path: str, device: str | torch.device = "cpu", dtype:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, use_safetensors=True,
                                                      **({"dtype": dtype} if dtype else {}), **kwargs)
-    except (OSError, ValueError, KeyError) as e:
+    except Exception as e:  # noqa: BLE001 - a damaged directory fails in many ways (truncated or mismatched
+        # weights, a corrupt tokenizer.json): each is one line naming the directory, never a traceback
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise MoglmError(f"{name_or_path}: cannot load a causal LM with its tokenizer from a local directory or "
                          f"the local cache (safetensors weights only): {first}") from None
