@@ -236,7 +236,8 @@ def _build_app():
         space: Optional[str] = typer.Argument(None, help="Search-space file (TOML/YAML) or shipped space name."),
         base: Optional[str] = typer.Option(None, help="Run config every trial starts from (default: the space's)."),
         set_: list[str] = typer.Option([], "--set", "-s", help="Override a base-config key: section.key=value."),
-        trials: Optional[int] = typer.Option(None, min=1, help="Trials in the study in total (default: the space's)."),
+        trials: Optional[int] = typer.Option(None, min=0, help="Trials in the study in total, 0 to create it only "
+                                             "(default: the space's)."),
         timeout: Optional[str] = typer.Option(None, help="Wall time, e.g. 3600, 90m, 2h: no trial starts after it."),
         train_tokens: Optional[int] = typer.Option(
             None, min=1, help="Training tokens per trial (sets train.max_tokens; default: the space's budget)."),
