@@ -617,3 +617,13 @@ def test_weights_copied_in_from_another_run_of_the_same_shape_are_refused(config
     code, err = _cli(["evaluate", tmp_path / "a"], capsys)
     assert code == 1 and "the weights of another run" in err and err.count("\n") == 1
     assert _cli(["evaluate", tmp_path / "b"], capsys)[0] == 0
+
+
+def test_a_config_that_differs_only_in_its_description_resumes_the_same_run(tiny_corpus, tmp_path):
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 4})
+    _train(cfg, tmp_path / "run")
+    relabelled = cfg.model_copy(update={"description": "the same model, described otherwise"})
+    _train(relabelled, tmp_path / "run")  # no "different config" error: the run is finished, nothing retrains
+    changed = tiny_config(tiny_corpus, train={"max_steps": 4, "learning_rate": 0.02})
+    with pytest.raises(MoglmError, match="different config"):
+        _train(changed, tmp_path / "run")

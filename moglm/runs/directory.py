@@ -223,7 +223,9 @@ class RunDirectory:
         self.check_own_folder()
         config = plain(config)
         if self.config_path.is_file():
-            diff = first_difference(self.read_config(), config)
+            # a config's description says what it is for and changes no result: configs equal but for it are one run
+            unlabelled = lambda c: {k: v for k, v in c.items() if k != "description"}  # noqa: E731
+            diff = first_difference(unlabelled(self.read_config()), unlabelled(config))
             if diff:
                 kind = f"a {what} run" if what else "a run"
                 raise MoglmError(f"{self.path} holds {kind} with a different config ({diff}); "
