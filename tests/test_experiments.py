@@ -457,3 +457,14 @@ def test_an_interrupted_run_stops_the_experiment_instead_of_going_on_to_the_next
         run_experiment("ablation", "smoke", root=tmp_path / "root", data=str(_tiny_text(tmp_path / "tiny.txt")),
                        progress=False, log=lambda s: None)
     assert len(started) == 1
+
+
+def test_only_takes_names_repeated_or_separated_by_commas(tmp_path, monkeypatch):
+    from moglm.experiments import runner
+
+    seen = {}
+    monkeypatch.setattr(runner, "run_experiment", lambda *a, **k: seen.update(only=k["only"]))
+    runner_app = CliRunner()
+    result = runner_app.invoke(_build_app(), ["experiment", "run", "ablation", "--only", "a,b", "--only", "c"])
+    assert result.exit_code == 0, result.output
+    assert seen["only"] == ["a", "b", "c"]

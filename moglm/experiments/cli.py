@@ -34,14 +34,16 @@ def experiment_app() -> typer.Typer:
         data: Optional[str] = typer.Option(None, help="Your corpus instead of the experiment's (file or directory)."),
         data_format: DataFormat = typer.Option("char", help="Format of --data."),
         root: Path = typer.Option(Path("experiments"), help="Where experiments keep their runs."),
-        only: list[str] = typer.Option([], help="Only these runs (names as `status` shows them)."),
+        only: list[str] = typer.Option([], help="Only these runs (names as `status` shows them; repeat the option or "
+                                       "separate names by commas)."),
         progress: bool = typer.Option(True, help="Show progress bars (one worker)."),
     ) -> None:
         """Train and evaluate every run of an experiment; rerun the same command to resume."""
         from .runner import run_experiment
 
         run_experiment(name, scale, root=root, data=data, data_format=data_format, workers=workers,
-                       only=list(only) or None, progress=progress, log=typer.echo)
+                       only=[n.strip() for o in only for n in o.split(",") if n.strip()] or None, progress=progress,
+                       log=typer.echo)
 
     @app.command()
     def status(
