@@ -182,7 +182,16 @@ def _build_app():
                 raise MoglmError(f"{prompt_file}: not UTF-8 text ({e.reason} at byte {e.start})") from None
         run = LanguageModelRun(run_dir)
         saved = run.load_config().sample  # the run's [sample] settings, as moglm train used them
-        prompt = saved.prompt if prompt is None else prompt
+        if prompt is None:
+            from .sampling import encode_prompt
+
+            prompt = saved.prompt
+            try:
+                encode_prompt(run.load_vocab(), prompt)
+            except MoglmError as e:  # a saved prompt that cannot start a sample (a run trained without samples)
+                typer.echo(f"warning: the run's [sample] prompt cannot be used ({e}); sampling from an empty prompt",
+                           err=True)
+                prompt = ""
         num_tokens = num_tokens if num_tokens is not None else (saved.num_tokens or 200)
         temperature = saved.temperature if temperature is None else temperature
         top_k = saved.top_k if top_k is None else top_k

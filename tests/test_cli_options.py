@@ -125,3 +125,15 @@ def test_dyneval_hf_out_that_is_a_folder_is_refused_before_the_model_loads(tmp_p
     (tmp_path / "out").mkdir()
     assert main(["dyneval", "--hf", str(tmp_path / "model"), "--text", "t.txt", "--out", str(tmp_path / "out")]) == 1
     assert "is a folder: give a file name" in capsys.readouterr().err
+
+
+def test_a_saved_prompt_the_vocabulary_cannot_spell_falls_back_to_an_empty_one(tiny_corpus, tmp_path, capsys):
+    config = tmp_path / "s.toml"
+    config.write_text(tiny_config(tiny_corpus, train={"max_steps": 2},
+                                  sample={"num_tokens": 0, "prompt": "zebra"}).to_toml())
+    run = tmp_path / "run"
+    assert main(["train", str(config), "--run-dir", str(run), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["sample", str(run), "--num-tokens", "5", "--seed", "1"]) == 0
+    assert "the run's [sample] prompt cannot be used" in capsys.readouterr().err
+    assert main(["sample", str(run), "--prompt", "zebra"]) == 1  # asked for: an error, not a fallback
