@@ -28,7 +28,7 @@ def test_commands_are_written_with_portable_paths(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path.parent))
     monkeypatch.setattr(sys, "argv", ["/x/bin/moglm", "report", f"{tmp_path}/runs/a", f"{tmp_path.parent}/b c"])
-    assert provenance.command() == f"moglm report runs/a '~/b c'"
+    assert provenance.command() == "moglm report runs/a '~/b c'"
     monkeypatch.setattr(sys, "argv", ["/x/moglm/__main__.py", "info"])
     assert provenance.command() == "moglm info"
 
