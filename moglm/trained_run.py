@@ -71,6 +71,4 @@ def load_run(path: str | Path, checkpoint: str = "best", device: str | torch.dev
     run = LanguageModelRun(path)
     model, config, vocab = run.load_model(checkpoint, resolve_device(str(device)))
     model.eval()
-    from .dynamic_evaluation.run import run_temperature
-
-    return TrainedRun(run.path, config, model, vocab, run_temperature(run))
+    return TrainedRun(run.path, config, model, vocab, run.logit_factor())

@@ -115,6 +115,14 @@ def tiny_trained_run(root, **train):
     return root / "run"
 
 
+def copied_run(run, tmp_path):
+    """A copy of the shared, module-scoped run ``run`` in ``tmp_path / "run"``, for a test that changes it."""
+    import shutil
+
+    shutil.copytree(run, tmp_path / "run")
+    return tmp_path / "run"
+
+
 def dyneval_report(run, tag):
     """The report ``moglm dyneval`` wrote under ``tag`` (``full``, ``sparse-first100`` ...): ``dyneval/<tag>.json``,
     or ``<tag>-rejected.json`` where adapting scored worse than static or rolled back (tiny test models may)."""

@@ -4,12 +4,11 @@ and ``moglm sample`` adapting to its prompt and output."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
 
-from conftest import dyneval_report, tiny_trained_run, write_tiny_corpus
+from conftest import copied_run, dyneval_report, tiny_trained_run, write_tiny_corpus
 from moglm.cli import main
 from moglm.dynamic_evaluation import DynamicEvaluator, Hyperparameters, StatisticsSettings
 from moglm.dynamic_evaluation import statistics as statistics_module
@@ -24,13 +23,8 @@ def tiny_run(tmp_path_factory):
     return tiny_trained_run(tmp_path_factory.mktemp("dyneval"), max_steps=30, eval_every=10)
 
 
-def _copy(run, tmp_path):
-    shutil.copytree(run, tmp_path / "run")
-    return tmp_path / "run"
-
-
 def test_dyneval_end_to_end(tiny_run, tmp_path, capsys):
-    run = _copy(tiny_run, tmp_path)
+    run = copied_run(tiny_run, tmp_path)
     args = ["dyneval", str(run), "--split", "valid", "--split", "test", "--search", "--search-tokens", "120",
             "--eval-tokens", "150", "--stats-batch-size", "2", "--stats-fraction", "0.5", "--no-progress"]
     assert main(args) == 0
@@ -59,7 +53,7 @@ def test_dyneval_end_to_end(tiny_run, tmp_path, capsys):
 
 
 def test_statistics_are_loaded_from_the_cache(tiny_run, tmp_path, monkeypatch):
-    run = LanguageModelRun(_copy(tiny_run, tmp_path))
+    run = LanguageModelRun(copied_run(tiny_run, tmp_path))
     model, cfg, _ = run.load_model()
     from moglm.train.build import load_data
 
@@ -92,7 +86,7 @@ def test_bad_arguments_are_one_line_errors(tiny_run, args, message, code, capsys
 
 def test_a_run_whose_training_data_is_missing_is_a_clear_error(tiny_run, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("MOGLM_CACHE_DIR", str(tmp_path / "cache"))
-    run = _copy(tiny_run, tmp_path)
+    run = copied_run(tiny_run, tmp_path)
     corpus = write_tiny_corpus(tmp_path / "gone")
     config = (run / "config.toml").read_text()
     old = json.dumps(str(tiny_run.parent / "tiny"))
@@ -124,7 +118,7 @@ def test_sampling_adapts_to_the_prompt_and_to_its_output(tiny_run):
 
 def test_sample_command_with_adaptation(tiny_run, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("MOGLM_CACHE_DIR", str(tmp_path / "cache"))
-    run = _copy(tiny_run, tmp_path)
+    run = copied_run(tiny_run, tmp_path)
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("the cat sees the dog .\nthe bird likes the fish .\n")
     args = ["sample", str(run), "--prompt-file", str(prompt), "--num-tokens", "6", "--seed", "1", "--adapt-output"]
@@ -137,7 +131,7 @@ def test_sample_command_with_adaptation(tiny_run, tmp_path, capsys, monkeypatch)
 
 
 def test_library_entry_point_on_a_run(tiny_run, tmp_path):
-    run = LanguageModelRun(_copy(tiny_run, tmp_path))
+    run = LanguageModelRun(copied_run(tiny_run, tmp_path))
     report = dyneval_run(run, ("valid",), Hyperparameters(rule="sgd", lr=0.1), eval_tokens=80, progress=False,
                          log=lambda s: None, write=False)
     assert report["splits"]["valid"]["dynamic"]["tokens"] == 80 and not (run.path / "dyneval").exists()

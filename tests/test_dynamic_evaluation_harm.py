@@ -5,11 +5,10 @@ a search keeps no setting whose gain is within its noise; the eps grid starts at
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
-from conftest import tiny_trained_run
+from conftest import copied_run, tiny_trained_run
 from moglm.cli import main
 from moglm.dynamic_evaluation import Hyperparameters
 from moglm.dynamic_evaluation.search import grid_for
@@ -20,13 +19,8 @@ def tiny_run(tmp_path_factory):
     return tiny_trained_run(tmp_path_factory.mktemp("harm"), max_steps=8, eval_every=4)
 
 
-def _copy(run, tmp_path):
-    shutil.copytree(run, tmp_path / "run")
-    return tmp_path / "run"
-
-
 def test_a_harmful_setting_says_so_and_leaves_the_saved_settings_alone(tiny_run, tmp_path, capsys):
-    run = _copy(tiny_run, tmp_path)
+    run = copied_run(tiny_run, tmp_path)
     assert main(["dyneval", str(run), "--split", "valid", "--rule", "sgd", "--learning-rate", "0.05",
                  "--no-progress"]) == 0  # a full run with a gentle setting: the run's settings
     good = json.loads((run / "dyneval" / "full.json").read_text())
@@ -43,7 +37,7 @@ def test_a_harmful_setting_says_so_and_leaves_the_saved_settings_alone(tiny_run,
 
 
 def test_a_short_run_never_overwrites_the_full_runs_settings(tiny_run, tmp_path):
-    run = _copy(tiny_run, tmp_path)
+    run = copied_run(tiny_run, tmp_path)
     (run / "dyneval").mkdir(exist_ok=True)
     (run / "dyneval" / "full.json").write_text('{"hyperparameters": {"rule": "sgd", "lr": 0.01}}')
     assert main(["dyneval", str(run), "--eval-tokens", "40", "--rule", "sgd", "--learning-rate", "0.05",

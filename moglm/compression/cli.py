@@ -25,7 +25,7 @@ def _read(path: Path) -> bytes:
 
 
 def _write(path: Path, data: bytes, force: bool) -> None:
-    from ..atomic import atomic_write_bytes, check_free
+    from ..atomic import atomic_write_bytes
 
     check_free(path, force)
     atomic_write_bytes(path, data)

@@ -78,9 +78,9 @@ def related_words_of_run(run_dir: str | Path, word: str, split: str = "test", oc
     from .update_rules import Hyperparameters
 
     run = LanguageModelRun(run_dir)
-    if run.load_config().data.format != "word":
-        raise MoglmError(f"{run_dir}: related words compare word embeddings; this is a "
-                         f"{run.load_config().data.format}-level run")
+    config = run.load_config()
+    if config.data.format != "word":
+        raise MoglmError(f"{run_dir}: related words compare word embeddings; this is a {config.data.format}-level run")
     if occurrence < 1 or top < 1:
         raise MoglmError("--occurrence and --top must be >= 1")
     model, _, vocab = run.load_model(checkpoint)
@@ -97,7 +97,7 @@ def related_words_of_run(run_dir: str | Path, word: str, split: str = "test", oc
                            model.decoder_weight, vocab.itos, top)
     result |= {"split": split, "occurrence": occurrence, "checkpoint": checkpoint}
     if write:
-        write_result(run.path / "dyneval" / f"related-{word}.json", result, run.load_config().train.seed)
+        write_result(run.path / "dyneval" / f"related-{word}.json", result, config.train.seed)
     return result
 
 

@@ -153,7 +153,7 @@ def dyneval_run(
     model, _, vocab = run.load_model(which, data_parallel.rank_device(resolve_device(device or cfg.train.device),
                                                                       group))
     corpus = load_corpus_for(run, "dynamic evaluation")
-    factor = temperature if temperature is not None else run_temperature(run)
+    factor = temperature if temperature is not None else run.logit_factor()
     boundary_id = None
     if episodic:
         if boundary is None:
@@ -262,21 +262,6 @@ def _cache_rows(result: DynamicResult, ids: np.ndarray, streams: int, tuned: Cac
     dynamic, _ = mixed_scores(result.losses, result.features, targets, tuned.dynamic.best, result.scores)
     log(f"{split}: static + cache {static.headline(level)}; dynamic + cache {dynamic.headline(level)}")
     return {"static": static.as_dict(), "dynamic": dynamic.as_dict()}
-
-
-def run_temperature(run: LanguageModelRun) -> float:
-    """The logit factor ``moglm evaluate`` found (``results.json``), else 1; a damaged file is a one-line error,
-    not a silent 1."""
-    if not run.results_path.is_file():
-        return 1.0
-    try:
-        factor = json.loads(run.results_path.read_text()).get("temperature", 1.0)
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor <= 0:
-            raise ValueError(f"temperature {factor!r}")
-        return float(factor)
-    except (ValueError, TypeError, AttributeError, UnicodeDecodeError) as e:
-        raise MoglmError(f"{run.results_path}: damaged ({type(e).__name__}: {e}); run `moglm evaluate "
-                         f"{run.path}` to write it again") from None
 
 
 def search_settings(model, valid: np.ndarray, hp: Hyperparameters, rms, tokens: int, max_cost: float | None,

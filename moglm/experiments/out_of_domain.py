@@ -23,7 +23,7 @@ import numpy as np
 from ..data.corpus import find_split_files, resolve_path
 from ..data.vocabulary import EOS, UNK
 from ..dynamic_evaluation.across_processes import evaluate_streams
-from ..dynamic_evaluation.run import dyneval_run, load_corpus_for, run_statistics, run_temperature
+from ..dynamic_evaluation.run import dyneval_run, load_corpus_for, run_statistics
 from ..dynamic_evaluation.statistics import StatisticsSettings
 from ..dynamic_evaluation.update_rules import Hyperparameters, uses_rms
 from ..errors import MoglmError
@@ -104,7 +104,7 @@ def out_of_domain(run, target: str, tokens: int | None, search_tokens: int, prog
                              StatisticsSettings(**(report["statistics"] or {})), progress, log)
     result = evaluate_streams(model, ids, hp, rms, streams=1, bptt=static_window(model, cfg.train.bptt,
                                                                                   hp.segment_length),
-                              factor=run_temperature(run), progress=progress, desc="out of domain")
+                              factor=run.logit_factor(), progress=progress, desc="out of domain")
     in_domain = report["splits"]["test"]
     out = {"target": target, "level": cfg.data.format, "hyperparameters": report["hyperparameters"],
            "search": {k: v for k, v in (report["search"] or {}).items() if k != "trials"},

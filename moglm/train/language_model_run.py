@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+
 import torch
 
 from ..data.vocabulary import Vocabulary
@@ -21,6 +24,21 @@ class LanguageModelRun(RunDirectory):
             raise MoglmError(f"{self.path} is a music run: use `moglm music evaluate`, `moglm music dyneval` or "
                              "`moglm sample`")
         return validate(config, str(self.config_path))
+
+    def logit_factor(self) -> float:
+        """The logit factor (inverse softmax temperature) ``moglm evaluate`` found, from ``results.json``, else 1;
+        a damaged file is a one-line error, not a silent 1."""
+        if not self.results_path.is_file():
+            return 1.0
+        try:
+            factor = json.loads(self.results_path.read_text()).get("temperature", 1.0)
+            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) \
+                    or factor <= 0:
+                raise ValueError(f"temperature {factor!r}")
+            return float(factor)
+        except (ValueError, TypeError, AttributeError, UnicodeDecodeError) as e:
+            raise MoglmError(f"{self.results_path}: damaged ({type(e).__name__}: {e}); run `moglm evaluate "
+                             f"{self.path}` to write it again") from None
 
     def load_model(
         self, which: str = "best", device: torch.device | str = "cpu"
