@@ -38,7 +38,7 @@ LINKS = {"NVLink 4 (H100 SXM)": 450.0, "PCIe 4.0 x16": 25.0, "InfiniBand / Ether
 def worker(config: str, run_dir: str, steps: int, threads: int, allreduce_floats: list[int]) -> None:
     """One process of a run (under torchrun when there are several): train, then time all-reduces."""
     from moglm.train import Trainer
-    from moglm.train.config import load_config
+    from moglm.runs.config import load_config
 
     torch.set_num_threads(threads)
     cfg = load_config(config, [f"train.max_steps={steps}", f"train.eval_every={steps}", "train.eval_tokens=2000",
@@ -74,8 +74,8 @@ def tokens_per_second(run_dir: Path) -> float:
 
 def paper_parameters() -> int:
     from moglm.model.language_model import count_parameters
-    from moglm.train.build import build_model, resolve_hidden_size
-    from moglm.train.config import load_config
+    from moglm.runs.build import build_model, resolve_hidden_size
+    from moglm.runs.config import load_config
 
     model_cfg = load_config(PAPER_CONFIG).model
     with torch.device("meta"):
@@ -102,8 +102,8 @@ def main() -> None:
         return
 
     from moglm.model.language_model import count_parameters
-    from moglm.train.build import build_model, load_data, resolve_hidden_size
-    from moglm.train.config import load_config
+    from moglm.runs.build import build_model, load_data, resolve_hidden_size
+    from moglm.runs.config import load_config
 
     cfg = load_config(args.config)
     vocab = len(load_data(cfg.data).vocab)

@@ -28,7 +28,7 @@ import torch
 from moglm.dynamic_evaluation import Hyperparameters, SparseSpec, StatisticsSettings
 from moglm.dynamic_evaluation.run import dyneval_run
 from moglm.atomic import atomic_write_text
-from moglm.train.language_model_run import LanguageModelRun
+from moglm.runs.language_model import LanguageModelRun
 
 HERE = Path(__file__).resolve().parent
 

@@ -26,8 +26,8 @@ import torch
 from moglm.dynamic_evaluation import Hyperparameters
 from moglm.dynamic_evaluation.evaluate import dynamic_evaluate, static_pass
 from moglm.recurrence import cuda_graphs
-from moglm.train.build import build_model, load_data
-from moglm.train.config import load_config
+from moglm.runs.build import build_model, load_data
+from moglm.runs.config import load_config
 
 HERE = Path(__file__).resolve().parent
 #: the static pass's windows (static_pass's default)

@@ -12,7 +12,7 @@ def __getattr__(name: str):
     """``moglm.load_run`` (and ``TrainedRun``) are imported on first use: they need the training extras
     (pydantic, safetensors), which the modules alone do not."""
     if name in ("load_run", "TrainedRun"):
-        from . import trained_run
+        from .runs import language_model
 
-        return getattr(trained_run, name)
+        return getattr(language_model, name)
     raise AttributeError(f"module 'moglm' has no attribute {name!r}")

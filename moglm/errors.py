@@ -3,3 +3,7 @@
 
 class MoglmError(Exception):
     """Bad input from the user (files, configs, arguments): the message names the culprit."""
+
+
+class TrainingInterrupted(MoglmError):
+    """Ctrl-C or SIGTERM: a checkpoint was saved and the run can be resumed."""

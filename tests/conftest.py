@@ -85,7 +85,7 @@ def tiny_corpus(tmp_path):
 
 def tiny_config(corpus_dir, **sections):
     """A RunConfig for a tiny model on ``corpus_dir`` that trains in a second or two."""
-    from moglm.train.config import validate
+    from moglm.runs.config import validate
 
     data = {
         "name": "tiny",

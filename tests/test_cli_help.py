@@ -10,13 +10,14 @@ import typing
 import pytest
 import typer
 
-from moglm import cli_common
-from moglm.cli import _build_app, main
+from moglm.cli import common as cli_common
+from moglm.cli import main
+from moglm.cli.app import build_app
 
 
 def _commands(command=None, path=()):
     """(path, click command) of the root, every command and every sub-command, from the app itself."""
-    command = command or typer.main.get_command(_build_app())
+    command = command or typer.main.get_command(build_app())
     yield path, command
     for name, sub in sorted(getattr(command, "commands", {}).items()):
         yield from _commands(sub, path + (name,))

@@ -19,7 +19,7 @@ from moglm.compression import Layout, compress, decompress, read_header  # noqa:
 from moglm.data.vocabulary import Vocabulary  # noqa: E402
 from moglm.dynamic_evaluation import DynamicEvaluator, Hyperparameters  # noqa: E402
 from moglm.errors import MoglmError  # noqa: E402
-from moglm.trained_run import load_run  # noqa: E402
+from moglm.runs.language_model import load_run  # noqa: E402
 
 
 def _train(root, fmt, **model):

@@ -162,8 +162,8 @@ def test_enwik8_and_text8_configs_read_one_file_at_the_standard_90_5_5_split(tmp
                                                                               vocab):
     """The shipped configs read $MOGLM_DATA/enwik8 (bytes) and $MOGLM_DATA/text8 (characters) as one file cut
     at 90% / 5% / 5%, which for the real 100,000,000-symbol files is the standard 90M / 5M / 5M split."""
-    from moglm.train.build import load_data
-    from moglm.train.config import load_config, shipped_configs
+    from moglm.runs.build import load_data
+    from moglm.runs.config import load_config, shipped_configs
 
     name = config.split("-")[0]
     make(tmp_path / name, 20_000)

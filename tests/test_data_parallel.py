@@ -15,7 +15,8 @@ import pytest
 from conftest import dyneval_report, tiny_config, write_tiny_corpus
 
 from moglm.cli import main
-from moglm.train import LanguageModelRun, Trainer
+from moglm.runs.language_model import LanguageModelRun
+from moglm.train import Trainer
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # several processes each: CI runs them (pytest -m slow)
 
@@ -145,9 +146,9 @@ def test_ctrl_c_stops_every_process_at_one_step_after_a_checkpoint(runs, tmp_pat
 
 def test_exit_worker_returns_outside_a_torchrun_job(monkeypatch):
     """Only a launched worker with a process group skips Python's finalization; anything else exits normally."""
-    from moglm.train import data_parallel
+    from moglm import distributed
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    assert data_parallel.exit_worker(0) is None  # still running: it returned
+    assert distributed.exit_worker(0) is None  # still running: it returned
     monkeypatch.setenv("WORLD_SIZE", "2")  # launched, but no process group was ever made in this process
-    assert data_parallel.exit_worker(0) is None
+    assert distributed.exit_worker(0) is None

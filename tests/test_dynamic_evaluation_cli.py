@@ -14,7 +14,7 @@ from moglm.dynamic_evaluation import DynamicEvaluator, Hyperparameters, Statisti
 from moglm.dynamic_evaluation import statistics as statistics_module
 from moglm.dynamic_evaluation.run import dyneval_run, run_statistics
 from moglm.sampling import encode_prompt, sample
-from moglm.train import LanguageModelRun
+from moglm.runs.language_model import LanguageModelRun
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_dyneval_end_to_end(tiny_run, tmp_path, capsys):
 def test_statistics_are_loaded_from_the_cache(tiny_run, tmp_path, monkeypatch):
     run = LanguageModelRun(copied_run(tiny_run, tmp_path))
     model, cfg, _ = run.load_model()
-    from moglm.train.build import load_data
+    from moglm.runs.build import load_data
 
     train = load_data(cfg.data)["train"]
     settings = StatisticsSettings(fraction=0.2, batch_size=2)

@@ -199,7 +199,7 @@ def test_search_grids_of_the_new_rules():
 
 # -- non-local RMSprop (the optimisers experiment) --------------------------------------------------------------
 def test_nonlocal_rmsprop_fed_by_the_scored_text_is_local_rmsprop():
-    from moglm.experiments.optimisers import nonlocal_rmsprop
+    from moglm.dynamic_evaluation.evaluate import nonlocal_rmsprop
 
     model, ids = _model(), _ids(161)
     hp = Hyperparameters(rule="rmsprop", lr=3e-3, eps=1e-2, segment_length=10)
@@ -212,7 +212,7 @@ def test_nonlocal_rmsprop_fed_by_the_scored_text_is_local_rmsprop():
 
 
 def test_nonlocal_statistics_need_rmsprop():
-    from moglm.experiments.optimisers import nonlocal_rmsprop
+    from moglm.dynamic_evaluation.evaluate import nonlocal_rmsprop
 
     model, ids = _model(), _ids(60)
     with pytest.raises(MoglmError, match="not rule sgd"):

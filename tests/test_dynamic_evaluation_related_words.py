@@ -16,7 +16,7 @@ from moglm.dynamic_evaluation import Hyperparameters
 from moglm.dynamic_evaluation.evaluate import DynamicEvaluator
 from moglm.dynamic_evaluation.related_words import related_words
 from moglm.evaluation.stream_model import detach_state
-from moglm.train.language_model_run import LanguageModelRun
+from moglm.runs.language_model import LanguageModelRun
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,10 @@ import torch
 pytest.importorskip("optuna")
 from typer.testing import CliRunner  # noqa: E402
 
-from moglm.cli import _build_app  # noqa: E402
+from moglm.cli.app import build_app  # noqa: E402
 from moglm.errors import MoglmError  # noqa: E402
 from moglm.experiments import load_experiment, runs, shipped  # noqa: E402
-from moglm.experiments.language_model import run_config  # noqa: E402
+from moglm.workloads.language_model import run_config  # noqa: E402
 from moglm.experiments.runner import run_experiment, status  # noqa: E402
 from moglm.report import write_report  # noqa: E402
 
@@ -58,7 +58,7 @@ def test_every_shipped_experiment_loads_and_its_configs_validate(name, scale):
             cfg = run_config(spec)
             assert cfg.train.seed == spec.seed
         elif trained.kind == "music":
-            from moglm.experiments.music import music_config
+            from moglm.workloads.music import music_config
 
             cfg = music_config(spec)
             assert cfg.train.seed == spec.seed and cfg.name == spec.name
@@ -82,7 +82,7 @@ def test_config_fields_added_later_leave_the_digest_of_configs_at_their_defaults
     """Runs are found by their config's digest: a release that adds a config field with a default must not make
     every existing experiment retrain; a config that sets such a field gets a digest of its own."""
     from moglm.experiments.runner import config_digest, _resolved
-    from moglm.train.config import ADDED_FIELDS
+    from moglm.runs.config import ADDED_FIELDS
 
     exp = load_experiment("ablation")
     config = _resolved(exp, runs(exp, "cpu")[0])
@@ -159,7 +159,7 @@ def test_headline_and_surprise_share_runs_and_add_their_evaluations(smoke):
 @pytest.mark.slow
 def test_mc_dropout_evaluations_repeat_exactly_whatever_ran_before_them(smoke):
     """Their dropout masks come from the run's seed, not from the random state a process happens to have."""
-    from moglm.experiments.language_model import evaluate_run_spec
+    from moglm.workloads.language_model import evaluate_run_spec
     from moglm.experiments.spec import load_experiment, scale_of
 
     root, data = smoke
@@ -354,7 +354,7 @@ def test_a_rerun_resumes_and_trains_nothing_done(smoke):
 def test_the_cli_lists_runs_reports_and_refuses_a_bad_scale(smoke, tmp_path):
     root, data = smoke
     cli = CliRunner()
-    app = _build_app()
+    app = build_app()
     listed = cli.invoke(app, ["experiment", "list"])
     assert listed.exit_code == 0 and all(name in listed.output for name in EXPECTED)
     shown = cli.invoke(app, ["experiment", "status", "ablation", "--scale", "smoke", "--data", str(data),
@@ -443,8 +443,8 @@ def test_music_trains_both_nades_scores_static_sgd_and_rms_and_reports_table_4_6
 def test_an_interrupted_run_stops_the_experiment_instead_of_going_on_to_the_next(tmp_path, monkeypatch):
     """Ctrl-C or SIGTERM during one run (the engine saves a checkpoint and raises TrainingInterrupted) stops the
     whole experiment: the next run does not start, and rerunning resumes."""
-    from moglm.experiments import language_model
-    from moglm.train.engine import TrainingInterrupted
+    from moglm.workloads import language_model
+    from moglm.errors import TrainingInterrupted
 
     started = []
 
@@ -465,6 +465,6 @@ def test_only_takes_names_repeated_or_separated_by_commas(tmp_path, monkeypatch)
     seen = {}
     monkeypatch.setattr(runner, "run_experiment", lambda *a, **k: seen.update(only=k["only"]))
     runner_app = CliRunner()
-    result = runner_app.invoke(_build_app(), ["experiment", "run", "ablation", "--only", "a,b", "--only", "c"])
+    result = runner_app.invoke(build_app(), ["experiment", "run", "ablation", "--only", "a,b", "--only", "c"])
     assert result.exit_code == 0, result.output
     assert seen["only"] == ["a", "b", "c"]

@@ -271,7 +271,7 @@ def test_a_damaged_corpus_cache_is_a_cache_miss(tiny_corpus):
 
 
 def test_split_fractions_that_overlap_are_refused_before_training():
-    from moglm.train.config import load_config
+    from moglm.runs.config import load_config
 
     with pytest.raises(MoglmError, match=r"split_fractions: .*together at most 1"):
         load_config("default", ["data.split_fractions=[0.5, 0.5, 0.5]"])
@@ -289,12 +289,12 @@ def test_split_fractions_that_overlap_are_refused_before_training():
     (ZeroDivisionError("division by zero"), "ZeroDivisionError: division by zero (an internal error: rerun with --debug"),
 ])
 def test_any_other_exception_is_one_line_and_debug_shows_the_traceback(monkeypatch, capsys, raised, message):
-    import moglm.cli as cli
+    from moglm.cli import info
 
     def explode(*args, **kwargs):
         raise raised
 
-    monkeypatch.setattr(cli, "_info", explode)
+    monkeypatch.setattr(info, "describe", explode)
     code = main(["info"])
     err = capsys.readouterr().err
     assert code == 1 and message in err and err.count("\n") == 1 and "Traceback" not in err

@@ -11,7 +11,7 @@ import torch
 
 from moglm.cells.lstm import lstm_pointwise
 from moglm.experiments.spec import load_experiment
-from moglm.train.config import load_config, read_mapping, shipped_configs
+from moglm.runs.config import load_config, read_mapping, shipped_configs
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,8 +10,8 @@ import torch
 
 from conftest import assert_close_all
 from moglm.errors import MoglmError
-from moglm.train.build import build_model
-from moglm.train.config import validate
+from moglm.runs.build import build_model
+from moglm.runs.config import validate
 
 
 def _model(architecture="multiplicative_lstm", dtype=torch.float64, **recipe):

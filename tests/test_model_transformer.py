@@ -17,8 +17,8 @@ from moglm.evaluation.stream import evaluate_stream
 from moglm.model.language_model import LanguageModel
 from moglm.model.transformer import Transformer
 from moglm.train import Trainer
-from moglm.train.build import build_model
-from moglm.train.config import load_config
+from moglm.runs.build import build_model
+from moglm.runs.config import load_config
 
 
 def lm(memory=8, layers=2, hidden=12, heads=3, dtype=torch.float64, **kw):
@@ -134,9 +134,9 @@ def trained(tmp_path_factory):
                                      "cell": {"heads": 2, "memory": 10}, "state_dropout": 0.0},
                       train={"max_steps": 30, "eval_every": 15, "bptt": 10, "batch_size": 4})
     Trainer(cfg, root / "run", progress=False, log=lambda m: None).train()
-    from moglm.train import LanguageModelRun
+    from moglm.runs.language_model import LanguageModelRun
     model, _, vocab = LanguageModelRun(root / "run").load_model("best")
-    from moglm.train.build import load_data
+    from moglm.runs.build import load_data
     return model, load_data(cfg.data)
 
 

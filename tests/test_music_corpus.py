@@ -13,9 +13,8 @@ import pytest
 import torch
 
 from moglm.errors import MoglmError
-from moglm.music.corpus import (
-    PITCHES, MusicCorpus, RestrictedUnpickler, from_roll, note_name, read_music, to_roll,
-)
+from moglm.music.corpus import MusicCorpus, RestrictedUnpickler, read_music
+from moglm.music.frames import PITCHES, from_roll, note_name, to_roll
 
 TINY = {
     "train": [[(60, 64, 67), (60, 64, 67), (), (21, 108)], [(62,), (62, 65)]],

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from moglm.errors import MoglmError
-from moglm.music.corpus import PITCHES, from_roll, read_music, to_roll
+from moglm.music.corpus import read_music
+from moglm.music.frames import PITCHES, from_roll, to_roll
 from moglm.music.midi import read_midi, write_midi
 from moglm.music.piano_roll import plot_piano_roll
 

@@ -15,7 +15,7 @@ from moglm.tasks.dyck import DyckLanguage, DyckTask, bracket_tokens, prepare_cor
 from moglm.tasks.dyck_training import ClosingBracketModel, DyckTraining, lm_wcpa, run_dyck
 from moglm.tasks.wcpa import closing_predictions, evaluate_wcpa, wcpa_from_probabilities
 from moglm.runs import CheckpointStore, RunDirectory
-from moglm.train import LanguageModelRun
+from moglm.runs.language_model import LanguageModelRun
 
 
 def _depths(sequence, k):

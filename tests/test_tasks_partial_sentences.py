@@ -9,7 +9,7 @@ import pytest
 from conftest import tiny_config
 from moglm.errors import MoglmError
 from moglm.tasks.partial_sentences import cut_text, run_partial_sentences, write_partial_corpus
-from moglm.train.config import DataConfig
+from moglm.runs.config import DataConfig
 
 
 @pytest.mark.parametrize(

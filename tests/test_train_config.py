@@ -9,8 +9,8 @@ import torch
 
 from moglm.errors import MoglmError
 from moglm.model import count_parameters
-from moglm.train.build import build_model, resolve_hidden_size
-from moglm.train.config import apply_overrides, describe, load_config, shipped_configs, validate
+from moglm.runs.build import build_model, resolve_hidden_size
+from moglm.runs.config import apply_overrides, describe, load_config, shipped_configs, validate
 
 # vocabulary sizes of the corpora the shipped configs name (so they build without reading the data)
 VOCAB = {"ptb": 10_000, "ptb-char": 50, "wikitext-2": 33_278, "enwik8": 256, "text8": 27, None: 103}
@@ -112,7 +112,7 @@ def test_switching_the_architecture_drops_the_files_cell_options_the_new_one_lac
 
 def test_help_config_documents_every_architectures_options():
     from moglm.modules import ARCHITECTURES
-    from moglm.train.config import describe
+    from moglm.runs.config import describe
 
     text = describe()
     for name, module in ARCHITECTURES.items():
@@ -123,7 +123,7 @@ def test_help_config_documents_every_architectures_options():
 
 
 def test_the_shipped_configs_use_the_papers_initialisation_and_the_default_is_torchs():
-    from moglm.train.config import ModelConfig, shipped_configs
+    from moglm.runs.config import ModelConfig, shipped_configs
 
     assert ModelConfig(hidden_size=8).init == "torch"
     assert all(load_config(name).model.init == "paper" for name in shipped_configs())

@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 
 from conftest import tiny_config
 from moglm.errors import MoglmError
-from moglm.train import LanguageModelRun, Trainer, TrainingDiverged, TrainingInterrupted
+from moglm.runs.language_model import LanguageModelRun
+from moglm.train import Trainer, TrainingDiverged, TrainingInterrupted
 from moglm.runs import checkpoints as checkpoint_module
 from moglm.train.engine import Engine
 
@@ -152,7 +153,7 @@ def test_the_mlstm_recipe_trains_resumes_exactly_after_a_kill_and_loads(tiny_cor
     a killed run continues bit for bit (weights, averaged weights, schedule), and the run loads and scores."""
     import tomllib
 
-    from moglm.trained_run import load_run
+    from moglm.runs.language_model import load_run
 
     cfg = tiny_config(tiny_corpus, model={"architecture": "multiplicative_lstm", "cell": {}, "weight_norm": True,
                                           "orthogonal_init": 1.0, "forget_bias": 3.0},

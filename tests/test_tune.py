@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 from moglm.cli import main
 from moglm.errors import MoglmError
 from moglm.train import TrainingDiverged
-from moglm.train.config import load_config
+from moglm.runs.config import load_config
 from moglm.tune import run_study, shipped_spaces, write_report
 from moglm.train import trainer as trainer_module
 from moglm.tune.objective import fit_rank, prepare

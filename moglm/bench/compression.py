@@ -23,7 +23,7 @@ def run_compression(run_dir: Path, file: Path, settings: dict | None, checkpoint
     from ..compression import compress, decompress
     from ..compression.run import adapter_from_settings
     from ..recurrence.compiled import info
-    from ..trained_run import load_run
+    from ..runs.language_model import load_run
 
     if not file.is_file():  # a corpus file named as the configs name them, looked up under $MOGLM_DATA too
         from ..data.corpus import resolve_path

@@ -31,7 +31,7 @@ BACKENDS = ("fused", "auto")
 
 def _tokens_per_s(config: str, backend: str, steps: int, run_dir: Path,
                   device: str | None = None, cuda_graphs: bool = False) -> dict[str, Any]:
-    from ..train.config import load_config
+    from ..runs.config import load_config
     from ..runs import RunDirectory
     from ..train.trainer import Trainer
 
@@ -132,8 +132,8 @@ def epoch_seconds(config: str = "ptb-word-mogrifier-paper", device: str = "cpu",
     import torch
 
     from ..device import resolve_device, usable_cores
-    from ..train.build import load_data
-    from ..train.config import load_config
+    from ..runs.build import load_data
+    from ..runs.config import load_config
 
     where = resolve_device(device)
     train_tokens = len(load_data(load_config(config, []).data)["train"])

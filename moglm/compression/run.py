@@ -13,7 +13,7 @@ def dynamic_settings(run_dir: Path, rule: str | None = None, lr: float | None = 
     ``moglm dyneval`` wrote one, else the defaults; ``rule`` (with its own defaults) and ``lr`` override."""
     from ..dynamic_evaluation import Hyperparameters, StatisticsSettings
     from ..dynamic_evaluation.run import saved_settings
-    from ..train.language_model_run import LanguageModelRun
+    from ..runs.language_model import LanguageModelRun
 
     hp, statistics = saved_settings(LanguageModelRun(run_dir)) or (Hyperparameters(), StatisticsSettings())
     if rule is not None and rule != hp.rule:
@@ -28,7 +28,7 @@ def adapter_from_settings(run_dir: Path, model, checkpoint: str, factor: float, 
     statistics from the run's cache in ``dyneval/``, else collected from its training data)."""
     from ..dynamic_evaluation import Hyperparameters, StatisticsSettings
     from ..dynamic_evaluation.run import run_adapter
-    from ..train.language_model_run import LanguageModelRun
+    from ..runs.language_model import LanguageModelRun
 
     try:
         hp = Hyperparameters(**settings["hyperparameters"])

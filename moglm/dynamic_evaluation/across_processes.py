@@ -22,7 +22,7 @@ from torch import Tensor
 from ..errors import MoglmError
 from ..evaluation.scores import Scores
 from ..evaluation.stream_model import StreamModel
-from ..train.data_parallel import SINGLE, Group
+from ..distributed import SINGLE, Group
 from .evaluate import DynamicResult, Timing, dynamic_evaluate, static_pass
 from .update_rules import Hyperparameters
 

@@ -27,6 +27,12 @@ class ParameterSelection:
     exclude: tuple[str, ...] = ()
     embeddings: bool = True
 
+    @classmethod
+    def for_hf(cls, include: tuple[str, ...] = ("*",), exclude: tuple[str, ...] = (), **given) -> "ParameterSelection":
+        """The default for a Hugging Face model: its embedding matrices stay as trained (the thesis's GPT-2
+        choice, 6.3.2)."""
+        return cls(include, exclude, **({"embeddings": False} | given))
+
     @property
     def is_all(self) -> bool:
         return self.include == ("*",) and not self.exclude and self.embeddings

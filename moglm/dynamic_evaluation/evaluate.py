@@ -62,7 +62,7 @@ from ..progress import progress_bar
 from ..recurrence import gemm
 from .adapted import ALL, ParameterSelection, adapted_tensors
 from .sparse import SparseSpec
-from .update_rules import Hyperparameters, UpdateRule, uses_rms
+from .update_rules import Hyperparameters, NonLocalStatistics, UpdateRule, uses_rms
 
 DEFAULT_MARGIN = 3.0  # nats per token above the static loss, over the recent WINDOW positions
 WINDOW = 200  # positions (tokens per stream) of the divergence guard's exponential window
@@ -446,3 +446,29 @@ def _episodic(model, ids, hp, rms, sparse, boundary, factor, margin, progress, d
                          Scores(float(static_losses.double().sum()), static_losses.numel()), losses, static_losses,
                          hp, timing, static_timing, evaluator.rollbacks, evaluator.rescored, evaluator.rule.lr_scale,
                          episodes=[len(s) for s in sequences], adapted=evaluator.describe())
+
+
+def nonlocal_rmsprop(model, ids: np.ndarray, hp: Hyperparameters, statistics_ids: np.ndarray, static: StaticPass,
+                     factor: float = 1.0, margin: float = DEFAULT_MARGIN) -> DynamicResult:
+    """Dynamic evaluation of ``ids`` (one stream) with non-local RMSprop fed by ``statistics_ids``
+    (:class:`NonLocalStatistics`); ``static``: the static pass of ``ids`` it is compared with. With
+    ``statistics_ids`` equal to ``ids`` it is ordinary (local) RMSprop."""
+    ids = np.asarray(ids)
+    batches = StreamBatches(ids, 1, hp.segment_length)
+    if static.losses.shape != (batches.data.shape[0] - 1, 1):
+        raise MoglmError("the static losses given do not belong to this stream")
+    timing = Timing()
+    out, state = [], None
+    with timing.measure():
+        evaluator = DynamicEvaluator(model, hp, factor=factor, margin=margin)
+        evaluator.rule = NonLocalStatistics(evaluator, np.asarray(statistics_ids))
+        device = evaluator.params[0].device
+        for i, batch in enumerate(batches):
+            start = i * hp.segment_length
+            reference = static.losses[start : start + batch.targets.shape[0]].to(device)  # [T, 1]
+            nll, state = evaluator.step(batch.inputs.to(device), batch.targets.to(device), state, reference)
+            out.append(nll.cpu())  # [T, 1]
+    losses = torch.cat(out)  # [L, 1]
+    return DynamicResult(Scores(float(losses.double().sum()), losses.numel()), static.scores, losses, static.losses,
+                         hp, timing, static.timing, evaluator.rollbacks, evaluator.rescored, evaluator.rule.lr_scale,
+                         adapted=evaluator.describe())

@@ -72,7 +72,7 @@ def related_words_of_run(run_dir: str | Path, word: str, split: str = "test", oc
     settings of the run's ``dyneval/full.json`` (else moglm dyneval's defaults); written to
     ``dyneval/related-<word>.json`` with its provenance."""
     from ..provenance import write_result
-    from ..train.language_model_run import LanguageModelRun
+    from ..runs.language_model import LanguageModelRun
     from .run import load_corpus_for, run_adapter, saved_settings
     from .statistics import StatisticsSettings
     from .update_rules import Hyperparameters

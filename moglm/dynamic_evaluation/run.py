@@ -21,11 +21,11 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import MoglmError
-from ..train.build import load_data
+from ..runs.build import load_data
 from ..provenance import write_result
-from ..train.language_model_run import LanguageModelRun
+from ..runs.language_model import LanguageModelRun
 from ..device import resolve_device
-from ..train import data_parallel
+from .. import distributed
 from .across_processes import evaluate_streams
 from .analysis import plot_profile, position_profile
 from ..evaluation.stream_model import static_window
@@ -147,10 +147,10 @@ def dyneval_run(
     episodic = cfg.data.episodic if episodic is None else episodic
     if episodic and streams != 1:
         raise MoglmError("episodic dynamic evaluation reads one stream (streams must be 1)")
-    group = data_parallel.process_group(resolve_device(device or cfg.train.device))  # torchrun: streams over ranks
+    group = distributed.process_group(resolve_device(device or cfg.train.device))  # torchrun: streams over ranks
     if not group.is_main:
         log, write, progress = (lambda message: None), False, False
-    model, _, vocab = run.load_model(which, data_parallel.rank_device(resolve_device(device or cfg.train.device),
+    model, _, vocab = run.load_model(which, distributed.rank_device(resolve_device(device or cfg.train.device),
                                                                       group))
     corpus = load_corpus_for(run, "dynamic evaluation")
     factor = temperature if temperature is not None else run.logit_factor()

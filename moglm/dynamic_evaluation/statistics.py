@@ -45,6 +45,12 @@ class StatisticsSettings:
     batch_size: int = 8
     bptt: int = 70
 
+    @classmethod
+    def for_hf(cls, **given) -> "StatisticsSettings":
+        """The defaults for a Hugging Face model, whose statistics text (``--stats-text``) is read whole, one
+        stream at a time."""
+        return cls(**({"fraction": 1.0, "batch_size": 1} | given))
+
     def __post_init__(self) -> None:
         if not 0 < self.fraction <= 1:
             raise MoglmError(f"statistics fraction must be in (0, 1], got {self.fraction}")

@@ -39,11 +39,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 import torch
 from torch import Tensor
 
+from ..data.batching import StreamBatches
 from ..errors import MoglmError
+from ..evaluation.stream_model import detach_state
+
+if TYPE_CHECKING:
+    from .evaluate import DynamicEvaluator
 
 RULES = ("sgd", "sgd-decay", "rms", "rms-decay", "rms-rmsdecay", "sgd-momentum", "rmsprop")
 DEFAULT_RULE = "rms-rmsdecay"
@@ -120,6 +128,12 @@ class Hyperparameters:
                     or not (low <= value < high if closed else low < value < high)):
                 interval = f"[{low:g}, {high:g})" if closed else f"({low:g}, {high:g})"
                 raise MoglmError(f"dynamic-evaluation {name} must be in {interval}, got {value!r}")
+
+    @classmethod
+    def for_hf(cls, **given) -> "Hyperparameters":
+        """The defaults for a Hugging Face causal LM, where ``given`` leaves them open: plain SGD (no training
+        statistics to hand) on segments of 32 tokens, the thesis's GPT-2 setting (6.3.2)."""
+        return cls(**({"rule": "sgd", "segment_length": 32} | given))
 
     def with_(self, **changes) -> "Hyperparameters":
         return replace(self, **changes)
@@ -211,3 +225,46 @@ class UpdateRule:
             torch._foreach_add_(params, grads, alpha=-lr)
         else:
             torch._foreach_addcmul_(params, grads, self.step_scale, value=-lr)
+
+
+class NonLocalStatistics:
+    """An ``rmsprop`` :class:`~moglm.dynamic_evaluation.update_rules.UpdateRule` whose mean square is updated
+    from the gradients of another stream (``ids``, read in segments of the evaluator's length with its own
+    carried state, under the evaluator's current weights) instead of the scored segment's: non-local
+    RMSprop (Krause thesis 5.4.4.2). The scored segment's gradient still makes the step. Put in place of
+    ``evaluator.rule``; a rollback or reset zeroes the mean square, and the other stream reads on (it wraps
+    around at its end, from a fresh state)."""
+
+    def __init__(self, evaluator: DynamicEvaluator, ids: np.ndarray) -> None:
+        if evaluator.hp.rule != "rmsprop":
+            raise MoglmError(f"non-local statistics feed RMSprop's mean square, not rule {evaluator.hp.rule}")
+        if evaluator.per_stream or evaluator.mc_samples:
+            raise MoglmError("non-local RMSprop reads one deterministic stream beside the scored one")
+        self.rule, self.evaluator = evaluator.rule, evaluator
+        self.batches = StreamBatches(ids, 1, evaluator.hp.segment_length)
+        if len(self.batches) == 0:
+            raise MoglmError("non-local RMSprop: the statistics stream is empty")
+        self.position, self.state = 0, None
+
+    @property
+    def lr_scale(self) -> float:
+        return self.rule.lr_scale
+
+    @lr_scale.setter
+    def lr_scale(self, value: float) -> None:
+        self.rule.lr_scale = value
+
+    def reset_state(self) -> None:
+        self.rule.reset_state()
+
+    def apply(self, params: list[Tensor], grads: list[Tensor]) -> None:
+        if self.position == len(self.batches):
+            self.position, self.state = 0, None
+        batch = self.batches[self.position]
+        self.position += 1
+        device = params[0].device
+        with torch.enable_grad():
+            nll, state = self.evaluator.nll(batch.inputs.to(device), batch.targets.to(device), self.state)
+            seen = torch.autograd.grad(self.evaluator.loss(nll), params)
+        self.state = detach_state(state)
+        self.rule.apply(params, grads, statistics_grads=list(seen))

@@ -67,3 +67,10 @@ class Scores:
         unit = "bpb" if level == "byte" else "bpc"
         bpw = f", {self.bits_per_word:.3f} bits/word" if self.bits_per_word else ""
         return f"{self.bits_per_token:.4f} {unit}{bpw}"
+
+
+def unit(level: str) -> str:
+    """The unit a corpus level is reported in: perplexity for words, bits per byte or character, and a music
+    run's log-likelihood per frame."""
+    return {"word": "perplexity", "byte": "bits per byte",
+            "music": "log-likelihood per frame (nats)"}.get(level, "bits per character")

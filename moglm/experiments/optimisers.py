@@ -42,27 +42,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import numpy as np
-import torch
-from torch import Tensor
-
-from ..data.batching import StreamBatches
 from ..device import resolve_device
-from ..dynamic_evaluation.evaluate import (
-    DEFAULT_MARGIN,
-    DynamicEvaluator,
-    DynamicResult,
-    StaticPass,
-    Timing,
-    dynamic_evaluate,
-    static_pass,
-)
+from ..dynamic_evaluation.evaluate import DynamicResult, dynamic_evaluate, nonlocal_rmsprop, static_pass
 from ..dynamic_evaluation.search import GRIDS, coordinate_search, grid_for
 from ..dynamic_evaluation.statistics import StatisticsSettings
 from ..dynamic_evaluation.update_rules import DEFAULT_LR, Hyperparameters, lr_family
 from ..errors import MoglmError
 from ..evaluation.scores import Scores
-from ..evaluation.stream_model import detach_state, static_window
+from ..evaluation.stream_model import static_window
 from .spec import Scale
 
 #: the hybrid's eps grid (thesis table 5.5's range) and where its hill-climb starts (the thesis's best)
@@ -106,75 +93,6 @@ ROWS = (
 )
 
 
-class NonLocalStatistics:
-    """An ``rmsprop`` :class:`~moglm.dynamic_evaluation.update_rules.UpdateRule` whose mean square is updated
-    from the gradients of another stream (``ids``, read in segments of the evaluator's length with its own
-    carried state, under the evaluator's current weights) instead of the scored segment's: non-local
-    RMSprop (Krause thesis 5.4.4.2). The scored segment's gradient still makes the step. Put in place of
-    ``evaluator.rule``; a rollback or reset zeroes the mean square, and the other stream reads on (it wraps
-    around at its end, from a fresh state)."""
-
-    def __init__(self, evaluator: DynamicEvaluator, ids: np.ndarray) -> None:
-        if evaluator.hp.rule != "rmsprop":
-            raise MoglmError(f"non-local statistics feed RMSprop's mean square, not rule {evaluator.hp.rule}")
-        if evaluator.per_stream or evaluator.mc_samples:
-            raise MoglmError("non-local RMSprop reads one deterministic stream beside the scored one")
-        self.rule, self.evaluator = evaluator.rule, evaluator
-        self.batches = StreamBatches(ids, 1, evaluator.hp.segment_length)
-        if len(self.batches) == 0:
-            raise MoglmError("non-local RMSprop: the statistics stream is empty")
-        self.position, self.state = 0, None
-
-    @property
-    def lr_scale(self) -> float:
-        return self.rule.lr_scale
-
-    @lr_scale.setter
-    def lr_scale(self, value: float) -> None:
-        self.rule.lr_scale = value
-
-    def reset_state(self) -> None:
-        self.rule.reset_state()
-
-    def apply(self, params: list[Tensor], grads: list[Tensor]) -> None:
-        if self.position == len(self.batches):
-            self.position, self.state = 0, None
-        batch = self.batches[self.position]
-        self.position += 1
-        device = params[0].device
-        with torch.enable_grad():
-            nll, state = self.evaluator.nll(batch.inputs.to(device), batch.targets.to(device), self.state)
-            seen = torch.autograd.grad(self.evaluator.loss(nll), params)
-        self.state = detach_state(state)
-        self.rule.apply(params, grads, statistics_grads=list(seen))
-
-
-def nonlocal_rmsprop(model, ids: np.ndarray, hp: Hyperparameters, statistics_ids: np.ndarray, static: StaticPass,
-                     factor: float = 1.0, margin: float = DEFAULT_MARGIN) -> DynamicResult:
-    """Dynamic evaluation of ``ids`` (one stream) with non-local RMSprop fed by ``statistics_ids``
-    (:class:`NonLocalStatistics`); ``static``: the static pass of ``ids`` it is compared with. With
-    ``statistics_ids`` equal to ``ids`` it is ordinary (local) RMSprop."""
-    ids = np.asarray(ids)
-    batches = StreamBatches(ids, 1, hp.segment_length)
-    if static.losses.shape != (batches.data.shape[0] - 1, 1):
-        raise MoglmError("the static losses given do not belong to this stream")
-    timing = Timing()
-    out, state = [], None
-    with timing.measure():
-        evaluator = DynamicEvaluator(model, hp, factor=factor, margin=margin)
-        evaluator.rule = NonLocalStatistics(evaluator, np.asarray(statistics_ids))
-        device = evaluator.params[0].device
-        for i, batch in enumerate(batches):
-            start = i * hp.segment_length
-            reference = static.losses[start : start + batch.targets.shape[0]].to(device)  # [T, 1]
-            nll, state = evaluator.step(batch.inputs.to(device), batch.targets.to(device), state, reference)
-            out.append(nll.cpu())  # [T, 1]
-    losses = torch.cat(out)  # [L, 1]
-    return DynamicResult(Scores(float(losses.double().sum()), losses.numel()), static.scores, losses, static.losses,
-                         hp, timing, static.timing, evaluator.rollbacks, evaluator.rescored, evaluator.rule.lr_scale,
-                         adapted=evaluator.describe())
-
-
 def tune_lr(score: Callable[[Hyperparameters], float], start: Hyperparameters,
             max_trials: int | None = None) -> tuple[Hyperparameters, float, list[dict]]:
     """The best lr for ``start``'s other settings: a hill-climb on the rule's lr grid from the grid point
@@ -210,11 +128,11 @@ def _unit_scores(scores: Scores, level: str) -> dict[str, Any]:
 
 def compare_optimisers(run, scale: Scale, progress: bool, log: Callable[[str], None],
                        segment_length: int | None = None) -> dict[str, Any]:
-    """Every row of :data:`ROWS` for ``run`` (a :class:`~moglm.train.language_model_run.LanguageModelRun`,
+    """Every row of :data:`ROWS` for ``run`` (a :class:`~moglm.runs.language_model.LanguageModelRun`,
     its best checkpoint and softmax temperature) on the first ``scale.eval_tokens`` tokens of valid
     (tuning) and test (scoring), or the whole splits; the report of ``evaluations/optimisers.json``."""
     from ..dynamic_evaluation.run import load_corpus_for, run_statistics
-    from ..report.runs import unit
+    from ..evaluation.scores import unit
 
     started = time.time()
     cfg = run.load_config()

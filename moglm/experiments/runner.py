@@ -33,7 +33,8 @@ from typing import Any, Callable
 
 from ..atomic import atomic_write_bytes, atomic_write_text
 from ..device import usable_cores
-from ..errors import MoglmError
+from ..errors import MoglmError, TrainingInterrupted
+from ..registry import for_experiment
 from .spec import Experiment, RunSpec, Scale, load_experiment, runs, scale_of
 
 EVALUATION_FILES = {"static": "static.json", "mc_dropout": "mc_dropout.json", "dynamic": "dynamic.json",
@@ -58,7 +59,7 @@ def config_digest(config: dict[str, Any]) -> str:
     since digests were first recorded where they hold their defaults: :func:`without_added_defaults`)."""
     import hashlib
 
-    from ..train.config import without_added_defaults
+    from ..runs.config import without_added_defaults
 
     body = without_added_defaults({k: v for k, v in config.items() if k not in ("name", "description")})
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
@@ -88,15 +89,7 @@ def read_index(pool: Path) -> dict[str, str]:
 
 
 def _resolved(exp: Experiment, spec: RunSpec) -> dict[str, Any]:
-    if exp.kind == "reverse_copy":
-        return {"task": "reverse_copy", "config": spec.config, "overrides": spec.overrides, "tune": spec.tune}
-    if exp.kind == "music":
-        from .music import music_config
-
-        return music_config(spec).model_dump(mode="json")
-    from .language_model import run_config
-
-    return run_config(spec).model_dump(mode="json")
+    return for_experiment(exp.kind).hook("experiment_config")(spec)
 
 
 def command_line(exp: Experiment, scale: str, data: str | None, data_format: str, root: str | Path) -> str:
@@ -110,7 +103,7 @@ def command_line(exp: Experiment, scale: str, data: str | None, data_format: str
 
 def plan(exp: Experiment, scale: str, data: str | None = None, data_format: str = "char") -> tuple[Experiment, list[RunSpec]]:
     """The experiment whose runs are trained (an analysis's ``uses``) and those runs."""
-    trained = load_experiment(exp.uses) if exp.kind == "analysis" else exp
+    trained = load_experiment(exp.uses) if exp.is_analysis else exp
     return trained, runs(trained, scale, data, data_format)
 
 
@@ -215,23 +208,10 @@ def _run_job(exp_data: dict, scale: str, spec_data: dict, run_dir: str, evaluati
     say = above_bars(lambda s: log(f"[{spec.name}] {s}")) if progress else (lambda s: log(f"[{spec.name}] {s}"))
     started = time.time()
     try:
-        if exp.kind == "reverse_copy":
-            from .reverse_copy import run_reverse_copy_spec
-
-            run_reverse_copy_spec(exp, scale, spec, Path(run_dir), progress, say)
-        elif exp.kind == "music":
-            from .music import run_music_spec
-
-            run_music_spec(spec, Path(run_dir), evaluations, progress, say)
-        else:
-            from .language_model import evaluate_run_spec, train_run_spec
-
-            train_run_spec(spec, Path(run_dir), progress, say)
-            evaluate_run_spec(scale_of(exp, scale) if sizes is None else Scale.model_validate(sizes), Path(run_dir),
-                              evaluations, progress, say)
+        run = for_experiment(exp.kind).hook("experiment_run")
+        run(exp, scale, spec, Path(run_dir), evaluations, progress, say,
+            scale_of(exp, scale) if sizes is None else Scale.model_validate(sizes))
     except MoglmError as e:
-        from ..train.engine import TrainingInterrupted
-
         if isinstance(e, TrainingInterrupted):  # Ctrl-C or SIGTERM stops the experiment, not just this run
             raise
         return f"[{spec.name}] failed: {e}"

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..errors import MoglmError
+from ..registry import for_experiment, workloads
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -33,7 +34,7 @@ SCALES = ("smoke", "cpu", "paper")
 EVALUATIONS = ("static", "mc_dropout", "dynamic", "mc_dynamic", "token_losses", "cache", "dynamic_cache",
                "out_of_domain", "optimisers", "dynamic_sgd", "dynamic_rms")
 #: the evaluations of a music experiment (thesis table 4.6): static, and dynamic with SGD or global RMS
-MUSIC_EVALUATIONS = ("static", "dynamic_sgd", "dynamic_rms")
+ANALYSIS = "analysis"  # the kind of an experiment that adds evaluations to another's runs
 
 
 class _Strict(BaseModel):
@@ -109,7 +110,7 @@ class Experiment(_Strict):
     name: str
     description: str
     source: str = Field(description="The paper's table, figure or section it reproduces.")
-    kind: Literal["language_model", "reverse_copy", "analysis", "music"] = "language_model"
+    kind: str = "language_model"  # a workload's experiment kind (moglm.registry), or "analysis"
     uses: str | None = Field(None, description="analysis: the experiment whose runs it analyses.")
     config: str = Field("{corpus}-mogrifier-{size}", description="Config template (shipped name or path).")
     corpora: dict[str, Corpus] = Field(default_factory=dict)
@@ -123,6 +124,11 @@ class Experiment(_Strict):
     reference: dict[str, dict[str, dict[str, list[float | None]]]] = Field(default_factory=dict)
     reference_note: str = ""
 
+    @property
+    def is_analysis(self) -> bool:
+        """An analysis trains nothing: it adds its evaluations to the runs of the experiment it ``uses``."""
+        return self.uses is not None
+
     @model_validator(mode="after")
     def _check(self) -> "Experiment":
         if self.format_version != FORMAT_VERSION:
@@ -133,11 +139,15 @@ class Experiment(_Strict):
         unknown = [e for e in self.evaluations if e not in EVALUATIONS]
         if unknown:
             raise ValueError(f"unknown evaluation {unknown[0]!r} (choose from {', '.join(EVALUATIONS)})")
-        if self.kind == "analysis" and self.uses is None:
-            raise ValueError("an analysis names the experiment whose runs it uses (uses = ...)")
-        if self.kind == "music" and any(e not in MUSIC_EVALUATIONS for e in self.evaluations):
-            raise ValueError(f"a music experiment's evaluations are {', '.join(MUSIC_EVALUATIONS)}")
-        if self.kind != "analysis" and not self.variants:
+        kinds = {w.experiment_kind: w for w in workloads() if w.experiment_kind}
+        if self.kind not in (*kinds, ANALYSIS):
+            raise ValueError(f"unknown kind {self.kind!r} (choose from {', '.join([*kinds, ANALYSIS])})")
+        if self.is_analysis != (self.kind not in kinds):
+            raise ValueError("an analysis, and only an analysis, names the experiment whose runs it uses (uses = ...)")
+        allowed = kinds[self.kind].evaluations if self.kind in kinds else None
+        if allowed is not None and any(e not in allowed for e in self.evaluations):
+            raise ValueError(f"a {self.kind} experiment's evaluations are {', '.join(allowed)}")
+        if not self.is_analysis and not self.variants:
             raise ValueError("an experiment needs at least one variant")
         return self
 
@@ -190,20 +200,19 @@ def runs(exp: Experiment, scale: str, data: str | None = None, data_format: str 
     """Every run of ``exp`` at ``scale``. ``data``: one corpus of the user's (``data_format``) replaces the
     experiment's corpora, named after the file or directory."""
     sc = scale_of(exp, scale)
+    workload = for_experiment(exp.kind)
     corpora = dict(exp.corpora)
     if data is not None:
         first = next(iter(corpora), None)
         base_corpus = first if first is not None else "custom"
         name = Path(data).stem or "custom"
-        data_set = {"data.path": str(data)} if exp.kind == "music" else {"data.path": str(data), "data.format": data_format}
+        data_set = {"data.path": str(data)} | ({"data.format": data_format} if workload.data_format else {})
         corpora = {name: Corpus(label=name, set=data_set)}
         template_corpus = base_corpus
     else:
         template_corpus = None
-    if exp.kind == "reverse_copy":
-        if data is not None:
-            raise MoglmError(f"{exp.name} generates its own sequences: --data does not apply to it")
-        return _reverse_copy_runs(exp, sc)
+    if workload.has("experiment_runs"):
+        return workload.hook("experiment_runs")(exp, sc, data)
     out = []
     for corpus_name, corpus in corpora.items():
         for variant_name, variant in exp.variants.items():
@@ -212,10 +221,7 @@ def runs(exp: Experiment, scale: str, data: str | None = None, data_format: str 
                 config = template.format(corpus=template_corpus or corpus_name, size=sc.size)
                 overrides = (copy.deepcopy(sc.set) | copy.deepcopy(sc.corpora.get(template_corpus or corpus_name, {}))
                              | copy.deepcopy(corpus.set) | copy.deepcopy(variant.set))
-                if exp.kind in ("language_model", "music"):
-                    overrides["train.seed"] = seed
-                else:
-                    overrides["seed"] = seed
+                overrides[workload.seed_key] = seed
                 x = variant.x
                 if variant.params_factor is not None:
                     if "model.num_params" not in overrides:
@@ -224,17 +230,6 @@ def runs(exp: Experiment, scale: str, data: str | None = None, data_format: str 
                     x = overrides["model.num_params"] = int(round(overrides["model.num_params"] * variant.params_factor))
                 out.append(RunSpec(f"{corpus_name}-{variant_name}-s{seed}", corpus_name, variant_name, seed, config,
                                    overrides, x, variant.tune, variant.series))
-    return out
-
-
-def _reverse_copy_runs(exp: Experiment, sc: Scale) -> list[RunSpec]:
-    out = []
-    for length in sc.lengths:
-        for variant_name, variant in exp.variants.items():
-            for seed in sc.seeds or exp.seeds:
-                overrides = copy.deepcopy(sc.set) | copy.deepcopy(variant.set) | {"length": length, "seed": seed}
-                out.append(RunSpec(f"length{length}-{variant_name}-s{seed}", "reverse-copy", variant_name, seed,
-                                   "reverse-copy", overrides, float(length), variant.tune))
     return out
 
 

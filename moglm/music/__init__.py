@@ -8,10 +8,8 @@ moglm stack, 2.6.2), ``config`` (a music run's typed config), ``training`` (thro
 end to end) and ``cli`` (``moglm music``).
 """
 
-from .corpus import (
-    HIGHEST_PITCH, LOWEST_PITCH, PITCHES, SPLITS, MusicCorpus, RestrictedUnpickler, from_roll, note_name, read_music,
-    to_roll,
-)
+from .corpus import SPLITS, MusicCorpus, RestrictedUnpickler, read_music
+from .frames import HIGHEST_PITCH, LOWEST_PITCH, PITCHES, from_roll, note_name, to_roll
 from .midi import read_midi, write_midi
 from .model import NadeSequenceModel
 from .nade import NADE

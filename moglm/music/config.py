@@ -1,5 +1,5 @@
 """The config of a music run (``moglm music train``): typed, documented, versioned, like a language model's
-(:mod:`moglm.train.config`, whose reading, overrides and one-line errors it shares).
+(:mod:`moglm.runs.config`, whose reading, overrides and one-line errors it shares).
 
 A music config is a TOML or YAML file with ``kind = "music"`` and the sections below; the shipped ones are in
 ``moglm/music/configs`` (``moglm music configs`` lists them). Defaults follow the thesis's LSTM-NADE (4.8): SGD
@@ -16,7 +16,7 @@ from pydantic import Field, field_validator
 from ..errors import MoglmError
 from ..model.architectures import is_recurrent
 from ..modules import ARCHITECTURES
-from ..train.config import Section, VersionedConfig, WithCellOptions, apply_overrides, read_mapping, validate
+from ..runs.config import Section, VersionedConfig, WithCellOptions, apply_overrides, read_mapping, validate
 from .nade import ACTIVATIONS
 
 SHIPPED = Path(__file__).resolve().parent / "configs"
@@ -118,7 +118,7 @@ def load_music_config(config: str | Path, overrides: list[str] | None = None) ->
     if not path.is_file():
         shipped = shipped_music_configs()
         if str(config) not in shipped:
-            from ..train.config import did_you_mean
+            from ..runs.config import did_you_mean
 
             raise MoglmError(f"{config}: no such config file or shipped music config{did_you_mean(str(config), shipped)} "
                              f"(shipped: {', '.join(shipped)})")

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ..atomic import atomic_write
 from ..errors import MoglmError
-from .corpus import HIGHEST_PITCH, LOWEST_PITCH, PITCHES, _RANGE, check_roll
+from .frames import HIGHEST_PITCH, LOWEST_PITCH, PITCHES, _RANGE, check_roll
 
 RESOLUTION = 480  # ticks per quarter note in written files
 END_MARKER = "moglm: end of roll"

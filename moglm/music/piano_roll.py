@@ -9,7 +9,7 @@ from torch import Tensor
 
 from ..errors import MoglmError
 from ..figures import new_figure, save_figure
-from .corpus import HIGHEST_PITCH, LOWEST_PITCH, check_roll, note_name
+from .frames import HIGHEST_PITCH, LOWEST_PITCH, check_roll, note_name
 
 
 def plot_piano_roll(roll: Tensor, path: str | Path, *, title: str | None = None) -> Path:

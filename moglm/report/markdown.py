@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any
 
 from ..atomic import atomic_write_text
 from ..errors import MoglmError
@@ -14,7 +13,8 @@ from . import plots
 from .music import music_gain_lines
 from .optimisers import optimisers_lines
 from .out_of_domain import out_of_domain_lines
-from .runs import EVALUATION_LABELS, Run, read_experiment, read_run, score, unit
+from ..evaluation.scores import unit
+from .runs import EVALUATION_LABELS, Run, read_experiment, read_run, score
 from ..provenance import portable
 from .seeds import several_seeds, spread_lines
 
@@ -29,7 +29,9 @@ def write_report(paths: list[Path], out: Path | None = None, bundle: bool = Fals
     if len(paths) == 1 and (Path(paths[0]) / "experiment.json").is_file():
         folder = Path(paths[0])
         manifest, runs = read_experiment(folder)
-        spec = manifest.get("spec") or _shipped_spec(manifest["experiment"])
+        spec = manifest.get("spec")
+        if spec is None:  # the report reads the run directories alone, and the manifest names the experiment
+            raise MoglmError(f"{folder}/experiment.json has no spec: rerun `moglm experiment run` to rewrite it")
         command = portable(manifest.get("command", ""))  # no absolute path of the machine that ran it
         out = Path(out or folder)
         title = f"{spec['name']} ({manifest['scale']} scale): {spec['description']}"
@@ -99,12 +101,6 @@ def write_report(paths: list[Path], out: Path | None = None, bundle: bool = Fals
 
         bundle_report(path, [r.path for r in runs])
     return path
-
-
-def _shipped_spec(name: str) -> dict[str, Any]:
-    from ..experiments.spec import load_experiment
-
-    return load_experiment(name).model_dump(mode="json")
 
 
 def _rel(path: Path, out: Path) -> str:

@@ -8,7 +8,8 @@ import math
 import os
 from pathlib import Path
 
-from .runs import Run, unit
+from ..evaluation.scores import unit
+from .runs import Run
 
 
 def _value(block: dict, level: str) -> float:

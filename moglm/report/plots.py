@@ -11,7 +11,8 @@ from pathlib import Path
 
 from ..atomic import atomic_write_text
 from ..figures import new_figure, save_figure
-from .runs import Run, score, unit
+from ..evaluation.scores import unit
+from .runs import Run, score
 from . import optimisers, unseen_words
 from .surprise import analyse
 

@@ -150,11 +150,6 @@ def score(run: Run, evaluation: str, split: str, same_tokens: bool = False) -> t
     return (float(value), file) if value is not None else None
 
 
-def unit(level: str) -> str:
-    return {"word": "perplexity", "byte": "bits per byte",
-            "music": "log-likelihood per frame (nats)"}.get(level, "bits per character")
-
-
 def read_experiment(folder: Path) -> tuple[dict[str, Any], list[Run]]:
     """An experiment folder's manifest and its runs (those that exist)."""
     manifest = _json(folder / "experiment.json")

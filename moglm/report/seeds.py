@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import statistics
 
-from .runs import EVALUATION_LABELS, Run, score, unit
+from ..evaluation.scores import unit
+from .runs import EVALUATION_LABELS, Run, score
 
 
 def by_variant(runs: list[Run]) -> dict[str, list[Run]]:

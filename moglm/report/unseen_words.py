@@ -238,8 +238,8 @@ def _decode(key: str) -> list[int]:
 def _corpus_of(run, cache: dict) -> Any:
     """The run's corpus, read through its config; a :class:`MoglmError` (one line) when it cannot be."""
     from ..errors import MoglmError
-    from ..train.build import load_data
-    from ..train.language_model_run import LanguageModelRun
+    from ..runs.build import load_data
+    from ..runs.language_model import LanguageModelRun
 
     try:
         cfg = LanguageModelRun(run.path).load_config()

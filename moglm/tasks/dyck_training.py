@@ -36,9 +36,9 @@ from ..model.language_model import LanguageModel
 from ..model.sizing import largest_hidden_size
 from ..modules import ARCHITECTURES, DyckRNN
 from ..runs import RunDirectory
-from ..train.config import RunConfig, apply_overrides, validate
+from ..runs.config import RunConfig, apply_overrides, validate
 from ..train.engine import Engine, Evaluation, Settings, StatelessTask, StepLoss
-from ..train.language_model_run import LanguageModelRun
+from ..runs.language_model import LanguageModelRun
 from ..train.trainer import train_and_evaluate
 from .dyck import SPLITS, DyckTask, bracket_tokens, prepare_corpus, read_sequences
 from .wcpa import WCPAResult, evaluate_wcpa, prediction_batch

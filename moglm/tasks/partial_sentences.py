@@ -21,7 +21,7 @@ from typing import Any
 from ..data.corpus import _read, _split_by_fraction, find_split_files, resolve_path
 from ..errors import MoglmError
 from ..atomic import atomic_write_bytes
-from ..train.config import DataConfig, RunConfig
+from ..runs.config import DataConfig, RunConfig
 from ..runs import RunDirectory
 from ..train.trainer import train_and_evaluate
 

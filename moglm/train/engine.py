@@ -17,7 +17,7 @@ so rerunning the same command after a kill continues exactly as the uninterrupte
 saves a checkpoint at the current step first. A non-finite loss or gradient stops the run before the
 weights are touched, keeping the last good checkpoint.
 
-Data parallel (:mod:`moglm.train.data_parallel`): given a :class:`~moglm.train.data_parallel.Group` of
+Data parallel (:mod:`moglm.distributed`): given a :class:`~moglm.distributed.Group` of
 several processes, the engine runs on every rank; the task's loss goes through DDP, the losses and the
 stop requests are summed over the ranks, validation runs on rank 0 and only rank 0 writes.
 """
@@ -36,12 +36,12 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from ..errors import MoglmError
+from ..distributed import SINGLE, Group
+from ..errors import MoglmError, TrainingInterrupted
 from ..progress import progress_bar
 from ..recurrence import cuda_graphs
 from ..runs import RunDirectory, load_group
 from ..runs.checkpoints import load_state
-from .data_parallel import SINGLE, Group
 from .learning_curve import plot_learning_curve
 from .weight_averaging import WeightAverage
 
@@ -52,10 +52,6 @@ OPTIMIZERS = ("adam", "sgd", "normalised_rmsprop")
 
 class TrainingDiverged(MoglmError):
     """The loss or the gradient became NaN or infinite."""
-
-
-class TrainingInterrupted(MoglmError):
-    """Ctrl-C: a checkpoint was saved and the run can be resumed."""
 
 
 @dataclass

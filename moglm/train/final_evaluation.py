@@ -14,8 +14,8 @@ from ..evaluation.temperature import search_temperature
 from ..provenance import write_result
 from ..errors import MoglmError
 from ..device import resolve_device
-from .build import load_data
-from .language_model_run import LanguageModelRun
+from ..runs.build import load_data
+from ..runs.language_model import LanguageModelRun
 
 
 def evaluate_run(

@@ -10,7 +10,7 @@ episodes in epoch e, are drawn from generators seeded by s and e (and ``train.se
 depend on the dropout masks drawn before them, nor on how many processes share the batch.
 
 Under torchrun, every process runs the same command and trains its block of the batch's rows
-(:mod:`moglm.train.data_parallel`).
+(:mod:`moglm.distributed`).
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ from ..device import resolve_device
 from ..evaluation.stream import evaluate_episodes, evaluate_stream
 from ..model.language_model import LanguageModel, count_parameters
 from ..sampling import NoStart, encode_prompt
-from .build import build_model, check_fits, load_data, resolve_hidden_size
-from .config import RunConfig, without_added_defaults
+from ..runs.build import build_model, check_fits, load_data, resolve_hidden_size
+from ..runs.config import RunConfig, without_added_defaults
 from .learning_curve import unit_for
-from . import data_parallel
-from .data_parallel import SINGLE, Group
+from .. import distributed
+from ..distributed import SINGLE, Group
 from .engine import Engine, Evaluation, Progress, Settings, StepLoss, TrainingDiverged, TrainingInterrupted
-from .language_model_run import LanguageModelRun
+from ..runs.language_model import LanguageModelRun
 
 __all__ = ["LanguageModelTask", "Trainer", "TrainingDiverged", "TrainingInterrupted", "total_steps",
            "train_and_evaluate"]
@@ -75,7 +75,7 @@ class LanguageModelTask:
         else:
             self.batches = StreamBatches(corpus["train"], t.batch_size, t.bptt)
             self.rows = group.rows(t.batch_size)  # this process's stripes
-        self.nll = group.wrap(data_parallel.Nll(model)) if group.distributed else model.nll
+        self.nll = group.wrap(distributed.Nll(model)) if group.distributed else model.nll
         self.carried: Any = None  # the recurrent state of this process's stripes, carried to the next window
 
     # -- the loss -----------------------------------------------------------------------------------
@@ -85,7 +85,7 @@ class LanguageModelTask:
         if isinstance(self.batches, EpisodicBatches):
             if index == 0:
                 epoch = (step - 1) // len(self.batches)
-                generator = torch.Generator().manual_seed(data_parallel.step_seed(self.cfg.train.seed, -1 - epoch))
+                generator = torch.Generator().manual_seed(distributed.step_seed(self.cfg.train.seed, -1 - epoch))
                 self.batches.shuffle(generator)
             batch = self.batches[index]
             return self._episodes(batch).to(self.device), batch.inputs.shape[1]
@@ -110,7 +110,7 @@ class LanguageModelTask:
         if self.carried is None or isinstance(self.batches, EpisodicBatches):
             self.carried = None
             return
-        generator = torch.Generator().manual_seed(data_parallel.step_seed(self.cfg.train.seed, step))
+        generator = torch.Generator().manual_seed(distributed.step_seed(self.cfg.train.seed, step))
         draws = torch.rand(self.cfg.train.batch_size, generator=generator)[self.rows]  # [B / processes]
         keep = (draws >= self.cfg.train.state_reset_probability).to(self.device)
         states = (self.carried,) if isinstance(self.carried, Tensor) else self.carried
@@ -186,8 +186,8 @@ class Trainer:
         self.run = LanguageModelRun(run_dir)
         self.on_step, self.on_evaluation = on_step, on_evaluation
         device = resolve_device(config.train.device)
-        self.group = group or data_parallel.process_group(device)
-        self.device = data_parallel.rank_device(device, self.group)
+        self.group = group or distributed.process_group(device)
+        self.device = distributed.rank_device(device, self.group)
         self.progress_enabled, self.log = progress, (log if self.group.is_main else (lambda message: None))
         self.engine: Engine | None = None
 
@@ -230,7 +230,7 @@ class Trainer:
         layers = f"{cfg.model.num_layers} layer{'s' * (cfg.model.num_layers > 1)}"
         self.log(f"model: {cfg.model.architecture}, {layers}, hidden {hidden}, embedding {self.model.embedding_size}: "
                  f"{info['num_params']:,} parameters")
-        data_parallel.seed_rank(cfg.train.seed, group)
+        distributed.seed_rank(cfg.train.seed, group)
         self.task = LanguageModelTask(cfg, self.corpus, self.model, self.device, group)
         unit = unit_for(self.corpus.format)
         return Engine(self.task, engine_settings(cfg), self.run, device=self.device, title=cfg.name or self.run.path.name,

@@ -4,9 +4,9 @@
 run configs (:mod:`moglm.train`) and score them the paper's way; see README "Hyperparameter tuning".
 """
 
-from .report import best_trial, write_report
+from .report import write_report
 from .search_space import SearchSpace, load_space, shipped_spaces, validate_space
-from .study import StudyResult, run_study
+from .study import StudyResult, best_trial, run_study
 
 __all__ = ["SearchSpace", "StudyResult", "best_trial", "load_space", "run_study", "shipped_spaces",
            "validate_space", "write_report"]

@@ -30,9 +30,9 @@ import torch
 from ..errors import MoglmError
 from ..model.language_model import embedding_size
 from ..progress import above_bars
-from ..train.build import load_data, resolve_hidden_size
-from ..train.config import RunConfig, apply_overrides, locate, read_mapping, validate
-from ..train import data_parallel
+from ..runs.build import load_data, resolve_hidden_size
+from ..runs.config import RunConfig, apply_overrides, locate, read_mapping, validate
+from .. import distributed
 from ..train.engine import Evaluation, TrainingInterrupted
 from ..train.trainer import total_steps, train_and_evaluate
 from .search_space import SearchSpace, set_dotted
@@ -163,7 +163,7 @@ class Objective:
         """Prepare ``run_dir`` (a new trial's starts empty; a re-queued one resumes) and give the trial's
         ``log`` (to ``tune.log``, and stdout with ``log_to_stdout``) and its ``report`` of each validation
         (to the trial, which the pruner may stop)."""
-        fresh, main = trial.user_attrs["run"] == trial.number, data_parallel.is_main_process()
+        fresh, main = trial.user_attrs["run"] == trial.number, distributed.is_main_process()
         if main and fresh and run_dir.exists():  # under torchrun, rank 0 owns the trial's files
             shutil.rmtree(run_dir)  # left over from an earlier study in the same directory
         if main:

@@ -7,7 +7,6 @@ any machine that can reach the storage can write the report, wherever the trials
 from __future__ import annotations
 
 import math
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,29 +14,10 @@ import optuna
 from optuna.trial import TrialState
 
 from ..atomic import atomic_write_text
-from ..train.config import validate
+from ..registry import for_tuning
+from ..runs.config import validate
 from .plots import plot_study
-from .study import StudyResult, _public, counted_trials
-
-
-def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
-    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.value is not None
-            and math.isfinite(t.value)]
-    return min(done, key=lambda t: t.value) if done else None
-
-
-def drop_checkpoints(study: optuna.Study, study_dir: Path) -> None:
-    """Remove the checkpoints of finished trials other than the best (their metrics, configs and logs stay);
-    runs that a waiting or running trial will resume are kept."""
-    trials = study.get_trials(deepcopy=False)
-    keep = {t.user_attrs.get("run") for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)}
-    best = best_trial(study)
-    if best is not None:
-        keep.add(best.user_attrs.get("run"))
-    for t in trials:
-        run = t.user_attrs.get("run")
-        if t.state.is_finished() and run is not None and run not in keep:
-            shutil.rmtree(study_dir / "trials" / f"{run:04d}" / "checkpoints", ignore_errors=True)
+from .study import StudyResult, best_trial, counted_trials, public_url
 
 
 def _score(value: float, level: str | None) -> str:
@@ -60,7 +40,7 @@ def best_config_text(result: StudyResult, best: optuna.trial.FrozenTrial) -> str
     text = validate(data, "best config").to_toml()
     changed = best.user_attrs.get("changed") or {}
     lines = [f"# moglm tune: the best trial of Optuna study {study.study_name!r}",
-             f"# storage: {_public(result.storage)}",
+             f"# storage: {public_url(result.storage)}",
              f"# search space: {study.user_attrs.get('space', setup.space_name)}; base config: {setup.base_name}",
              f"# trial {best.number} of {len(counted_trials(study))}: {_score(best.value, level)}, "
              f"softmax temperature {best.user_attrs.get('temperature', 1.0):.2f}",
@@ -85,7 +65,7 @@ def summary_text(result: StudyResult, outputs: dict[str, Path]) -> str:
     objective = {"dyneval": "dynamic-evaluation cross-entropy (nats/token) on a validation prefix",
                  "reverse-copy": "reverse copy: validation cross-entropy (nats per decoded token)"}.get(
         result.setup.space.target, "validation cross-entropy (nats/token), averaged weights, tuned temperature")
-    lines = [f"study {study.study_name!r} ({_public(result.storage)})",
+    lines = [f"study {study.study_name!r} ({public_url(result.storage)})",
              f"base {result.setup.base_name}, search space {result.setup.space_name}; objective: {objective}",
              f"trials: {len(trials)}"]
     if trials:
@@ -121,20 +101,11 @@ def write_report(result: StudyResult, plots: bool = True) -> str:
     directory = result.directory
     outputs: dict[str, Path] = {}
     best = best_trial(result.study)
-    if best is not None and "config" in best.user_attrs and result.setup.space.target == "dyneval":
-        from .dyneval import best_settings_text
-
-        outputs["best settings"] = directory / "best_dyneval.toml"
-        atomic_write_text(outputs["best settings"],
-                          best_settings_text(result.study, best, result.setup, _public(result.storage)))
-    elif best is not None and "config" in best.user_attrs and result.setup.space.target == "reverse-copy":
-        from .reverse_copy import best_settings_text as best_task_text
-
-        outputs["best settings"] = directory / "best_reverse_copy.toml"
-        atomic_write_text(outputs["best settings"], best_task_text(result.study, best, _public(result.storage)))
-    elif best is not None and "config" in best.user_attrs:
-        outputs["best config"] = directory / "best.toml"
-        atomic_write_text(outputs["best config"], best_config_text(result, best))
+    if best is not None and "config" in best.user_attrs:
+        label, name, text = for_tuning(result.setup.space.target).hook("tuning_best")(result, best,
+                                                                                     public_url(result.storage))
+        outputs[label] = directory / name
+        atomic_write_text(outputs[label], text)
     if plots:
         outputs.update(plot_study(result.study, result.setup.space, directory))
     summary = summary_text(result, outputs)

@@ -31,7 +31,7 @@ from ..atomic import atomic_write_text
 from ..errors import MoglmError
 from ..runs.directory import first_difference, plain
 from ..tasks.reverse_copy import ReverseCopyConfig, run_reverse_copy
-from ..train.config import apply_overrides, validate_cell_options
+from ..runs.config import apply_overrides, validate_cell_options
 from .objective import Objective, TrialSetup
 from .search_space import SearchSpace, set_dotted
 
@@ -160,9 +160,8 @@ def tune_reverse_copy(space: str | Path, study_dir: str | Path, fixed: dict[str,
     mapping replaces the space's cell options whole); ``trials`` is the study's total (rerunning adds none);
     ``options`` go to :func:`moglm.tune.run_study` (``timeout``, ``threads``, ``seed``, ``storage``, ...).
     The best trial's full settings are ``best_trial(result.study).user_attrs["config"]``."""
-    from .report import best_trial
     from .search_space import load_space
-    from .study import run_study
+    from .study import best_trial, run_study
 
     if load_space(space)[0].target != "reverse-copy":
         raise MoglmError(f"{space}: not a reverse-copy search space (target {load_space(space)[0].target!r})")

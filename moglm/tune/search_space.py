@@ -29,14 +29,14 @@ from __future__ import annotations
 
 import math
 import re
-import typing
 from pathlib import Path
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import MoglmError
-from ..train.config import RunConfig, read_mapping
+from ..registry import for_tuning, workloads
+from ..runs.config import read_mapping
 
 SPACES = Path(__file__).resolve().parent / "spaces"
 Scalar = Union[bool, int, float, str]
@@ -123,7 +123,8 @@ class Budget(_Section):
 
 class SearchSpace(_Section):
     description: str | None = None
-    target: Literal["train", "dyneval", "reverse-copy"] = "train"
+    target: str = Field("train", description="What a trial tunes: a workload's tuning target (moglm.registry): "
+                        "train, dyneval or reverse-copy.")
     base: str | None = Field(None, description="Run config of every trial (shipped name or path); train target.")
     study: StudySettings = Field(default_factory=StudySettings)
     pruner: PrunerSettings = Field(default_factory=PrunerSettings)
@@ -132,11 +133,19 @@ class SearchSpace(_Section):
     trial: dict[str, Any] = Field(default_factory=dict)
     params: dict[str, ParamSpec] = Field(min_length=1)
 
+    @field_validator("target")
+    @classmethod
+    def _known_target(cls, value: str) -> str:
+        targets = [w.tuning_target for w in workloads() if w.tuning_target]
+        if value not in targets:
+            raise ValueError(f"unknown target {value!r} (choose from {', '.join(targets)})")
+        return value
+
     @model_validator(mode="after")
     def _check_keys(self) -> "SearchSpace":
         for section in ("fixed", "trial", "params"):
             for key in getattr(self, section):
-                problem = _key_problem(key, self.target)
+                problem = for_tuning(self.target).hook("tuning_key_problem")(key)
                 if problem:
                     raise ValueError(f"{section}.{key}: {problem}")
         return self
@@ -158,32 +167,6 @@ def _flatten_params(value: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = item
     return out
-
-
-def _key_problem(key: str, target: str) -> str | None:
-    """Why a dotted key names no run-config field (``None`` when it does); dyneval keys start with ``dyneval.``."""
-    parts = key.split(".")
-    if target == "dyneval":
-        ok = parts[0] == "dyneval" and len(parts) > 1 and all(parts)
-        return None if ok else "dynamic-evaluation keys start with 'dyneval.'"
-    if target == "reverse-copy":
-        from .reverse_copy import key_problem
-
-        return key_problem(key)
-    model: Any = RunConfig
-    for i, part in enumerate(parts):
-        fields = model.model_fields
-        if part not in fields:
-            where = ".".join(parts[:i]) or "the config"
-            return f"no such config field ({where} has: {', '.join(fields)})"
-        annotation = fields[part].annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            model = annotation
-            continue
-        if typing.get_origin(annotation) is dict or (i == len(parts) - 1):
-            return None  # dict-valued fields (model.cell, data.files) take any sub-key
-        return f"{'.'.join(parts[: i + 1])} is not a section"
-    return "names a section, not a field"
 
 
 # -- finding and reading ------------------------------------------------------------------------------

@@ -25,8 +25,10 @@
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
+import shutil
 import socket
 import sys
 import threading
@@ -41,20 +43,40 @@ import optuna
 from optuna.trial import TrialState
 
 from ..device import usable_cores
-from ..errors import MoglmError
-from ..train.trainer import TrainingInterrupted
-from ..train import data_parallel
-from .objective import Objective, TrialSetup, prepare, requeue_stale_trial
+from .. import distributed
+from ..errors import MoglmError, TrainingInterrupted
+from ..registry import for_tuning
+from .objective import Objective, TrialSetup, requeue_stale_trial
 from .search_space import StudySettings, load_space
 
 if TYPE_CHECKING:
-    from .dyneval import DynevalSetup
+    from .dynamic_evaluation import DynevalSetup
 
 Setup = Union[TrialSetup, "DynevalSetup"]
 
 HEARTBEAT_S = 30
 GRACE_S = 180
 SQLITE_LOCK_TIMEOUT_S = 600
+
+
+def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.value is not None
+            and math.isfinite(t.value)]
+    return min(done, key=lambda t: t.value) if done else None
+
+
+def drop_checkpoints(study: optuna.Study, study_dir: Path) -> None:
+    """Remove the checkpoints of finished trials other than the best (their metrics, configs and logs stay);
+    runs that a waiting or running trial will resume are kept."""
+    trials = study.get_trials(deepcopy=False)
+    keep = {t.user_attrs.get("run") for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)}
+    best = best_trial(study)
+    if best is not None:
+        keep.add(best.user_attrs.get("run"))
+    for t in trials:
+        run = t.user_attrs.get("run")
+        if t.state.is_finished() and run is not None and run not in keep:
+            shutil.rmtree(study_dir / "trials" / f"{run:04d}" / "checkpoints", ignore_errors=True)
 
 
 def open_storage(url: str) -> optuna.storages.BaseStorage:
@@ -79,7 +101,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
         except (ImportError, ValueError) as e:
             raise MoglmError(f"storage {url!r}: {e}") from None
         except Exception as e:  # sqlalchemy: unreachable server, bad credentials, ...
-            raise MoglmError(f"storage {_public(url)}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+            raise MoglmError(f"storage {public_url(url)}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
 
 
 def _check_writable(url: str) -> None:
@@ -97,7 +119,7 @@ def _check_writable(url: str) -> None:
                              "--study-dir or --storage")
 
 
-def _public(url: str) -> str:
+def public_url(url: str) -> str:
     """The storage URL without its password."""
     try:
         from sqlalchemy.engine import make_url
@@ -291,7 +313,6 @@ def work(args: WorkerArgs, quota: Quota, index: int = 0) -> bool:
     interrupted it."""
     import torch
 
-    from .report import drop_checkpoints
 
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
@@ -325,18 +346,18 @@ def work(args: WorkerArgs, quota: Quota, index: int = 0) -> bool:
         torch.set_num_threads(previous_threads)
 
 
-def _trial_group(setup: Setup, objective: Any) -> data_parallel.Group:
+def _trial_group(setup: Setup, objective: Any) -> distributed.Group:
     """One process, or under torchrun the processes that train each trial together (data parallel)."""
-    if not data_parallel.launched():
-        return data_parallel.SINGLE
+    if not distributed.launched():
+        return distributed.SINGLE
     if type(objective) is not Objective:  # the synthetic tasks' trials train in one process
-        if not data_parallel.is_main_process():
-            raise data_parallel.ReportedByRankZero()
+        if not distributed.is_main_process():
+            raise distributed.ReportedByRankZero()
         raise MoglmError("under torchrun, moglm tune trains each trial data-parallel: a space that trains a "
                          "language model is needed")
     from ..device import resolve_device
 
-    return data_parallel.process_group(resolve_device(str(setup.base.get("train", {}).get("device", "auto"))))
+    return distributed.process_group(resolve_device(str(setup.base.get("train", {}).get("device", "auto"))))
 
 
 class _Follower:
@@ -352,7 +373,7 @@ class _Follower:
         pass
 
 
-def distributed_trial(trial: optuna.Trial | None, group: data_parallel.Group, study_name: str) -> Any:
+def distributed_trial(trial: optuna.Trial | None, group: distributed.Group, study_name: str) -> Any:
     """``trial`` itself for one process; under torchrun an optuna_integration.TorchDistributedTrial (rank 0
     holds the trial, every rank gets its parameters, reports and pruning decisions) with ``study``."""
     if not group.distributed:
@@ -366,7 +387,7 @@ def distributed_trial(trial: optuna.Trial | None, group: data_parallel.Group, st
     return shared
 
 
-def _follow(group: data_parallel.Group, objective: Objective, study_name: str) -> bool:
+def _follow(group: distributed.Group, objective: Objective, study_name: str) -> bool:
     """Rank r > 0 under torchrun: train every trial rank 0 starts, until it says there are no more."""
     while group.broadcast(None):
         try:
@@ -421,10 +442,10 @@ def run_study(
     spec, path = load_space(space)
     if workers < 1:
         raise MoglmError(f"--workers must be >= 1, got {workers}")
-    if data_parallel.launched():  # torchrun: the processes train each trial together; rank 0 speaks
+    if distributed.launched():  # torchrun: the processes train each trial together; rank 0 speaks
         if workers > 1:
             raise MoglmError("under torchrun every trial is trained by all the processes: leave out --workers")
-        log = log if data_parallel.is_main_process() else (lambda message: None)
+        log = log if distributed.is_main_process() else (lambda message: None)
     if worker:
         study_name, stored = _joined(path, storage, study_name, study_dir)
         if base is not None or overrides or max_tokens is not None:
@@ -441,18 +462,8 @@ def run_study(
     check_sampler(settings)
     name = study_name or (path.stem if base is None else f"{path.stem}-{Path(base).stem}")
     directory = Path(study_dir or Path("studies") / name)
-    if spec.target == "dyneval":
-        from .dyneval import prepare_dyneval
-
-        if overrides:
-            raise MoglmError("--set changes run configs; a dynamic-evaluation space takes its settings in [fixed]")
-        setup: Any = prepare_dyneval(spec, path.stem, base, max_tokens, directory.resolve())
-    elif spec.target == "reverse-copy":
-        from .reverse_copy import prepare_reverse_copy
-
-        setup = prepare_reverse_copy(spec, path.stem, base, list(overrides or []), max_tokens, directory.resolve())
-    else:
-        setup = prepare(spec, path.stem, base, list(overrides or []), max_tokens, directory.resolve())
+    prepare = for_tuning(spec.target).hook("tuning_prepare")
+    setup: Any = prepare(spec, path.stem, base, list(overrides or []), max_tokens, directory.resolve())
     directory.mkdir(parents=True, exist_ok=True)
     url = storage or default_storage(directory)
     study = optuna.create_study(storage=open_storage(url), study_name=name, direction="minimize",
@@ -476,7 +487,7 @@ def run_study(
     args = WorkerArgs(setup, settings, url, name, deadline, threads, keep_checkpoints,
                       progress=progress and workers == 1, echo=progress)
     n = min(workers, max(remaining, 1))
-    log(f"study {name!r} ({_public(url)}): {total - max(remaining, 0)} of {total} trials exist; "
+    log(f"study {name!r} ({public_url(url)}): {total - max(remaining, 0)} of {total} trials exist; "
         + (f"running up to {remaining} with {n} worker{'s' * (n > 1)} x {threads} "
            f"thread{'s' * (threads > 1)}" if remaining > 0 else "nothing to run"))
     failed: list[str] = []
@@ -509,7 +520,7 @@ def _joined(path: Path, storage: str | None, study_name: str | None,
     if len(matches) != 1:
         which = f"no study {study_name!r}" if study_name else (
             f"{len(matches)} studies of space {path.stem}" if matches else f"no study of space {path.stem}")
-        raise MoglmError(f"--worker: {_public(url)} holds {which} ({', '.join(names) or 'none'}); "
+        raise MoglmError(f"--worker: {public_url(url)} holds {which} ({', '.join(names) or 'none'}); "
                          + ("pass --study-name" if len(matches) > 1 else f"start it with `moglm tune {path}` first"))
     study = optuna.load_study(study_name=matches[0], storage=open_storage(url))
     return matches[0], study.user_attrs.get("setup", {})

@@ -9,6 +9,7 @@ description (``moglm train --help-config`` prints them). Command-line overrides 
 from __future__ import annotations
 
 import dataclasses
+import typing
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -18,7 +19,7 @@ from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
                       model_validator)
 
 from ..errors import MoglmError
-from ..runs.directory import to_toml
+from .directory import to_toml
 from ..model.architectures import MODEL_ARCHITECTURES as ARCHITECTURES
 
 if sys.version_info >= (3, 11):
@@ -420,3 +421,22 @@ def describe() -> str:
             kind = getattr(f.type, "__name__", None) or str(f.type).replace("typing.", "")
             lines.append(f"  {f.name} = {f.default!r}  ({kind})\n      {f.metadata.get('help', '')}")
     return "\n".join(lines)
+
+
+def key_problem(key: str) -> str | None:
+    """Why a dotted key (``train.learning_rate``) names no :class:`RunConfig` field; ``None`` when it does."""
+    parts = key.split(".")
+    model: Any = RunConfig
+    for i, part in enumerate(parts):
+        fields = model.model_fields
+        if part not in fields:
+            where = ".".join(parts[:i]) or "the config"
+            return f"no such config field ({where} has: {', '.join(fields)})"
+        annotation = fields[part].annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+            continue
+        if typing.get_origin(annotation) is dict or (i == len(parts) - 1):
+            return None  # dict-valued fields (model.cell, data.files) take any sub-key
+        return f"{'.'.join(parts[: i + 1])} is not a section"
+    return "names a section, not a field"

@@ -82,3 +82,61 @@ def hyperparameter_overrides(budget: bool = True, **values: Any) -> list[str]:
 def deprecated(old: str, **options: Any) -> Any:
     """A hidden option for the deprecated spelling ``old`` of a renamed option (see :func:`renamed`)."""
     return typer.Option(options.pop("default", None), old, hidden=True, **options)
+
+
+def _item_type(option: Any) -> Any:
+    """The item type of a repeatable option of numbers or fixed values (``list[int]``, ``list[Split]``,
+    ``list[Literal[...]]``): the options that also take ``256 650`` and ``256,650``; else ``None``."""
+    import typing
+
+    descriptor = getattr(option, "type_descriptor", None)
+    annotation = getattr(descriptor, "annotation", None)
+    if not getattr(option, "multiple", False) or typing.get_origin(annotation) is not list:
+        return None
+    (item,) = typing.get_args(annotation)
+    fixed = typing.get_origin(item) is typing.Literal or (isinstance(item, type) and issubclass(item, enum.Enum))
+    return item if item in (int, float) or fixed else None
+
+
+def _accepts(item: Any, token: str) -> bool:
+    import typing
+
+    if typing.get_origin(item) is typing.Literal:
+        return token in typing.get_args(item)
+    if isinstance(item, type) and issubclass(item, enum.Enum):
+        return token in {m.value for m in item}
+    try:
+        item(token)
+        return True
+    except ValueError:
+        return False
+
+
+def expand_list_options(command: Any, argv: list[str]) -> list[str]:
+    """``argv`` with every list option's values spelled as repeated flags, so that ``--hidden-size 256 650``
+    and ``--hidden-size 256,650`` mean ``--hidden-size 256 --hidden-size 650``. Applies to repeatable options of
+    numbers or fixed values (:func:`_item_type`); the values end at the first token the option does not
+    take (an option, or an argument such as a run directory), and anything else passes through untouched."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        subcommands = getattr(command, "commands", {})
+        if token in subcommands:
+            command = subcommands[token]
+        flag, _, inline = token.partition("=") if token.startswith("--") else (token, "", "")
+        option = next((p for p in getattr(command, "params", ()) if flag in getattr(p, "opts", ())), None)
+        item = None if option is None else _item_type(option)
+        if item is None:
+            out.append(token)
+            i += 1
+            continue
+        given = [inline] if inline else argv[i + 1:i + 2]
+        i += 1 + (0 if inline else len(given))
+        while i < len(argv) and not argv[i].startswith("-") and _accepts(item, argv[i].split(",")[0]):
+            given.append(argv[i])
+            i += 1
+        for value in given:
+            for part in [value] if _accepts(item, value) else value.split(","):  # a value may hold a comma
+                out += [flag, part]
+    return out

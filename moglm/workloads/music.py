@@ -1,4 +1,4 @@
-"""One run of a music experiment (Krause thesis 4.8, table 4.6): train an RNN-NADE from a shipped music config,
+"""The music workload (:mod:`moglm.registry`). One run of a music experiment (Krause thesis 4.8, table 4.6): train an RNN-NADE from a shipped music config,
 score the best checkpoint's log-likelihood per frame, then dynamic evaluation with SGD and with global RMS, each
 searched on validation and scored on test, the weights and state reset at every song."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..provenance import write_result
-from .runner import EVALUATION_FILES
-from .spec import RunSpec
+from ..experiments.runner import EVALUATION_FILES
+from ..experiments.spec import RunSpec
 
 RULES = {"dynamic_sgd": "sgd", "dynamic_rms": "rms"}
 
@@ -42,3 +42,13 @@ def run_music_spec(spec: RunSpec, run_dir: Path, evaluations: list[str], progres
         found = dyneval_music_run(MusicRun(run_dir), RULES[evaluation], ("valid", "test"), search=True,
                                   progress=progress, log=log)
         write_result(path, found | {"level": "music"}, spec.seed)
+
+
+# -- the registry's hooks --------------------------------------------------------------------------------
+def experiment_config(spec: RunSpec) -> dict:
+    return music_config(spec).model_dump(mode="json")
+
+
+def experiment_run(exp, scale: str, spec: RunSpec, run_dir: Path, evaluations: list[str], progress: bool,
+                   log: Callable[[str], None], sizes) -> None:
+    run_music_spec(spec, run_dir, evaluations, progress, log)

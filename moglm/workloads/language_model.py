@@ -1,4 +1,4 @@
-"""One language-model run of an experiment: its config, its training, its evaluations (Mogrifier paper
+"""The language-model workload (:mod:`moglm.registry`). One language-model run of an experiment: its config, its training, its evaluations (Mogrifier paper
 section 3.3: static with the softmax temperature searched on validation, MC dropout, dynamic evaluation,
 and MC dropout with dynamic evaluation; Krause thesis 3.5: per-token losses for the surprise analysis;
 thesis 2.2.1 and tables 4.1-4.2: the neural cache, alone and with dynamic evaluation)."""
@@ -14,9 +14,9 @@ import torch
 
 from ..provenance import write_result
 from ..errors import MoglmError
-from ..train.config import apply_overrides, locate, read_mapping, validate
-from .runner import EVALUATION_FILES, save_token_losses
-from .spec import RunSpec, Scale
+from ..runs.config import apply_overrides, locate, read_mapping, validate
+from ..experiments.runner import EVALUATION_FILES, save_token_losses
+from ..experiments.spec import RunSpec, Scale
 
 
 def run_config(spec: RunSpec, name: str | None = None):
@@ -44,7 +44,7 @@ def train_run_spec(spec: RunSpec, run_dir: Path, progress: bool, log: Callable[[
 def evaluate_run_spec(scale: Scale, run_dir: Path, evaluations: list[str], progress: bool,
                       log: Callable[[str], None]) -> None:
     """The evaluations of ``evaluations`` (besides static) that are not on disk yet."""
-    from ..train.language_model_run import LanguageModelRun
+    from ..runs.language_model import LanguageModelRun
 
     run = LanguageModelRun(run_dir)
     folder = run_dir / "evaluations"
@@ -117,7 +117,7 @@ def mc_dropout(run, samples: int, tokens: int | None, progress: bool, log: Calla
     ``search_tokens`` the one searched on that many validation tokens)."""
     from ..evaluation.stream import evaluate_stream
     from ..evaluation.mc_dropout import evaluate_mc_dropout
-    from ..train.build import load_data
+    from ..runs.build import load_data
 
     cfg = run.load_config()
     model, _, _ = run.load_model("best")
@@ -179,3 +179,34 @@ def token_losses(run, scale: Scale, splits: tuple[str, ...], path: Path, progres
 def _temperature(run) -> float:
     static = run.path / "evaluations" / EVALUATION_FILES["static"]
     return float(json.loads(static.read_text())["temperature"])
+
+
+# -- the registry's hooks --------------------------------------------------------------------------------
+def experiment_config(spec: RunSpec) -> dict[str, Any]:
+    return run_config(spec).model_dump(mode="json")
+
+
+def experiment_run(exp, scale: str, spec: RunSpec, run_dir: Path, evaluations: list[str], progress: bool,
+                   log: Callable[[str], None], sizes: Scale) -> None:
+    """Train (or resume) the run, then each evaluation not yet on disk, sized by ``sizes``."""
+    train_run_spec(spec, run_dir, progress, log)
+    evaluate_run_spec(sizes, run_dir, evaluations, progress, log)
+
+
+def tuning_prepare(space, space_name: str, base: str | None, overrides: list[str], max_tokens: int | None,
+                   directory: Path):
+    from ..tune.objective import prepare
+
+    return prepare(space, space_name, base, overrides, max_tokens, directory)
+
+
+def tuning_key_problem(key: str) -> str | None:
+    from ..runs.config import key_problem
+
+    return key_problem(key)
+
+
+def tuning_best(result, best, storage: str) -> tuple[str, str, str]:
+    from ..tune.report import best_config_text
+
+    return "best config", "best.toml", best_config_text(result, best)

@@ -40,8 +40,8 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor, nn
 
-from ..device import usable_cores
-from ..errors import MoglmError
+from .device import usable_cores
+from .errors import MoglmError, TrainingInterrupted
 
 T = TypeVar("T")
 
@@ -274,8 +274,6 @@ def launch(nproc_per_node: int, module_args: list[str]) -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
-
-    from .engine import TrainingInterrupted
 
     args = get_args_parser().parse_args(["--standalone", f"--nproc-per-node={nproc_per_node}", "--module",
                                          "moglm", *module_args])

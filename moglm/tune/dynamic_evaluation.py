@@ -24,7 +24,7 @@ import optuna
 from ..dynamic_evaluation import Hyperparameters, StatisticsSettings, dynamic_evaluate, static_pass
 from ..dynamic_evaluation.run import load_corpus_for, run_statistics
 from ..errors import MoglmError
-from ..train.language_model_run import LanguageModelRun
+from ..runs.language_model import LanguageModelRun
 from ..device import resolve_device
 from .search_space import SearchSpace
 

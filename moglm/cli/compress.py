@@ -1,0 +1,101 @@
+"""``moglm compress RUN FILE`` and ``moglm decompress RUN FILE.moglm`` (mounted by :mod:`moglm.cli`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..atomic import check_free
+from .common import Checkpoint, UpdateRule
+from ..errors import MoglmError
+
+
+def _load(run_dir: Path, checkpoint: str):
+    from ..runs.language_model import load_run
+
+    return load_run(run_dir, checkpoint, "cpu")
+
+
+def _read(path: Path) -> bytes:
+    if not path.is_file():
+        raise MoglmError(f"{path}: no such file")
+    return path.read_bytes()
+
+
+def _write(path: Path, data: bytes, force: bool) -> None:
+    from ..atomic import atomic_write_bytes
+
+    check_free(path, force)
+    atomic_write_bytes(path, data)
+
+
+def compress(
+    run_dir: Path = typer.Argument(..., help="A character- or byte-level run made by `moglm train`."),
+    file: Path = typer.Argument(..., help="Any file."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Where to write (default: FILE.moglm)."),
+    dynamic: bool = typer.Option(False, help="Adapt the model while coding (dynamic evaluation; the settings "
+                                 "of the run's dyneval/full.json, else moglm dyneval's defaults)."),
+    rule: Optional[UpdateRule] = typer.Option(None, help="Update rule of the adaptation (default: as --dynamic)."),
+    adapt_learning_rate: Optional[float] = typer.Option(
+        None, help="Learning rate of the adaptation (default: the rule's; implies --dynamic)."),
+    checkpoint: Checkpoint = typer.Option("best", help="The best or the last checkpoint."),
+    report: Optional[Path] = typer.Option(None, help="Also write the sizes, code lengths and speed as JSON."),
+    force: bool = typer.Option(False, "--force", "-f", help="Replace an existing output file."),
+    progress: bool = typer.Option(True, help="Show a progress bar."),
+) -> None:
+    """Compress a file losslessly with a trained run's predictions (range coding; thesis 2.1.2)."""
+    from ..compression import container
+    from ..compression.layout import Layout
+    from ..compression.run import adapter_from_settings, dynamic_settings
+
+    data = _read(file)
+    target = container.output_path(file, output, compressing=True)
+    check_free(target, force)
+    if report is not None:
+        check_free(report, True)  # a folder, or a path through a file, is refused before the work
+    run = _load(run_dir, checkpoint)
+    Layout.of(run.vocab)  # a word-level run is refused before any statistics are collected
+    adapter = settings = None
+    if dynamic or rule is not None or adapt_learning_rate is not None:
+        settings = dynamic_settings(run_dir, rule, adapt_learning_rate)
+        adapter = adapter_from_settings(run_dir, run.model, checkpoint, run.temperature, settings)
+    blob, result = container.compress(data, run.model, run.vocab, factor=run.temperature, adapter=adapter,
+                                      settings=settings, progress=progress)
+    _write(target, blob, force)
+    typer.echo(f"{file} -> {target}: {result.summary()}")
+    if report is not None:
+        from ..provenance import write_result
+
+        write_result(report, {"run": str(run_dir), "file": str(file), "dynamic": settings, **result.as_dict()})
+
+def decompress(
+    run_dir: Path = typer.Argument(..., help="The run that compressed the file."),
+    file: Path = typer.Argument(..., help="A file made by `moglm compress`."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o",
+                                          help="Where to write (default: FILE without .moglm)."),
+    checkpoint: Checkpoint = typer.Option("best", help="The checkpoint that compressed it."),
+    force: bool = typer.Option(False, "--force", "-f", help="Replace an existing output file."),
+    progress: bool = typer.Option(True, help="Show a progress bar."),
+) -> None:
+    """Restore a file made by `moglm compress` (checked against its SHA-256 before it is written)."""
+    import time
+
+    from ..compression import container
+    from ..compression.run import adapter_from_settings
+
+    blob = _read(file)
+    target = container.output_path(file, output, compressing=False)
+    check_free(target, force)
+    container.read_header(blob, str(file))  # a damaged file fails before the model loads
+    run = _load(run_dir, checkpoint)
+    start = time.perf_counter()
+    data = container.decompress(
+        blob, run.model, run.vocab, name=str(file), progress=progress,
+        adapter_for=lambda header: adapter_from_settings(run_dir, run.model, checkpoint, float(header["factor"]),
+                                                         header["adapt"]))
+    _write(target, data, force)
+    seconds = time.perf_counter() - start
+    typer.echo(f"{file} -> {target}: {len(data):,} bytes in {seconds:.1f}s, "
+               f"{len(data) / 1e3 / max(seconds, 1e-9):.2f} KB/s")
