@@ -125,7 +125,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default="benchmarks/results/compiled_phases.json")
     args = parser.parse_args(argv)
-    from moglm.recurrence import auto, compiled
+    from moglm.recurrence import compiled
+    from moglm.recurrence.compiled import routes
 
     peak = gemm_peak()
     report = {"command": command_line(), "machine": dict(platform=platform.platform(), torch=torch.__version__,
@@ -145,7 +146,7 @@ def main(argv=None) -> dict:
             print(f"H={hidden} {name}: " + ", ".join(f"{p} {v['ms']:.1f} ms ({v['peak_pct']:.0f}% peak)"
                                                      for p, v in phases.items() if v["peak_pct"] is not None),
                   flush=True)
-    report["auto_backend_choices"] = auto.met()
+    report["auto_backend_choices"] = routes.backends_used()
     write_report(report, args.out)
     print(markdown_table(report))
     return report

@@ -81,7 +81,7 @@ def test_bench_gemm_routes_writes_under_the_bench_directory_never_the_working_tr
     assert main(["bench", "gemm-routes", "--hidden-size", "8", "--batch-size", "4"]) == 0
     report = json.loads((tmp_path / "bench" / "gemm_routes.json").read_text())
     assert not (tmp_path / "benchmarks").exists()
-    routes = compiled._candidate_routes(torch.float32)
+    routes = compiled.candidate_routes(torch.float32)
     assert {r["product"] for r in report["results"]} == {"gate forward", "gate backward", "round x -> low",
                                                          "round low -> out", "weight gradient"}
     assert all(set(r["gflops"]) == set(routes) and min(r["gflops"].values()) > 0 for r in report["results"])
@@ -101,7 +101,7 @@ def test_bench_gemm_routes_times_the_gate_products_split_by_columns_on_two_threa
         report = run_gemm_routes((37,), batch=4, steps=3, repeats=1, out_path=tmp_path / "r.json", log=lambda _: None)
     finally:
         torch.set_num_threads(threads)
-    routes = compiled._candidate_routes(torch.float32)
+    routes = compiled.candidate_routes(torch.float32)
     split = {r + compiled.COLUMNS_SUFFIX for r in routes}
     for row in report["results"]:
         expected = set(routes) | (split if row["product"].startswith("gate") else set())

@@ -128,10 +128,10 @@ def test_info_prints_the_compiled_recurrence_and_its_gemm_route_as_json_and_as_l
 
 
 def test_info_says_why_the_compiled_recurrence_is_unavailable(capsys, monkeypatch):
-    from moglm.recurrence import compiled
+    from moglm.recurrence.compiled import build
 
-    monkeypatch.setitem(compiled._state, "loaded", False)
-    monkeypatch.setitem(compiled._state, "reason", "no C++ compiler here")
+    monkeypatch.setattr(build, "available", lambda: False)
+    monkeypatch.setattr(build, "unavailable_reason", lambda: "no C++ compiler here")
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert "recurrence: Python fused (the compiled recurrence is unavailable: no C++ compiler here)" in out

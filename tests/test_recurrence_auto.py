@@ -12,6 +12,7 @@ import moglm
 import moglm.recurrence as recurrence
 from moglm.cells.lstm import LSTMCell
 from moglm.recurrence import auto, compiled
+from moglm.recurrence.compiled import routes
 
 
 @pytest.fixture
@@ -19,11 +20,11 @@ def choice_dir(tmp_path, monkeypatch):
     """A fresh, empty place for the stored choices (the built library stays where it is)."""
     if not compiled.available():
         pytest.skip(f"compiled recurrence unavailable: {compiled.unavailable_reason()}")
-    monkeypatch.setitem(compiled._state, "build_dir", str(tmp_path))
+    monkeypatch.setattr(routes, "backend_file", lambda: tmp_path / "backend_choice_v2.json")
     monkeypatch.delenv("MOGLM_AUTO_BACKEND", raising=False)
-    auto.forget()
+    routes.forget()
     yield tmp_path / "backend_choice_v2.json"
-    auto.forget()
+    routes.forget()
 
 
 @pytest.fixture
@@ -75,7 +76,7 @@ def test_the_probe_stores_its_choice_and_a_new_process_takes_the_same_path_witho
     assert auto.MIN_PAIRS <= stored["pairs"] <= auto.MAX_PAIRS
     assert spies["compiled"] > 1 and spies["fused"] > 1  # the probe ran both
 
-    auto.forget()  # as a resumed run in a new process: reads the file, never probes again
+    routes.forget()  # as a resumed run in a new process: reads the file, never probes again
     monkeypatch.setattr(auto, "probe", lambda *a, **k: pytest.fail("probed again although a choice is stored"))
     before = dict(spies)
     train_step(model, x)
@@ -145,7 +146,7 @@ def test_a_probe_that_fails_stores_the_compiled_window_so_every_process_agrees(c
 
 def test_where_nothing_can_be_stored_every_process_runs_the_compiled_window_without_probing(choice_dir, spies,
                                                                                             monkeypatch):
-    monkeypatch.setattr(auto.os, "access", lambda path, mode: False)  # a read-only cache
+    monkeypatch.setattr(routes.os, "access", lambda path, mode: False)  # a read-only cache
     monkeypatch.setattr(auto, "probe", lambda *a, **k: pytest.fail("probed without a place to store the choice"))
     train_step(moglm.LSTM(6, 5), torch.randn(4, 3, 6))
     assert spies == {"compiled": 1, "fused": 0} and not choice_dir.exists()
@@ -164,21 +165,21 @@ def test_the_probe_times_the_compiled_window_on_the_classs_fastest_routes_and_ru
     """The routes are timed on the layer's own per-step products; the compiled window runs on the two
     fastest in the probe; the winner is stored with the class, and every later compiled window of the class
     runs on it, backward included."""
-    routes = []
+    window_routes = []
     real = recurrence.run_compiled
-    monkeypatch.setattr(recurrence, "run_compiled", lambda *a, **k: routes.append(k.get("route")) or real(*a, **k))
+    monkeypatch.setattr(recurrence, "run_compiled", lambda *a, **k: window_routes.append(k.get("route")) or real(*a, **k))
     model, x = moglm.MogrifierLSTM(6, 5, rounds=3, rank=2), torch.randn(4, 3, 6)
-    monkeypatch.setattr(compiled, "class_route", lambda *a: ("aten", {"aten": 1.0, "blas": 2.0, "panels": 3.0}))
+    monkeypatch.setattr(routes, "class_route", lambda *a: ("aten", {"aten": 1.0, "blas": 2.0, "panels": 3.0}))
     train_step(model, x)
     stored = json.loads(choice_dir.read_text())[the_class(model, x)]
     assert stored["route"] in ("aten", "blas") and stored["route_seconds"] == {"aten": 1.0, "blas": 2.0, "panels": 3.0}
     assert set(stored["seconds"]) == {"compiled:aten", "compiled:blas", "fused"}
-    assert {compiled.ROUTES["aten"], compiled.ROUTES["blas"]} <= set(routes)  # the probe ran both
-    assert compiled.ROUTES["panels"] not in routes
+    assert {compiled.ROUTES["aten"], compiled.ROUTES["blas"]} <= set(window_routes)  # the probe ran both
+    assert compiled.ROUTES["panels"] not in window_routes
     if stored["backend"] == "compiled":
-        assert routes[-1] == compiled.ROUTES[stored["route"]]  # the layer's own window, after the probe
+        assert window_routes[-1] == compiled.ROUTES[stored["route"]]  # the layer's own window, after the probe
 
-    auto.forget()
+    routes.forget()
     backward_routes = []
     real_backward = torch.ops.moglm.mogrifier_lstm_backward
     monkeypatch.setattr(torch.ops.moglm, "mogrifier_lstm_backward",
@@ -211,11 +212,11 @@ def test_the_class_route_is_one_this_machine_has_with_its_timings():
     fastest route where that differs."""
     model, x = moglm.MogrifierLSTM(6, 5, rounds=3, rank=2), torch.randn(4, 3, 6)
     route, seconds = recurrence._class_route(model.cells[0], model.layer_parameters(0), x, True)
-    candidates = compiled._candidate_routes(torch.float32)
-    assert sorted(compiled._split_name(r)[0] for r in seconds) == sorted(candidates)
-    names = [compiled._split_name(r) for r in seconds]
+    candidates = compiled.candidate_routes(torch.float32)
+    assert sorted(routes.split_name(r)[0] for r in seconds) == sorted(candidates)
+    names = [routes.split_name(r) for r in seconds]
     assert all(not columns and rounds in (None, *candidates) for _, columns, rounds in names)
-    assert len({compiled._split_name(r)[2] or compiled._split_name(r)[0] for r in seconds}) == 1  # one rounds route
+    assert len({routes.split_name(r)[2] or routes.split_name(r)[0] for r in seconds}) == 1  # one rounds route
     assert route == min(seconds, key=seconds.get)
 
 
@@ -234,8 +235,8 @@ def test_on_two_threads_each_route_is_also_timed_split_by_columns_where_the_wind
         route, seconds = recurrence._class_route(model.cells[0], model.layer_parameters(0), x, True)
     finally:
         torch.set_num_threads(threads)
-    candidates = compiled._candidate_routes(torch.float32)
-    split = {compiled._split_name(r)[0] for r in seconds if compiled._split_name(r)[1]}
+    candidates = compiled.candidate_routes(torch.float32)
+    split = {routes.split_name(r)[0] for r in seconds if routes.split_name(r)[1]}
     assert split == (set(candidates) if splits else set())
     assert route == min(seconds, key=seconds.get)
 
@@ -243,7 +244,7 @@ def test_on_two_threads_each_route_is_also_timed_split_by_columns_where_the_wind
 def test_the_probe_times_the_two_fastest_routes_by_rows_and_the_two_fastest_by_columns(choice_dir, monkeypatch):
     timings = {"aten": 1.0, "blas": 2.0, "panels": 3.0, "aten+columns": 2.5, "blas+columns:aten": 1.5,
                "panels+columns": 2.7}
-    monkeypatch.setattr(compiled, "class_route", lambda *a: ("aten", timings))
+    monkeypatch.setattr(routes, "class_route", lambda *a: ("aten", timings))
     probed = {}
     monkeypatch.setattr(auto, "probe", lambda cell, p, xs, training, runners: probed.update(runners) or {
         "backend": "compiled:blas+columns:aten", "seconds": {k: 1.0 for k in runners}, "pairs": 5, "separated": True})

@@ -14,6 +14,7 @@ import torch
 
 import moglm
 from moglm.recurrence import compiled, fallback
+from moglm.recurrence.compiled import build, functions, routes
 from test_recurrence_fused import (
     MOGRIFIER_IDS,
     MOGRIFIERS,
@@ -34,6 +35,13 @@ from test_recurrence_fused import (
     run_backend,
     saved_bytes,
 )
+
+
+@pytest.fixture(autouse=True)
+def _machine_routes_after():
+    """A test that forces a route (``MOGLM_GEMM_ROUTE``) leaves none behind: the process reads the machine's anew."""
+    yield
+    routes.forget()
 
 
 @pytest.fixture
@@ -59,7 +67,7 @@ def on_two_threads(run):
 def batch_parallel(built, monkeypatch):
     """The compiled windows split the batch into blocks of as little as one row, over two threads. Only they
     run on two threads (conftest sets one): torch's own small ops crawl on two threads of a busy machine."""
-    monkeypatch.setattr(compiled, "MIN_ROWS", 1)
+    monkeypatch.setattr(functions, "MIN_ROWS", 1)
     for function in (compiled.CompiledLSTMFunction, compiled.CompiledMultiplicativeLSTMFunction):
         for name in ("run_forward", "run_backward"):
             monkeypatch.setattr(function, name, on_two_threads(getattr(function, name)))
@@ -105,10 +113,9 @@ def test_batch_parallel_rows_split_across_threads_match_reference_in_float64(mak
 @pytest.mark.parametrize("make", PARALLEL_MODELS, ids=PARALLEL_IDS)
 def test_float32_on_every_gemm_route_batch_parallel_matches_reference(make, route, monkeypatch):
     """MOGLM_GEMM_ROUTE forces the route (checked); each is compared where this machine has it."""
-    if route not in compiled._candidate_routes(torch.float32):
+    if route not in compiled.candidate_routes(torch.float32):
         pytest.skip(f"GEMM route {route!r} not available here")
-    monkeypatch.setitem(compiled._state, "routes", {})
-    monkeypatch.setenv("MOGLM_GEMM_ROUTE", route)
+    force_route(monkeypatch, route)
     assert compiled.gemm_route(torch.float32) == compiled.ROUTES[route]
     model = make().train()
     assert_parity(model, model.num_layers, dtype=torch.float32, backend="compiled", batch=37, rtol=1e-4, atol=1e-5)
@@ -133,12 +140,10 @@ WIDE_MODELS = [
 def test_brgemm_route_at_panel_and_row_block_sizes_matches_reference(make, weight_gradients, monkeypatch):
     """float32 on oneDNN's ukernel (it has no float64) against the float32 reference loop, with the weight
     gradients after the loop on the ukernel too or on at::mm (which of the two runs is probed per machine)."""
-    if "brgemm" not in compiled._candidate_routes(torch.float32):
+    if "brgemm" not in compiled.candidate_routes(torch.float32):
         pytest.skip("this torch exports no float32 brgemm")
-    monkeypatch.setitem(compiled._state, "routes", {})
-    monkeypatch.setenv("MOGLM_GEMM_ROUTE", "brgemm")
-    monkeypatch.setitem(compiled._state, "weight_gradient_routes",
-                        {torch.float32: (compiled.ROUTES[weight_gradients], {})})
+    force_route(monkeypatch, "brgemm")
+    monkeypatch.setattr(routes, "weight_gradient_route", lambda dtype: routes.ROUTES[weight_gradients])
     torch.manual_seed(0)
     model = make().train()
     layers = model.num_layers
@@ -182,8 +187,9 @@ def assert_matches_reference(model, hidden, batch, dtype, **tol):
 
 
 def force_route(monkeypatch, route: str) -> None:
-    monkeypatch.setitem(compiled._state, "routes", {})
+    """``MOGLM_GEMM_ROUTE=route``, read anew (``_machine_routes_after`` forgets it after the test)."""
     monkeypatch.setenv("MOGLM_GEMM_ROUTE", route)
+    routes.forget()
 
 
 @pytest.mark.usefixtures("batch_parallel")
@@ -191,7 +197,7 @@ def force_route(monkeypatch, route: str) -> None:
 @pytest.mark.parametrize("batch", [1, 5, 37])
 @pytest.mark.parametrize("make", COLUMN_MODELS, ids=COLUMN_IDS)
 def test_column_split_window_matches_reference_in_float64_with_every_gradient(make, batch, route, monkeypatch):
-    if "blas" not in compiled._candidate_routes(torch.float64):
+    if "blas" not in compiled.candidate_routes(torch.float64):
         pytest.skip("this torch exports no BLAS")
     force_route(monkeypatch, route)
     assert compiled.gemm_route(torch.float64) == compiled.route_code(route)
@@ -212,7 +218,7 @@ def test_column_split_window_matches_reference_in_float64_with_every_gradient(ma
 @pytest.mark.parametrize("make", COLUMN_MODELS[:1] + COLUMN_MODELS[2:3] + COLUMN_MODELS[4:5],
                          ids=["mogrifier", "lstm", "multiplicative_lstm"])
 def test_column_split_on_every_route_in_float32_matches_reference(make, route, hidden, monkeypatch):
-    if route not in compiled._candidate_routes(torch.float32):
+    if route not in compiled.candidate_routes(torch.float32):
         pytest.skip(f"GEMM route {route!r} not available here")
     force_route(monkeypatch, route + compiled.COLUMNS_SUFFIX)
     assert compiled.gemm_route(torch.float32) == compiled.ROUTES[route] | compiled.COLUMNS
@@ -266,7 +272,7 @@ def test_column_split_over_four_partitions_matches_reference_on_any_number_of_th
 @pytest.mark.parametrize("route", ["aten:blas", "blas:aten"])
 def test_the_rounds_on_their_own_route_match_reference_in_float64(route, monkeypatch):
     """The Mogrifier's round products on another route than its gate products (``gates:rounds``), by rows."""
-    if "blas" not in compiled._candidate_routes(torch.float64):
+    if "blas" not in compiled.candidate_routes(torch.float64):
         pytest.skip("this torch exports no BLAS")
     force_route(monkeypatch, route)
     torch.manual_seed(0)
@@ -276,7 +282,7 @@ def test_the_rounds_on_their_own_route_match_reference_in_float64(route, monkeyp
 
 @pytest.mark.usefixtures("built")
 def test_info_names_a_forced_route_with_the_column_split_and_the_rounds_route(monkeypatch):
-    if not {"blas", "brgemm"} <= set(compiled._candidate_routes(torch.float32)):
+    if not {"blas", "brgemm"} <= set(compiled.candidate_routes(torch.float32)):
         pytest.skip("this torch exports no BLAS or no float32 brgemm")
     force_route(monkeypatch, "blas+columns:brgemm")
     assert compiled.info(paths=False)["gemm_route"] == "blas+columns:brgemm"
@@ -296,21 +302,21 @@ def test_route_names_and_codes_round_trip_and_unknown_names_are_not_routes():
 def test_the_weight_gradient_route_is_probed_once_per_machine_and_forced_with_the_gemm_route(monkeypatch, tmp_path):
     """oneDNN's ukernel or at::mm for the products over all T*B rows, whichever this CPU runs faster (the
     ukernel wins on a Zen 4, MKL on an Intel Xeon): probed and stored beside the library, then read."""
-    if "brgemm" not in compiled._candidate_routes(torch.float32):
+    if "brgemm" not in compiled.candidate_routes(torch.float32):
         pytest.skip("this torch exports no float32 brgemm: at::mm is the only weight-gradient route")
     monkeypatch.delenv("MOGLM_GEMM_ROUTE", raising=False)
-    monkeypatch.setattr(compiled, "_route_file", lambda dtype, kind="gemm_route": tmp_path / f"{kind}.json")
-    monkeypatch.setitem(compiled._state, "weight_gradient_routes", {})
-    monkeypatch.setattr(compiled, "_probe_weight_gradients",
+    monkeypatch.setattr(routes, "route_file", lambda dtype, kind="gemm_route": tmp_path / f"{kind}.json")
+    routes.forget()
+    monkeypatch.setattr(routes, "_probe_weight_gradients",
                         lambda dtype, candidates: {"aten": 2.0, "brgemm": 1.0})
     assert compiled.weight_gradient_route(torch.float32) == compiled.ROUTES["brgemm"]
     assert json.loads((tmp_path / "weight_gradient_route.json").read_text())["route"] == "brgemm"
-    monkeypatch.setattr(compiled, "_probe_weight_gradients", lambda *a: pytest.fail("probed although stored"))
-    monkeypatch.setitem(compiled._state, "weight_gradient_routes", {})
+    monkeypatch.setattr(routes, "_probe_weight_gradients", lambda *a: pytest.fail("probed although stored"))
+    routes.forget()
     assert compiled.weight_gradient_route(torch.float32) == compiled.ROUTES["brgemm"]
     for forced, route in (("aten", "aten"), ("panels", "aten"), ("brgemm", "brgemm")):
         monkeypatch.setenv("MOGLM_GEMM_ROUTE", forced)
-        monkeypatch.setitem(compiled._state, "weight_gradient_routes", {})
+        routes.forget()
         assert compiled.weight_gradient_route(torch.float32) == compiled.ROUTES[route]
 
 
@@ -322,15 +328,15 @@ def test_compiled_forward_only_evaluation_equals_the_training_forward(make):
 
 @pytest.mark.usefixtures("built")
 def test_gemm_route_probe_does_not_consume_torchs_global_rng(monkeypatch, tmp_path):
-    monkeypatch.setitem(compiled._state, "routes", {})
-    monkeypatch.setattr(compiled, "_route_file", lambda dtype, kind="gemm_route": tmp_path / f"{kind}{dtype}.json")
+    routes.forget()
+    monkeypatch.setattr(routes, "route_file", lambda dtype, kind="gemm_route": tmp_path / f"{kind}{dtype}.json")
     monkeypatch.delenv("MOGLM_GEMM_ROUTE", raising=False)
     before = torch.get_rng_state()
     for dtype in (torch.float32, torch.float64):
         route = compiled.gemm_route(dtype)
-        candidates = compiled._candidate_routes(dtype)
+        candidates = compiled.candidate_routes(dtype)
         assert route in [compiled.ROUTES[c] for c in candidates]
-        timings = compiled._state["routes"][dtype][1]
+        timings = routes.probe_seconds(dtype)
         assert len(candidates) == 1 or set(timings) == set(candidates)  # the probe ran
     assert torch.equal(torch.get_rng_state(), before)
 
@@ -341,24 +347,24 @@ def test_the_probed_route_is_stored_once_per_machine_and_every_later_process_use
     bit): the first probe is stored, later lookups read it without probing, a racing probe never
     overwrites it, and a corrupt file is probed again and replaced."""
     monkeypatch.delenv("MOGLM_GEMM_ROUTE", raising=False)
-    monkeypatch.setattr(compiled, "_route_file", lambda dtype, kind="gemm_route": tmp_path / "route.json")
-    monkeypatch.setitem(compiled._state, "routes", {})
+    monkeypatch.setattr(routes, "route_file", lambda dtype, kind="gemm_route": tmp_path / "route.json")
+    routes.forget()
     first = compiled.gemm_route(torch.float32)
     assert json.loads((tmp_path / "route.json").read_text())["route"] == {v: k for k, v in compiled.ROUTES.items()}[first]
 
     def no_probe(*args):
         raise AssertionError("probed although a route is stored")
 
-    monkeypatch.setattr(compiled, "_probe", no_probe)
-    monkeypatch.setitem(compiled._state, "routes", {})
+    monkeypatch.setattr(routes, "_probe", no_probe)
+    routes.forget()
     assert compiled.gemm_route(torch.float32) == first
-    other = next(r for r in compiled._candidate_routes(torch.float32) if compiled.ROUTES[r] != first)
-    compiled._store_first(tmp_path / "route.json", json.dumps({"route": other, "seconds": {}}))  # a racing process
-    monkeypatch.setitem(compiled._state, "routes", {})
+    other = next(r for r in compiled.candidate_routes(torch.float32) if compiled.ROUTES[r] != first)
+    routes._store_first(tmp_path / "route.json", json.dumps({"route": other, "seconds": {}}))  # a racing process
+    routes.forget()
     assert compiled.gemm_route(torch.float32) == first
     (tmp_path / "route.json").write_text("{not json")
-    monkeypatch.setattr(compiled, "_probe", lambda dtype, candidates: {c: float(c != other) for c in candidates})
-    monkeypatch.setitem(compiled._state, "routes", {})
+    monkeypatch.setattr(routes, "_probe", lambda dtype, candidates: {c: float(c != other) for c in candidates})
+    routes.forget()
     assert compiled.gemm_route(torch.float32) == compiled.ROUTES[other]
     assert json.loads((tmp_path / "route.json").read_text())["route"] == other
 
@@ -402,7 +408,7 @@ def test_compiled_edge_cases_one_step_one_row_frozen_weights_and_input_without_g
 def test_panel_kernel_with_more_rows_than_one_pass_takes_matches_reference(monkeypatch):
     """The panel kernel takes at most 6 x 64 rows per pass; a thread with more runs it in slices."""
     monkeypatch.setenv("MOGLM_GEMM_ROUTE", "panels")
-    monkeypatch.setitem(compiled._state, "routes", {})
+    routes.forget()
     for make in (lambda: moglm.MogrifierLSTM(M, H, 1, rounds=2, rank=2), lambda: moglm.MultiplicativeLSTM(M, H, 1)):
         model = make().train()
         # weight gradients sum T * 401 = 2406 float32 products: atol scaled to that reduction
@@ -588,7 +594,7 @@ def test_a_failed_builds_reason_is_the_compilers_error_not_the_command_line_ninj
     with pytest.raises(Exception) as failed:
         cpp_extension.load(name="moglm_broken", sources=[str(tmp_path / "broken.cpp")], build_directory=str(tmp_path),
                            is_python_module=False, verbose=False)
-    reason = compiled.build_failure_reason(failed.value)
+    reason = build.build_failure_reason(failed.value)
     assert "-MMD" in str(failed.value) and "-MMD" not in reason  # torch's message starts with the command line
     assert "broken.cpp:1:" in reason and "error:" in reason and "undeclared_name_here" in reason
     assert "moglm_broken" in reason and "\n" not in reason and len(reason) <= 300
@@ -597,13 +603,14 @@ def test_a_failed_builds_reason_is_the_compilers_error_not_the_command_line_ninj
 def test_a_build_lock_left_by_a_killed_build_is_cleared_not_waited_for(tmp_path):
     """torch's ``lock`` file outlives a process killed mid-build; under moglm's flock it is stale and removed."""
     (tmp_path / "lock").touch()
-    with compiled._build_lock(tmp_path):
+    with build._build_lock(tmp_path):
         assert not (tmp_path / "lock").exists()
 
 
 WORKSPACE_SCRIPT = """
 import json, math, torch, moglm
 from moglm.recurrence import compiled
+from moglm.recurrence.compiled import routes
 assert compiled.available(), compiled.unavailable_reason()
 torch.set_num_threads(2)
 D = torch.float64
@@ -640,10 +647,9 @@ out = {}
 for route, dtype, batch, makers in (("aten", D, 5, models), ("aten+columns", D, 5, models),
                                     ("brgemm+columns", torch.float32, 5, models),
                                     ("brgemm", torch.float32, 5, models), ("brgemm", torch.float32, 11, wide)):
-    if compiled._split_name(route)[0] not in compiled._candidate_routes(dtype):
+    if routes.split_name(route)[0] not in compiled.candidate_routes(dtype):
         continue
-    compiled._state["routes"] = {}
-    compiled._state["weight_gradient_routes"] = {}
+    routes.forget()
     import os; os.environ["MOGLM_GEMM_ROUTE"] = route
     for name, make in makers.items():
         torch.manual_seed(0)
@@ -759,11 +765,11 @@ def test_two_installs_get_two_build_folders_and_the_same_install_one(tmp_path, m
     same sources builds its own library instead of relinking the first's at every switch."""
     import shutil
 
-    key = compiled.build_key()
-    assert compiled.build_key() == key
+    key = build.build_key()
+    assert build.build_key() == key
     copy = tmp_path / "csrc"
-    shutil.copytree(compiled.source_dir(), copy)
-    monkeypatch.setattr(compiled, "source_dir", lambda: copy)
-    assert compiled.build_key() != key
-    monkeypatch.setattr(compiled.sys, "prefix", "/another/venv")
-    assert compiled.build_key() not in (key,)
+    shutil.copytree(build.source_dir(), copy)
+    monkeypatch.setattr(build, "source_dir", lambda: copy)
+    assert build.build_key() != key
+    monkeypatch.setattr(build.sys, "prefix", "/another/venv")
+    assert build.build_key() not in (key,)

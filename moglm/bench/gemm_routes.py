@@ -35,7 +35,7 @@ def run_gemm_routes(hidden_sizes=(256, 650, 1024), batch: int = 64, steps: int =
 
     if not compiled.available():
         raise RuntimeError(f"the compiled recurrence is unavailable: {compiled.unavailable_reason()}")
-    routes = compiled._candidate_routes(torch.float32)
+    routes = compiled.candidate_routes(torch.float32)
     report: dict[str, Any] = {
         "command": command_line(),
         "machine": dict(platform=platform.platform(), torch=torch.__version__, threads=torch.get_num_threads(),

@@ -389,9 +389,9 @@ def _run_throughput(hidden_sizes, batch, bptt, repeats, memory_bptt, models, dev
             log(f"H={hidden} memory done")
         report["results"] = results
         if device == "cpu":  # what backend="auto" chose for the classes this run met (probed in it, or stored)
-            from ..recurrence import auto
+            from ..recurrence.compiled import routes
 
-            report["auto_backend_choices"] = auto.met()
+            report["auto_backend_choices"] = routes.backends_used()
         write_report(report, out_path)  # after every hidden size: an interrupted run keeps what it measured
     report["machine"]["loadavg_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     write_report(report, out_path)

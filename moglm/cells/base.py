@@ -11,6 +11,10 @@ Binding them gives the contract every time loop uses::
 
 By convention ``state[0]`` is the layer's previous output h (the tensor that
 state dropout masks); the rest (an LSTM's c, ...) is passed through untouched.
+
+A cell that wraps another and changes only its output, ``h[:, :U] += M h[:, :U]`` after every step (sparse
+dynamic evaluation, Krause thesis eq. 4.8), says so through :meth:`Cell.output_adaptation`, so that the
+time loop can run the wrapped cell's fast window with M applied inside it.
 """
 
 from __future__ import annotations
@@ -65,6 +69,12 @@ class Cell(ABC):
     @abstractmethod
     def step(self, params: Params, x: Tensor, state: State) -> tuple[Tensor, State]:
         """One time step: ``x`` is ``[B, input_size]``; returns ``(h [B, hidden], new state)``."""
+
+    def output_adaptation(self) -> tuple[Cell, Tensor] | None:
+        """``(inner cell, M)`` where this cell's step is ``inner``'s followed by ``h[:, :U] += M h[:, :U]``
+        (output and carried h; M ``[U, U]`` or ``[B, U, U]``, Krause thesis eq. 4.8); ``None``, the default,
+        where the step is the cell's own."""
+        return None
 
     def extra_repr(self) -> str:
         return f"{self.input_size}, {self.hidden_size}" + ("" if self.bias else ", bias=False")

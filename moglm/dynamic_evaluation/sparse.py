@@ -12,7 +12,7 @@ Where M acts: inside the recurrence, so it cannot be a wrapper around the model'
 copy* of the model: ``step`` runs the wrapped cell's step and rewrites
 ``h`` (the output and ``state[0]``, which by the cell contract is h). Shared code is unchanged. On CPU
 such a layer runs the compiled window, which applies M after every step inside its loop (the wrapper's
-``output_adaptation``); elsewhere it runs the reference recurrence.
+``output_adaptation()``, part of the cell contract); elsewhere it runs the reference recurrence.
 
 ``M`` is ``[H, H]`` (one matrix for every row of the batch: gradient statistics, one stream) or
 ``[B, H, H]`` (one per stream: each stream adapts its own matrix, the mini-batching that motivated the
@@ -95,10 +95,10 @@ class AdaptedCell(Cell):
         h = torch.cat([sub + delta, h[:, self.units :]], dim=1)  # [B, hidden]
         return h, (h, *state[1:])
 
-    @property
     def output_adaptation(self) -> tuple[Cell, Tensor]:
-        """``(inner cell, M)``: the recurrence runs the inner cell's compiled window with ``h + M h`` after
-        every step where it can (:func:`moglm.recurrence.run_layer`), else this cell's step."""
+        """``(inner cell, M)`` (the cell contract's :meth:`~moglm.cells.base.Cell.output_adaptation`): the
+        recurrence runs the inner cell's compiled window with ``h + M h`` after every step where it can
+        (:func:`moglm.recurrence.run_layer`), else this cell's step."""
         return self.inner, self.matrix
 
     def __getattr__(self, name: str):  # options of the wrapped cell (rounds, capped_input_gate ...)

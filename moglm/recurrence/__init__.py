@@ -22,8 +22,9 @@ from ..cells.base import Cell, Params, State
 from ..cells.lstm import LSTMCell
 from ..cells.mogrifier import MogrifierLSTMCell
 from ..cells.multiplicative_lstm import MultiplicativeLSTMCell
-from . import auto, compiled
-from .compiled import CompiledLSTMFunction, CompiledMultiplicativeLSTMFunction, run_compiled
+from . import auto
+from .compiled import routes
+from .compiled.functions import CompiledLSTMFunction, CompiledMultiplicativeLSTMFunction, can_run, run_compiled
 from .fallback import FusedFallbackWarning, runtime_reason, warn_once
 from .fused_lstm import fused_lstm_layer, layer_spec
 from .fused_multiplicative_lstm import fused_multiplicative_lstm_layer
@@ -47,9 +48,10 @@ def check_backend(backend: str) -> str:
 
 def has_fast_path(cell: Cell) -> bool:
     """Whether a fused or compiled window exists for this cell's kind (its type, a subclass of one, or
-    sparse dynamic evaluation's wrapper around one); for the others the reference loop is their
-    implementation, and running it is no fallback worth a warning."""
-    inner = getattr(cell, "output_adaptation", (cell, None))[0]
+    a cell whose :meth:`~moglm.cells.base.Cell.output_adaptation` wraps one); for the others the reference
+    loop is their implementation, and running it is no fallback worth a warning."""
+    adaptation = cell.output_adaptation()
+    inner = cell if adaptation is None else adaptation[0]
     return isinstance(inner, tuple(FUSED)) and not getattr(inner, "reference_only", False)
 
 
@@ -89,8 +91,8 @@ AUTO_RUNNERS = {
 
 
 def _class_route(cell: Cell, params: Params, xs: Tensor, training: bool):
-    """The compiled window's per-step route for this layer's shape class (``compiled.class_route``)."""
-    return compiled.class_route(COMPILED[type(cell)], layer_spec(cell, params), xs, training)
+    """The compiled window's per-step route for this layer's shape class (``routes.class_route``)."""
+    return routes.class_route(COMPILED[type(cell)], layer_spec(cell, params), xs, training)
 
 
 def run_layer(
@@ -98,32 +100,33 @@ def run_layer(
 ) -> tuple[Tensor, State]:
     """Run one layer over a window ``xs`` ``[T, B, m]``; returns ``(outputs [T, B, H], final state)``.
 
-    A cell with an ``output_adaptation`` (sparse dynamic evaluation's wrapper: ``(inner cell, M)``, the
-    first U units of h becoming ``h + M h`` after every step) runs the compiled window with that
-    adaptation where the inner cell can, and otherwise the reference loop (no Python fused version).
+    A cell with an output adaptation (:meth:`~moglm.cells.base.Cell.output_adaptation`, sparse dynamic
+    evaluation's wrapper: ``(inner cell, M)``, the first U units of h becoming ``h + M h`` after every step)
+    runs the compiled window with that adaptation where the inner cell can, and otherwise the reference loop
+    (no Python fused version).
 
     An empty batch (``B == 0``) that the fused window would run runs the reference loop instead: there is
     nothing to fuse, and its outputs ``[T, 0, H]`` and final state stay on the autograd graph, as
     torch.nn.LSTM's do. A backend that cannot run the cell refuses an empty batch as it refuses any."""
     if backend == "reference" or (backend == "auto" and not has_fast_path(cell)):
         return reference_layer(cell, params, xs, state, h_mask)  # for a GRU, an RNN ... the loop is the path
-    adaptation = getattr(cell, "output_adaptation", None)
+    adaptation = cell.output_adaptation()
     if adaptation is not None:
         inner, matrix = adaptation
         if (backend != "fused" and type(inner) in COMPILED and _adaptation_fits(matrix, xs, inner)
                 and unsupported_reason(inner, params, xs, state, h_mask) is None
-                and runtime_reason([matrix], None) is None and compiled.can_run(xs) is None):
+                and runtime_reason([matrix], None) is None and can_run(xs) is None):
             return run_compiled(COMPILED[type(inner)], layer_spec(inner, params), inner, params, xs, state, h_mask,
                                 adapt=matrix)
         return reference_layer(cell, params, xs, state, h_mask)
     reason = unsupported_reason(cell, params, xs, state, h_mask)
     if reason is None and backend in ("auto", "compiled"):
-        why_not = compiled.can_run(xs)
+        why_not = can_run(xs)
         choice = auto.choose(cell, params, xs, AUTO_RUNNERS, _class_route) if (
             why_not is None and backend == "auto" and xs.shape[1] > 0) else {"backend": "compiled"}
         if why_not is None and choice["backend"] == "compiled":
             return run_compiled(COMPILED[type(cell)], layer_spec(cell, params), cell, params, xs, state, h_mask,
-                                route=compiled.stored_route(choice.get("route")))
+                                route=routes.stored_route(choice.get("route")))
         if backend == "compiled":
             raise ValueError(f"backend='compiled' cannot run this layer: {why_not} (use backend='auto' or 'fused')")
     if reason is None:

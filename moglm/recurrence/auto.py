@@ -16,36 +16,34 @@ for its class with the error, and where nothing can be stored (a read-only cache
 compiled window without probing: either way every process on the machine takes the same path.
 
 The compiled window's per-step GEMM route is chosen with it, per class, since which route is fastest
-depends on the widths as well as the CPU: :func:`moglm.recurrence.compiled.class_route` times every route on
-the layer's own per-step products, and the probe above times the compiled window on each of the
+depends on the widths as well as the CPU: :func:`moglm.recurrence.compiled.routes.class_route` times every
+route on the layer's own per-step products, and the probe above times the compiled window on each of the
 :data:`PROBED_ROUTES` fastest of them that split a step by rows and the :data:`PROBED_ROUTES` fastest that
 split it by columns (``+columns``), against the fused window (the rule generalises: one path's last
 timings all below every other's); the choice records the route.
 
-The choice is stored beside the compiled library (``backend_choice_v2.json``, whose directory is keyed by the
-C++ sources, torch, Python and the CPU, so a change to any of them probes again), first writer per class
-wins, and every later process reads it: every run on a machine takes the same path for the same shapes,
-so a resumed run computes exactly as the uninterrupted one would have. ``moglm info`` lists the choices
-and their timings. ``MOGLM_AUTO_BACKEND=compiled`` or ``=fused`` skips the probe and forces one path for
+The choice is stored beside the compiled library by :mod:`moglm.recurrence.compiled.routes`, the one owner
+of what was chosen on this machine (``backend_choice_v2.json``, whose directory is keyed by the C++ sources,
+torch, Python and the CPU, so a change to any of them probes again), first writer per class wins, and every
+later process reads it: every run on a machine takes the same path for the same shapes, so a resumed run
+computes exactly as the uninterrupted one would have. ``moglm info`` lists the choices and their timings.
+``MOGLM_AUTO_BACKEND=compiled`` or ``=fused`` skips the probe and forces one path for
 ``auto``; delete the file to probe again.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
-import threading
 import time
 import warnings
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from ..atomic import atomic_write_text, exclusive_lock
 from ..cells.base import Cell, Params
+from .compiled.routes import COLUMNS_SUFFIX, UNSTORED, backend_choice, route_code
 
 #: the most interleaved (compiled, fused) timing pairs a probe runs before it takes the faster median
 MAX_PAIRS = 15
@@ -54,9 +52,6 @@ MIN_PAIRS = 5
 #: the most steps of the probe's window (its steps, up to this, its batch and sizes are the layer's own: on
 #: windows much shorter than the layer's, the per-window costs weigh more and mislead the choice)
 PROBE_STEPS = 70
-
-_lock = threading.Lock()
-_choices: dict[str, dict] = {}  # this process's view of the stored file
 
 
 def _bucket(value: int, edges: tuple[int, ...]) -> str:
@@ -79,45 +74,6 @@ def shape_class(cell: Cell, xs: Tensor, training: bool) -> str:
     dtype = str(xs.dtype).removeprefix("torch.")
     return (f"{kind}|{dtype}|width{width}|rows/thread{rows}|steps{steps}|threads{threads}|"
             f"{'train' if training else 'eval'}")
-
-
-def _path() -> Path | None:
-    from . import compiled
-
-    return Path(compiled._state["build_dir"]) / "backend_choice_v2.json" if compiled._state["build_dir"] else None
-
-
-def stored() -> dict[str, dict]:
-    """Every stored choice on this machine: ``{class: {"backend", "seconds", "pairs", "separated", "route",
-    "route_seconds"}}`` (``route``: the compiled window's per-step route for the class, where one was probed)."""
-    path = _path()
-    try:
-        data = json.loads(path.read_text()) if path is not None else {}
-    except (OSError, ValueError):
-        return {}
-    return {k: v for k, v in data.items() if isinstance(v, dict) and v.get("backend") in ("compiled", "fused")}
-
-
-#: what runs where no choice can be stored: the same in every process, so that the ranks of a job and a
-#: resumed run agree without a file
-UNSTORED = {"backend": "compiled", "seconds": {}, "pairs": 0, "separated": False}
-
-
-def _store(key: str, choice: dict) -> dict | None:
-    """Store ``choice`` under ``key`` unless a racing process stored one first; returns the stored one,
-    or ``None`` where nothing can be stored (a read-only cache)."""
-    path = _path()
-    if path is None:
-        return None
-    try:
-        with exclusive_lock(path.with_name(".backend_choice.lock")):  # read-modify-write between processes
-            data = stored()
-            if key not in data:
-                data[key] = choice
-                atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True))
-            return data[key]
-    except OSError:
-        return None
 
 
 def _time(run) -> float:
@@ -165,8 +121,8 @@ def probe(cell: Cell, params: Params, xs: Tensor, training: bool, runners: dict)
 
 
 #: the per-step routes whose compiled windows the probe times, of each way of splitting a step (by rows,
-#: by columns): the fastest on the class's products by :func:`moglm.recurrence.compiled.class_route`, which
-#: times the forward products alone, so close routes are told apart on whole windows, backward included.
+#: by columns): the fastest on the class's products by :func:`moglm.recurrence.compiled.routes.class_route`,
+#: which times the forward products alone, so close routes are told apart on whole windows, backward included.
 #: (On an Intel Xeon the product timings ranked oneDNN's ukernel first among the column splits for the
 #: multiplicative LSTM's forward at H = 1024, and its whole window ran slower than on MKL's packed GEMM.)
 PROBED_ROUTES = 2
@@ -176,8 +132,6 @@ def probed_routes(route_seconds: dict[str, float]) -> list[str]:
     """The routes whose whole windows the probe times, from the product timings: the :data:`PROBED_ROUTES`
     fastest by rows and the fastest split by columns (the product timings leave out the barriers, the rounds'
     phase and the backward). Ties go by name, so a stored probe (whose keys are sorted) names the same."""
-    from .compiled import COLUMNS_SUFFIX
-
     ranked = sorted(route_seconds, key=lambda route: (route_seconds[route], route))
     return ([r for r in ranked if COLUMNS_SUFFIX not in r][:PROBED_ROUTES]
             + [r for r in ranked if COLUMNS_SUFFIX in r][:PROBED_ROUTES])
@@ -188,8 +142,6 @@ def _probe_class(cell: Cell, params: Params, xs: Tensor, training: bool, runners
     fastest routes and the fused window, timed together; the fastest wins, with its route."""
     if route_probe is None:
         return probe(cell, params, xs, training, runners)
-    from .compiled import route_code
-
     forced, route_seconds = route_probe(cell, params, xs, training)
     routes = probed_routes(route_seconds) or [forced]  # no timings: forced
     compiled_run = runners["compiled"]
@@ -210,37 +162,20 @@ def choose(cell: Cell, params: Params, xs: Tensor, runners: dict, route_probe=No
         return {"backend": forced}
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (xs, *params.values()))
     key = shape_class(cell, xs, training)
-    if key not in _choices:
-        with _lock:
-            if key not in _choices:
-                found, path = stored().get(key), _path()
-                if found is None:
-                    if path is None or not os.access(path.parent, os.W_OK):
-                        found = UNSTORED  # nowhere to store: no probe, the same path in every process
-                    else:
-                        started = time.perf_counter()
-                        print(f"moglm: timing the compiled and Python recurrences for {key} (once per machine; "
-                              "seconds)...", file=sys.stderr, flush=True)
-                        try:
-                            result = _probe_class(cell, params, xs, training, runners, route_probe)
-                            print(f"moglm: {key}: {result.get('backend', '?')} chosen in "
-                                  f"{time.perf_counter() - started:.1f}s (moglm info --verbose lists the timings)",
-                                  file=sys.stderr, flush=True)
-                        except Exception as error:  # noqa: BLE001 - e.g. out of memory running both
-                            warnings.warn(f"moglm: could not time the compiled and Python windows for {key} "
-                                          f"({type(error).__name__}: {error}); this class runs the compiled "
-                                          "window on this machine", stacklevel=2)
-                            result = {**UNSTORED, "failed": f"{type(error).__name__}: {error}"[:200]}
-                        found = _store(key, result) or UNSTORED
-                _choices[key] = found
-    return _choices[key]
 
+    def timed() -> dict:
+        started = time.perf_counter()
+        print(f"moglm: timing the compiled and Python recurrences for {key} (once per machine; seconds)...",
+              file=sys.stderr, flush=True)
+        try:
+            result = _probe_class(cell, params, xs, training, runners, route_probe)
+            print(f"moglm: {key}: {result.get('backend', '?')} chosen in {time.perf_counter() - started:.1f}s "
+                  "(moglm info --verbose lists the timings)", file=sys.stderr, flush=True)
+            return result
+        except Exception as error:  # noqa: BLE001 - e.g. out of memory running both
+            warnings.warn(f"moglm: could not time the compiled and Python windows for {key} "
+                          f"({type(error).__name__}: {error}); this class runs the compiled window on this machine",
+                          stacklevel=4)  # choose's caller (past backend_choice and choose)
+            return {**UNSTORED, "failed": f"{type(error).__name__}: {error}"[:200]}
 
-def met() -> dict[str, dict]:
-    """The choices this process has used so far, by class (benchmarks record them with their results)."""
-    return dict(_choices)
-
-
-def forget() -> None:
-    """Drop this process's view of the stored choices (tests; a deleted file is then probed again)."""
-    _choices.clear()
+    return backend_choice(key, timed)

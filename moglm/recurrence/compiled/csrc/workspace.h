@@ -16,7 +16,7 @@
 //   oldest blocks first. Blocks under ``MOGLM_WORKSPACE_CACHE_MIN_KB`` KiB (default 1024) are left to
 //   malloc, whose free lists serve them without the OS. ``workspace_cache_clear`` (Python:
 //   ``moglm.recurrence.compiled.empty_cache()``) hands every cached block back to the OS. Both settings are
-//   whole numbers of at most 2^40 (``compiled.py`` checks them first, with the same rule).
+//   whole numbers of at most 2^40 (``compiled/build.py`` checks them first, with the same rule).
 // * ``MOGLM_WORKSPACE_POISON=1`` (for tests) fills every block it hands out, kept or new, with 0xFF bytes:
 //   NaN in float32 and float64, so that a window reading a buffer before writing it shows.
 
@@ -121,7 +121,7 @@ class WorkspaceCache {
 
   static constexpr size_t MAX_SETTING = size_t(1) << 40;
 
-  // a whole number (ASCII digits only) of at most MAX_SETTING, the rule compiled.py checks first
+  // a whole number (ASCII digits only) of at most MAX_SETTING, the rule compiled/build.py checks first
   static size_t size_from_env(const char* name, size_t fallback) {
     const char* text = std::getenv(name);
     if (text == nullptr || *text == '\0') return fallback;

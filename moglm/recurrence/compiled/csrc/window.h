@@ -1,6 +1,6 @@
-// Shared parts of the compiled recurrences (moglm/recurrence/compiled.py builds and loads them).
+// Shared parts of the compiled recurrences (moglm/recurrence/compiled/build.py builds and loads them).
 //
-// * GEMM routes, chosen at run time (compiled.py probes them on the machine):
+// * GEMM routes, chosen at run time (compiled/routes.py probes them on the machine):
 //     - ATen: at::mm_out / at::addmm_out on views of the caller's buffers (public API, any build);
 //     - BLAS: the Fortran ``sgemm_`` / ``dgemm_`` that torch's CPU library exports when it links a BLAS
 //       (MKL on x86). Declared weak, so a build without them loads and reports the route as absent;
