@@ -21,21 +21,19 @@ HORIZON = 20
 
 def draw(figure: dict, runs: list[Run], path: Path, corpus_label: str) -> Path | None:
     """The PNG of ``figure`` for ``runs`` (one corpus), or None when there is nothing to draw."""
-    kind = figure["kind"]
-    if kind == "learning_curves":
-        return learning_curves(runs, path, corpus_label)
-    if kind == "sweep":
-        return sweep(runs, path, corpus_label, figure.get("evaluation", "static"), figure.get("split", "valid"),
-                     figure.get("x_label", "rounds r"), figure.get("log_x", False))
-    if kind == "surprise":
-        return surprise(runs, path, corpus_label)
-    if kind == "unseen_words":
-        return unseen_words.figure(runs, path, corpus_label)
-    if kind == "optimisers":
-        return optimisers.plot(runs, path, corpus_label)
-    if kind == "length":
-        return by_length(runs, path)
-    raise ValueError(f"unknown figure kind {kind!r}")
+    drawers = {
+        "learning_curves": lambda: learning_curves(runs, path, corpus_label),
+        "sweep": lambda: sweep(runs, path, corpus_label, figure.get("evaluation", "static"),
+                               figure.get("split", "valid"), figure.get("x_label", "rounds r"),
+                               figure.get("log_x", False)),
+        "surprise": lambda: surprise(runs, path, corpus_label),
+        "unseen_words": lambda: unseen_words.figure(runs, path, corpus_label),
+        "optimisers": lambda: optimisers.plot(runs, path, corpus_label),
+        "length": lambda: by_length(runs, path),
+    }
+    if figure["kind"] not in drawers:
+        raise ValueError(f"unknown figure kind {figure['kind']!r}")
+    return drawers[figure["kind"]]()
 
 
 def _valid_curve(run: Run) -> tuple[list[float], list[float]]:
