@@ -650,3 +650,13 @@ def _usage_error(error) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+def __getattr__(name: str):
+    """``moglm.cli.click_command``: the ``moglm`` command as a click command (typer's), built on first use, for
+    tools that read click commands (the docs' command-line reference)."""
+    if name == "click_command":
+        import typer
+
+        return typer.main.get_command(_build_app())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

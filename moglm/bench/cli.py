@@ -6,7 +6,7 @@ against compiled); ``moglm bench budget`` is the ``budget`` experiment (``moglm 
 Mogrifier at equal parameters and tokens); ``moglm bench hf-dyneval`` times dynamic evaluation of a GPT-2-shaped
 Hugging Face model against its static pass. Each writes JSON (by default under the user's cache, so that running one in a
 checkout never overwrites committed results; ``benchmarks/*.py`` write to ``benchmarks/results/``) and
-prints the markdown table the README shows.
+prints the markdown table the docs show.
 """
 
 from __future__ import annotations
