@@ -96,7 +96,7 @@ class Hyperparameters:
     the tokens per segment (eq. 4.2); ``momentum``: mu of ``sgd-momentum``, in [0, 1); ``alpha``: the
     running average's weight of ``rmsprop``, in (0, 1) (PyTorch's default 0.99). The defaults are the best
     setting a search found for a CPU-budget PTB word model among those costing at most 3x static
-    evaluation (README); shorter segments want a smaller lr (3e-4 at n = 5 there). Search
+    evaluation (docs/guides/dynamic-evaluation.md); shorter segments want a smaller lr (3e-4 at n = 5 there). Search
     (:mod:`.search`) for another model."""
 
     rule: str = DEFAULT_RULE

@@ -41,7 +41,8 @@ class RecurrentModule(RecurrentStack):
             "Initialisation"), which the paper configs select. Mogrifier round matrices have no torch
             counterpart and always start as in the paper.
         backend: the time loop's implementation (see :mod:`moglm.recurrence`).
-        device, dtype: where and in which precision the parameters are created.
+        device: where the parameters are created.
+        dtype: the parameters' precision.
         **options: the fields of the class's :attr:`Options` (listed in each class's docstring).
     """
 

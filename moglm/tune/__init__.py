@@ -1,7 +1,7 @@
 """Hyperparameter tuning with Optuna: the Mogrifier paper's search spaces, many workers, its plots.
 
 ``moglm tune SPACE`` (or :func:`run_study` then :func:`write_report`) runs a study whose trials train
-run configs (:mod:`moglm.train`) and score them the paper's way; see README "Hyperparameter tuning".
+run configs (:mod:`moglm.train`) and score them the paper's way; see docs/guides/tuning.md.
 """
 
 from .report import write_report
