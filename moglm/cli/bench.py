@@ -185,7 +185,7 @@ def hf_dyneval(
     import torch
 
     from ..bench import command_line, write_report
-    from ..bench.hf_dyneval import markdown_table, run_hf_cost
+    from ..bench.hf_dynamic_evaluation import markdown_table, run_hf_cost
 
     if threads is not None:
         torch.set_num_threads(threads)
