@@ -40,8 +40,8 @@ stage() {  # stage NAME SECONDS COMMAND...: run if asked for, log to $R/NAME.log
 
 stage setup 30 bash -c 'nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, triton.__version__,
   torch.version.cuda, torch.cuda.get_device_name(), torch.backends.cudnn.version())"; python3 -c "import moglm.cli"'
-stage tests 110 python3 -m pytest -q -p no:cacheprovider --timeout 100 tests/test_recurrence_cuda.py \
-  tests/test_recurrence_cuda_graphs.py
+stage tests 110 python3 -m pytest -q -p no:cacheprovider --timeout 100 tests/recurrence/test_recurrence_cuda.py \
+  tests/recurrence/test_recurrence_cuda_graphs.py
 stage profile 50 python3 benchmarks/profile_fused.py --device cuda --hidden-size 650 --batch-size 64 --passes 3 \
   --out "$R/profile_fused_cuda.json"
 stage profile_fused_rounds 40 env MOGLM_TRITON_ROUNDS=1 python3 benchmarks/profile_fused.py --device cuda \

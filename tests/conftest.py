@@ -56,7 +56,7 @@ def assert_close_all(actual, expected, **kw):
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Corpus caches of tests go to a per-session temporary folder, never to ~/.cache; ``backend="auto"``
     runs the compiled window without probing (a timing must not decide what a test exercises, nor the
-    tests' tiny shapes fill the machine's stored choices); tests/test_recurrence_auto.py lifts this."""
+    tests' tiny shapes fill the machine's stored choices); tests/recurrence/test_recurrence_auto.py lifts this."""
     monkeypatch.setenv("MOGLM_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "moglm-cache"))
     monkeypatch.setenv("MOGLM_AUTO_BACKEND", "compiled")
 

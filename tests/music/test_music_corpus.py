@@ -200,7 +200,7 @@ def test_anything_but_plain_data_and_numeric_scalars_is_refused(tmp_path, make, 
         read_music(tmp_path / "x.pkl")
 
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 def _jsb_folder() -> Path | None:

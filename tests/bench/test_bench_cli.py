@@ -11,7 +11,7 @@ import torch
 from conftest import tiny_config
 from moglm.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from moglm.data import EOS, UNK, load_corpus
 from moglm.data import corpus as corpus_module
 from moglm.errors import MoglmError
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 def _write(d: Path, **splits: str) -> Path:

@@ -1,6 +1,6 @@
 """The GPU path on a real GPU: fused windows with the Triton kernels compiled for the device (not
 interpreted), CUDA graphs, and autocast, each against the reference loop. Skipped without CUDA; on a CUDA
-machine ``pytest tests/test_recurrence_cuda.py`` runs them (benchmarks/gpu_checks.sh does, with the bench)."""
+machine ``pytest tests/recurrence/test_recurrence_cuda.py`` runs them (benchmarks/gpu_checks.sh does, with the bench)."""
 
 from __future__ import annotations
 
