@@ -214,6 +214,7 @@ def _run_job(exp_data: dict, scale: str, spec_data: dict, run_dir: str, evaluati
     spec = RunSpec(**spec_data)
     say = above_bars(lambda s: log(f"[{spec.name}] {s}")) if progress else (lambda s: log(f"[{spec.name}] {s}"))
     started = time.time()
+    sized = scale_of(exp, scale) if sizes is None else Scale.model_validate(sizes)
     try:
         if exp.kind == "reverse_copy":
             from .reverse_copy import run_reverse_copy_spec
@@ -222,13 +223,12 @@ def _run_job(exp_data: dict, scale: str, spec_data: dict, run_dir: str, evaluati
         elif exp.kind == "music":
             from .music import run_music_spec
 
-            run_music_spec(spec, Path(run_dir), evaluations, progress, say)
+            run_music_spec(spec, Path(run_dir), evaluations, sized, progress, say)
         else:
             from .language_model import evaluate_run_spec, train_run_spec
 
             train_run_spec(spec, Path(run_dir), progress, say)
-            evaluate_run_spec(scale_of(exp, scale) if sizes is None else Scale.model_validate(sizes), Path(run_dir),
-                              evaluations, progress, say)
+            evaluate_run_spec(sized, Path(run_dir), evaluations, progress, say)
     except MoglmError as e:
         from ..train.engine import TrainingInterrupted
 

@@ -15,6 +15,7 @@ import optuna
 from optuna.trial import TrialState
 
 from ..atomic import atomic_write_text
+from ..evaluation.scores import in_unit
 from ..train.config import validate
 from .plots import plot_study
 from .study import StudyResult, _public, counted_trials
@@ -43,10 +44,7 @@ def drop_checkpoints(study: optuna.Study, study_dir: Path) -> None:
 def _score(value: float, level: str | None) -> str:
     if level == "reverse-copy":
         return f"valid xent {value:.4f} nats per decoded token"
-    if level == "word":
-        return f"valid xent {value:.4f} (perplexity {math.exp(value):.2f})"
-    unit = "bits per byte" if level == "byte" else "bits per character"
-    return f"valid xent {value:.4f} ({value / math.log(2):.4f} {unit})"
+    return f"valid xent {value:.4f} ({in_unit(value, level or 'char')})"
 
 
 def best_config_text(result: StudyResult, best: optuna.trial.FrozenTrial) -> str:
