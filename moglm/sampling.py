@@ -25,7 +25,8 @@ def _prompt_tokens(vocab: Vocabulary, prompt: str) -> list[str]:
 
 
 class NoStart(MoglmError):
-    """An empty prompt where the corpus has no line separator: there is nothing to start a sample from."""
+    """A prompt that cannot start a sample: a token the vocabulary lacks (and no ``<unk>`` to read it as), or an
+    empty prompt where the corpus has no line separator."""
 
 
 def unknown_prompt_tokens(vocab: Vocabulary, prompt: str) -> list[str]:
@@ -45,9 +46,9 @@ def encode_prompt(vocab: Vocabulary, prompt: str) -> list[int]:
         elif vocab.unk is not None:
             ids.append(vocab.stoi[vocab.unk])
         else:
-            raise MoglmError(f"prompt: {token!r} is not in the vocabulary")
+            raise NoStart(f"prompt: {token!r} is not in the vocabulary")
     if not ids:
-        raise NoStart("prompt: empty, and the vocabulary has no line separator to start from (set sample.prompt)")
+        raise NoStart("prompt: empty, and the vocabulary has no line separator to start from")
     return ids
 
 

@@ -48,7 +48,10 @@ def evaluate_run_spec(scale: Scale, run_dir: Path, evaluations: list[str], progr
 
     run = LanguageModelRun(run_dir)
     folder = run_dir / "evaluations"
-    seed = run.load_config().train.seed
+    config = run.load_config()
+    seed = config.train.seed
+    if config.train.threads:  # as its training did, also when another experiment trained it
+        torch.set_num_threads(config.train.threads)
     with run.lock():
         for name in evaluations:
             path = folder / EVALUATION_FILES[name]
