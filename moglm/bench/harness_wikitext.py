@@ -23,9 +23,10 @@ METRICS = ("word_perplexity", "byte_perplexity", "bits_per_byte")
 
 
 def run_wikitext(run: Path, test_file: Path, task_dir: Path, dynamic_args: dict[str, Any], detokenize: bool = False,
-                 device: str = "cpu", limit: int | None = None, log=print) -> dict[str, Any]:
+                 device: str = "cpu", limit: int | None = None, file_name: str | None = None,
+                 log=print) -> dict[str, Any]:
     """The report: the task, the run, and one row per mode (static, dynamic) with lm-eval's three metrics, the
-    per-token perplexity they imply, and the time."""
+    per-token perplexity they imply, and the time. ``file_name``: how the report names ``test_file``."""
     try:
         import lm_eval
         from lm_eval.tasks import TaskManager
@@ -68,7 +69,7 @@ def run_wikitext(run: Path, test_file: Path, task_dir: Path, dynamic_args: dict[
                       f"{',dynamic=true' if mode == 'dynamic' else ''}"
                       + "".join(f",{k}={v}" for k, v in dynamic_args.items() if mode == "dynamic")
                       + f" --tasks {TASK} --include_path {include} --device {device}" for mode in ("static", "dynamic")}
-    return {"task": {"name": TASK, "file": portable(str(test_file)), "articles": len(articles), "of": count,
+    return {"task": {"name": TASK, "file": file_name or portable(str(test_file)), "articles": len(articles), "of": count,
                      "detokenize": detokenize, "words": words, "bytes": sum(len(a.encode()) for a in articles),
                      "tokens": tokens},
             "run": {"name": run_dir.path.name, "level": vocab.level, "vocabulary": len(vocab),

@@ -230,7 +230,7 @@ def lm_eval_wikitext(
         raise MoglmError(f"--dynamic-args: {bad[0]!r} is not key=value")
     settings = dict(item.split("=", 1) for item in dynamic_args.split(",") if item)
     report = run_wikitext(run_dir, resolve_path(test_file), task_dir or default_out("lm_eval_wikitext2_task"),
-                          settings, detokenize, device, limit, log=typer.echo)
+                          settings, detokenize, device, limit, test_file, log=typer.echo)
     write_report(report, out)
     typer.echo(markdown_table(report))
     typer.echo(f"written to {out}")

@@ -46,9 +46,9 @@ def load_scorer(settings: HarnessSettings, harness_device: str | None = None,
         rms = rule_statistics(run, model, hp, statistics, settings.checkpoint, "dynamic evaluation with an rms rule",
                               log)
         adaptation = Adaptation(hp, rms, margin)
+        source = "model_args" if settings.hyperparameters else "defaults" if saved is None else "dyneval/full.json"
         resolved["dynamic"] = {"hyperparameters": hp.as_dict(), "statistics": vars(statistics) if rms else None,
-                               "margin": margin, "from": "model_args" if settings.hyperparameters or saved is None
-                               else "dyneval/full.json"}
+                               "margin": margin, "from": source}
     return RunScorer(model, vocab, factor, cfg.train.bptt, adaptation), resolved
 
 
