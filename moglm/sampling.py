@@ -52,6 +52,19 @@ def encode_prompt(vocab: Vocabulary, prompt: str) -> list[int]:
     return ids
 
 
+def next_token(log_p: torch.Tensor, temperature: float, top_k: int | None = None,
+               generator: torch.Generator | None = None) -> int:
+    """One token drawn from next-token log-probabilities ``log_p`` ``[V]`` divided by ``temperature`` (the most
+    likely one at ``temperature`` 0), among the ``top_k`` most likely when given."""
+    if temperature == 0:
+        return int(torch.argmax(log_p))
+    logits = log_p / temperature  # [V]
+    if top_k is not None and top_k < logits.numel():
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return int(torch.multinomial(torch.softmax(logits.float(), -1).cpu(), 1, generator=generator))
+
+
 @torch.no_grad()
 def sample(
     model: LanguageModel,
@@ -89,11 +102,7 @@ def sample(
         out: list[int] = []
         segment = ids[-1:]  # inputs of the segment being generated (adapt_output)
         for _ in range(num_tokens):
-            logits = log_p[-1, 0] / temperature  # [V]
-            if top_k is not None and top_k < logits.numel():
-                kth = torch.topk(logits, top_k).values[-1]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            token = int(torch.multinomial(torch.softmax(logits.float(), -1).cpu(), 1, generator=generator))
+            token = next_token(log_p[-1, 0], temperature, top_k, generator)
             out.append(token)
             if adapt_output:
                 if len(segment) == adapter.hp.segment_length:  # a segment is complete: update on it

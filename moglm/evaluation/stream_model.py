@@ -16,7 +16,8 @@ Three kinds of model keep it:
 * any causal LM with a bounded context (:class:`~moglm.evaluation.context_window.ContextWindowLM`, e.g. a
   Hugging Face model): the state is the last ``context`` tokens, the conditioning of the next segment.
 
-Whoever carries the state detaches it between segments (:func:`detach_state`), so gradients never leave a
+Every state tensor holds the streams along its dimension 1 (:func:`repeat_state` copies one stream's state
+for several). Whoever carries the state detaches it between segments (:func:`detach_state`), so gradients never leave a
 segment: a segment's update is driven by its own losses only (thesis 4.3 and 6.2.2).
 
 ``reads_in_segments``: true where a token's prediction depends on where the stream was cut (an attention
@@ -49,6 +50,17 @@ def detach_state(state: Any) -> Any:
     if isinstance(state, Tensor):
         return state.detach()
     return type(state)(detach_state(s) for s in state)
+
+
+def repeat_state(state: Any, copies: int) -> Any:
+    """The state of one stream as that of ``copies`` streams that go on from it side by side: every state tensor
+    holds the streams along its dimension 1 (a recurrent stack's ``[L, B, H]``, a Transformer's memory
+    ``[L, B, M, H]``, a context window's ``[C, B]``)."""
+    if state is None:
+        return None
+    if isinstance(state, Tensor):
+        return state.repeat_interleave(copies, dim=1)
+    return type(state)(repeat_state(s, copies) for s in state)
 
 
 def reads_in_segments(model: nn.Module) -> bool:
