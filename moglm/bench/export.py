@@ -48,6 +48,7 @@ def run_export_check(run_dir: str | Path, tokens: int = 2000, new_tokens: int = 
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError:
         raise MoglmError("moglm bench export needs the transformers package: pip install 'moglm[hf]'") from None
+    from ..export.card import read_report
     from ..export.run import export_run
     from ..runs.build import load_data
     from ..runs.language_model import load_run
@@ -79,7 +80,8 @@ def run_export_check(run_dir: str | Path, tokens: int = 2000, new_tokens: int = 
     report = {
         "run": {"name": run.config.name, "architecture": run.config.model.architecture, "level": run.vocab.level,
                 "vocabulary": len(run.vocab), "parameters": sum(p.numel() for p in run.model.parameters()),
-                "logit_factor": run.temperature},
+                "logit_factor": run.temperature,
+                "test": ((read_report(run.path / "results.json") or {}).get("splits") or {}).get("test")},
         "export": {"seconds": export_seconds, "bytes": size},
         "logits": {"tokens": len(test), "window": run.config.train.bptt, "max_abs_difference_one_pass": one_pass,
                    "max_abs_difference_windows": windows},

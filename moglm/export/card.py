@@ -143,8 +143,9 @@ def model_card(name: str, config: RunConfig, model_info: dict[str, Any], vocab_s
     lines = ["---", yaml.safe_dump(meta, sort_keys=False).strip(), "---", "", f"# {name}", ""]
     if config.description:
         lines += [config.description, ""]
-    lines += [f"A `{architecture}` language model trained with [moglm](https://pypi.org/project/moglm/), exported "
-              "by `moglm export`. Its cache is the recurrent state, so `generate()` reads one token per step.", "",
+    lines += [f"A `{architecture}` language model trained with moglm and exported by `moglm export`. Loading it needs "
+              "moglm installed (its model is moglm's own). Its cache is the recurrent state, so `generate()` reads "
+              "one token per step.", "",
               "## Use", "", "```python",
               "import moglm  # registers model type 'moglm'; or pass trust_remote_code=True without it",
               "from transformers import AutoModelForCausalLM, AutoTokenizer", "",

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+import transformers
 from torch import Tensor
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers.utils import ModelOutput
@@ -67,6 +68,18 @@ def language_model(config: MoglmConfig) -> LanguageModel:
     return build_model(ModelConfig(**model), config.vocab_size, config.hidden_size)
 
 
+def check_parameter_names(model: LanguageModel) -> None:
+    """Refuse, under transformers 4, a model with a parameter whose name holds ``beta`` or ``gamma`` (the MI-LSTM's
+    ``mi_beta_h``): transformers 4 renames such keys (to ``bias``, ``weight``) when it loads a checkpoint, and the
+    parameter would be left at its initial value."""
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        return
+    renamed = [name for name, _ in model.named_parameters() if "beta" in name or "gamma" in name]
+    if renamed:
+        raise ValueError(f"this model's parameter {renamed[0]!r} would be renamed by transformers "
+                         f"{transformers.__version__} on loading: use transformers 5 or later")
+
+
 class MoglmPreTrainedModel(PreTrainedModel):
     """The transformers base of moglm's exported models."""
 
@@ -86,6 +99,7 @@ class MoglmForCausalLM(MoglmPreTrainedModel, GenerationMixin):
     def __init__(self, config: MoglmConfig) -> None:
         super().__init__(config)
         self.model = language_model(config)
+        check_parameter_names(self.model)
         self.post_init()
 
     def get_input_embeddings(self) -> torch.nn.Embedding:

@@ -29,9 +29,10 @@ REMOTE_CODE = {
     "modeling_moglm.py": "from moglm.export.modeling import MoglmForCausalLM",
 }
 AUTO_MAP = {"AutoConfig": "configuration_moglm.MoglmConfig", "AutoModelForCausalLM": "modeling_moglm.MoglmForCausalLM"}
-#: every file an export writes; --force replaces these and nothing else
+#: every file an export writes (transformers 4 adds special_tokens_map.json); --force replaces these and nothing else
 EXPORT_FILES = frozenset({"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-                          "tokenizer_config.json", "README.md", "moglm_config.toml", *REMOTE_CODE})
+                          "tokenizer_config.json", "special_tokens_map.json", "README.md", "moglm_config.toml",
+                          *REMOTE_CODE})
 
 
 def check_destination(out: Path, force: bool) -> None:
@@ -68,14 +69,17 @@ def export_run(run_dir: str | Path, out: str | Path, force: bool = False, checkp
     if out.exists():
         with tempfile.TemporaryDirectory(dir=out, prefix=".tmp-export-") as tmp:
             _write(Path(tmp), run, model, tokenizer, push_to_hub)
-            for path in Path(tmp).iterdir():
-                os.replace(path, out / path.name)
+            new = {path.name for path in Path(tmp).iterdir()}
+            for name in sorted(new):
+                os.replace(Path(tmp) / name, out / name)
+            for name in EXPORT_FILES - new:  # an earlier export's file that this one does not write
+                (out / name).unlink(missing_ok=True)
     else:
         with atomic_directory(out) as tmp:
             _write(tmp, run, model, tokenizer, push_to_hub)
             if out.exists():  # another process made it meanwhile: leave it alone
                 raise MoglmError(f"{out} appeared while exporting: nothing was written; export again")
-    log(f"exported {run_dir} to {out}: {', '.join(sorted(EXPORT_FILES))}")
+    log(f"exported {run_dir} to {out}: {', '.join(sorted(p.name for p in out.iterdir() if p.name in EXPORT_FILES))}")
     if push_to_hub:
         upload(out, push_to_hub, private, log)
     return out
@@ -122,7 +126,10 @@ def build_export(run: LanguageModelRun, checkpoint: str = "best"):
         moglm_model=config.model.model_dump(mode="json", exclude_none=True), logit_factor=run.logit_factor(),
         vocabulary_level=vocab.level, moglm_version=__version__, bos_token_id=tokenizer.bos_token_id,
         architectures=["MoglmForCausalLM"], auto_map=AUTO_MAP)
-    model = MoglmForCausalLM(hf_config)
+    try:
+        model = MoglmForCausalLM(hf_config)
+    except ValueError as e:  # a transformers that cannot load this model back
+        raise MoglmError(f"{run.path}: {e}") from None
     run.load_weights(model.model, checkpoint)
     model.generation_config.eos_token_id = None  # a line end is not the end of a text: generate() runs on, as sample
     return model.eval(), tokenizer

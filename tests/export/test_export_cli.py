@@ -17,6 +17,9 @@ from conftest import tiny_config, write_tiny_corpus  # noqa: E402
 from moglm.cli import main  # noqa: E402
 from moglm.export.run import EXPORT_FILES  # noqa: E402
 
+#: what every export holds (transformers 4 adds special_tokens_map.json)
+WRITTEN = EXPORT_FILES - {"special_tokens_map.json"}
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
@@ -47,7 +50,7 @@ def one_line_error(capsys) -> str:
 def test_export_writes_the_model_the_tokenizer_the_card_and_the_remote_code(run, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["export", str(run), str(out)]) == 0
-    assert {p.name for p in out.iterdir()} == EXPORT_FILES
+    assert WRITTEN <= {p.name for p in out.iterdir()} <= EXPORT_FILES
     config = json.loads((out / "config.json").read_text())
     results = json.loads((run / "results.json").read_text())
     assert config["model_type"] == "moglm" and config["architectures"] == ["MoglmForCausalLM"]
@@ -80,7 +83,7 @@ def test_an_existing_folder_is_refused_without_force_and_force_replaces_only_the
     assert main(["export", str(run), str(out), "--force"]) == 0
     assert (out / "notes.txt").read_text() == "mine" and (out / ".git" / "HEAD").is_file()
     assert (out / "README.md").read_text() != "an old card" and (out / "model.safetensors").is_file()
-    assert {p.name for p in out.iterdir()} == EXPORT_FILES | {".git", "notes.txt"}  # no temporary folder left
+    assert WRITTEN | {".git", "notes.txt"} <= {p.name for p in out.iterdir()} <= EXPORT_FILES | {".git", "notes.txt"}
 
 
 def test_a_file_where_the_folder_should_be_is_a_one_line_error(run, tmp_path, capsys):
@@ -122,8 +125,8 @@ def test_push_to_hub_uploads_the_export_with_huggingface_hub(run, tmp_path, monk
     monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
     out = tmp_path / "out"
     assert main(["export", str(run), str(out), "--push-to-hub", "someone/tiny-mogrifier", "--private"]) == 0
-    assert calls == [("create", "someone/tiny-mogrifier", True), ("upload", "someone/tiny-mogrifier",
-                                                                  sorted(EXPORT_FILES))]
+    assert calls == [("create", "someone/tiny-mogrifier", True),
+                     ("upload", "someone/tiny-mogrifier", sorted(p.name for p in out.iterdir()))]
     assert 'from_pretrained("someone/tiny-mogrifier")' in (out / "README.md").read_text()
     assert "pushed to https://huggingface.co/someone/tiny-mogrifier" in capsys.readouterr().out
 

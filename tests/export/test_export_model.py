@@ -192,3 +192,16 @@ def test_the_model_runs_in_float64(exported):
         expected, _ = run.model.double().log_probs(ids[0].view(-1, 1), None, run.temperature)
     assert logits.dtype == torch.float64
     torch.testing.assert_close(logits, expected[:, 0], atol=1e-12, rtol=0)
+
+
+def test_under_transformers_4_a_parameter_it_would_rename_on_loading_is_refused(exported, monkeypatch):
+    """transformers 4 renames checkpoint keys holding "beta" (the MI-LSTM's mi_beta_h) to "bias" on loading."""
+    import transformers
+
+    from moglm.export.modeling import MoglmForCausalLM
+
+    config = transformers.AutoConfig.from_pretrained(exported("mi_lstm")[1])
+    monkeypatch.setattr(transformers, "__version__", "4.46.3")
+    with pytest.raises(ValueError, match="'rnn.mi_beta_h_l0' would be renamed by transformers 4.46.3"):
+        MoglmForCausalLM(config)
+    MoglmForCausalLM(transformers.AutoConfig.from_pretrained(exported("mogrifier")[1]))  # nothing renamed: loads
