@@ -6,8 +6,8 @@ from __future__ import annotations
 import typer
 
 from ..registry import command_groups, load
-from . import (bench, compress, configs, dynamic_evaluation, evaluate, experiment, harness, info, related_words,
-               sample, train, tune)
+from . import (bench, compress, configs, dynamic_evaluation, evaluate, experiment, export, harness, info,
+               related_words, sample, train, tune)
 from .common import new_app
 
 #: top-level commands, in the order ``moglm --help`` lists them: (name, function)
@@ -15,7 +15,8 @@ COMMANDS = (
     ("train", train.train), ("evaluate", evaluate.evaluate), ("sample", sample.sample),
     ("related-words", related_words.related_words), ("configs", configs.configs), ("info", info.info),
     ("tune", tune.tune), ("dyneval", dynamic_evaluation.dyneval), ("compress", compress.compress),
-    ("decompress", compress.decompress), ("report", experiment.report), ("lm-eval", harness.lm_eval),
+    ("decompress", compress.decompress), ("export", export.export), ("report", experiment.report),
+    ("lm-eval", harness.lm_eval),
 )
 #: command groups of no single workload: (name, app, help)
 GROUPS = (
