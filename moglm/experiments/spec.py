@@ -66,6 +66,9 @@ class Scale(_Strict):
                                   "Mogrifier paper's appendix A: 1024; moglm's CPU default 8, a departure, docs/fidelity.md).")
     stats_fraction: float = Field(0.01, gt=0, le=1, description="Dynamic evaluation's RMS statistics: the fraction "
                                   "of the training split read (thesis table 5.6: 1% suffices).")
+    stats_tokens: int | None = Field(None, ge=1, description="The optimisers analysis: its RMS statistics read at "
+                                     "most this many training tokens whatever their row's fraction (a smoke "
+                                     "scale's cap, recorded as the row's statistics_read; null: none).")
     target: str | None = Field(None, description="Out of domain: the corpus whose test text every run scores (a "
                                "data path as configs take it), read into each run's vocabulary.")
     tune_trials: int = Field(20, ge=1, description="Tuning trials per variant (experiments that tune; the "

@@ -22,7 +22,6 @@ import lm_eval.models  # noqa: F401 - lm-eval's own types first: it fills an emp
 import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
-from tqdm import tqdm
 
 from ..errors import MoglmError
 from .loading import load_scorer
@@ -88,8 +87,8 @@ class MoglmLM(LM):
         dynamic = self.settings.dynamic
         totals = {"tokens": 0, "static": 0.0, "dynamic": 0.0, "rollbacks": 0}
         out = []
-        for request in tqdm(requests, desc="moglm " + ("dynamic" if dynamic else "rolling"),
-                            disable=disable_tqdm or self.rank != 0):
+        for request in _each(requests, "moglm " + ("dynamic" if dynamic else "rolling"),
+                             not disable_tqdm and self.rank == 0):
             (text,) = request.args
             if dynamic:
                 result = self.scorer.rolling_dynamic(text)
@@ -112,7 +111,7 @@ class MoglmLM(LM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         out = []
-        for request in tqdm(requests, desc="moglm generate", disable=disable_tqdm or self.rank != 0):
+        for request in _each(requests, "moglm generate", not disable_tqdm and self.rank == 0):
             context, gen_kwargs = request.args
             until, max_tokens, temperature, top_k = generation_options(gen_kwargs or {})
             text = self.scorer.generate(context, until, max_tokens, temperature, top_k, self.generator)
@@ -146,3 +145,17 @@ def generation_options(gen_kwargs: dict[str, Any]) -> tuple[list[str], int, floa
         raise MoglmError(f"--model moglm: temperature must be >= 0, got {temperature}")
     top_k = gen_kwargs.get("top_k")
     return until, max_tokens, temperature, None if top_k in (None, 0, -1) else int(top_k)
+
+
+def _each(requests, desc: str, enabled: bool):
+    """``requests`` one by one, counted on moglm's one progress chooser (a bar on a terminal, plain lines in a
+    log)."""
+    from ..progress import progress_bar
+
+    bar = progress_bar(len(requests), desc, 1, enabled)
+    try:
+        for request in requests:
+            yield request
+            bar.update(1)
+    finally:
+        bar.close()
