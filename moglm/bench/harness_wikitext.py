@@ -65,15 +65,14 @@ def run_wikitext(run: Path, test_file: Path, task_dir: Path, dynamic_args: dict[
         log(f"{mode}: word perplexity {row['word_perplexity']:.2f}, byte perplexity {row['byte_perplexity']:.4f}, "
             f"{row['bits_per_byte']:.4f} bits per byte ({row['seconds']:.0f} s)")
     include = portable(str(task_dir))
-    commands = {mode: f"moglm lm-eval --model moglm --model_args run={portable(str(run))}"
-                      f"{',dynamic=true' if mode == 'dynamic' else ''}"
-                      + "".join(f",{k}={v}" for k, v in dynamic_args.items() if mode == "dynamic")
-                      + f" --tasks {TASK} --include_path {include} --device {device}" for mode in ("static", "dynamic")}
-    return {"task": {"name": TASK, "file": file_name or portable(str(test_file)), "articles": len(articles), "of": count,
-                     "detokenize": detokenize, "words": words, "bytes": sum(len(a.encode()) for a in articles),
-                     "tokens": tokens},
-            "run": {"name": run_dir.path.name, "level": vocab.level, "vocabulary": len(vocab),
-                    "moglm_evaluate": _results(run_dir)},
+    dynamic = ",dynamic=true" + "".join(f",{k}={v}" for k, v in dynamic_args.items())
+    commands = {mode: f"moglm lm-eval --model moglm --model_args run={portable(str(run))}{extra} --tasks {TASK} "
+                      f"--include_path {include} --device {device}" for mode, extra in (("static", ""),
+                                                                                       ("dynamic", dynamic))}
+    task = {"name": TASK, "file": file_name or portable(str(test_file)), "articles": len(articles), "of": count,
+            "detokenize": detokenize, "words": words, "bytes": sum(len(a.encode()) for a in articles), "tokens": tokens}
+    return {"task": task, "run": {"name": run_dir.path.name, "level": vocab.level, "vocabulary": len(vocab),
+                                  "moglm_evaluate": _results(run_dir)},
             "rows": rows, "commands": commands, "lm_eval": lm_eval.__version__}
 
 

@@ -17,8 +17,8 @@ Three kinds of model keep it:
   Hugging Face model): the state is the last ``context`` tokens, the conditioning of the next segment.
 
 Every state tensor holds the streams along its dimension 1 (:func:`repeat_state` copies one stream's state
-for several). Whoever carries the state detaches it between segments (:func:`detach_state`), so gradients never leave a
-segment: a segment's update is driven by its own losses only (thesis 4.3 and 6.2.2).
+for several). Whoever carries the state detaches it between segments (:func:`detach_state`), so gradients
+never leave a segment: a segment's update is driven by its own losses only (thesis 4.3 and 6.2.2).
 
 ``reads_in_segments``: true where a token's prediction depends on where the stream was cut (an attention
 model sees its memory plus the segment so far), so a static pass must cut the stream as dynamic evaluation

@@ -104,8 +104,9 @@ class MoglmLM(LM):
             out.append(score)
         if dynamic and totals["tokens"]:
             n = totals["tokens"]
-            log.info(f"dynamic evaluation of {len(requests)} documents, {n:,} tokens: static {totals['static'] / n:.4f} "
-                     f"-> dynamic {totals['dynamic'] / n:.4f} nats per token; {totals['rollbacks']} rollbacks")
+            log.info(f"dynamic evaluation of {len(requests)} documents, {n:,} tokens: static "
+                     f"{totals['static'] / n:.4f} -> dynamic {totals['dynamic'] / n:.4f} nats per token; "
+                     f"{totals['rollbacks']} rollbacks")
         self._report_unknown()
         return out
 

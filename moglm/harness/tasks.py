@@ -47,7 +47,9 @@ def write_task(directory: str | Path, name: str, documents: list[dict[str, Any]]
     directory.mkdir(parents=True, exist_ok=True)
     data = directory / f"{name}.jsonl"
     atomic_write_text(data, "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in documents))
-    dataset = {"data_files": {"test": str(data.resolve())}} | ({} if cache_dir is None else {"cache_dir": str(cache_dir)})
+    dataset: dict[str, Any] = {"data_files": {"test": str(data.resolve())}}
+    if cache_dir is not None:
+        dataset["cache_dir"] = str(cache_dir)
     task = {"task": name, "dataset_path": "json", "dataset_kwargs": dataset, "test_split": "test", **config,
             "metadata": {"version": 1.0}}
     path = directory / f"{name}.yaml"
@@ -55,7 +57,8 @@ def write_task(directory: str | Path, name: str, documents: list[dict[str, Any]]
     return path
 
 
-def write_perplexity_task(directory: str | Path, name: str, texts: list[str], cache_dir: str | Path | None = None) -> Path:
+def write_perplexity_task(directory: str | Path, name: str, texts: list[str],
+                          cache_dir: str | Path | None = None) -> Path:
     """A ``loglikelihood_rolling`` task over ``texts`` (field ``page``), scored as they are: word perplexity,
     byte perplexity and bits per byte, as lm-eval's perplexity tasks report them."""
     return write_task(directory, name, [{"page": t} for t in texts], cache_dir, output_type="loglikelihood_rolling",
@@ -82,8 +85,8 @@ def write_wikitext_task(test_file: str | Path, directory: str | Path, name: str 
         raise MoglmError(f"{path}: no such file (a tokenized WikiText split, e.g. wikitext-2/test.txt)")
     articles = wikitext_articles(path.read_text(encoding="utf-8"))
     target: Any = Function(f"{WIKITEXT_RESULTS}.wikitext_detokenizer") if detokenize else "{{page}}"
-    yaml_path = write_task(directory, name, [{"page": a} for a in articles], cache_dir, output_type="loglikelihood_rolling",
-                           doc_to_text="", doc_to_target=target,
+    yaml_path = write_task(directory, name, [{"page": a} for a in articles], cache_dir,
+                           output_type="loglikelihood_rolling", doc_to_text="", doc_to_target=target,
                            process_results=Function(f"{WIKITEXT_RESULTS}.process_results"),
                            metric_list=[{"metric": m} for m in PERPLEXITY_METRICS])
     return yaml_path, len(articles)
