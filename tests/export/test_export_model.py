@@ -198,10 +198,11 @@ def test_under_transformers_4_a_parameter_it_would_rename_on_loading_is_refused(
     """transformers 4 renames checkpoint keys holding "beta" (the MI-LSTM's mi_beta_h) to "bias" on loading."""
     import transformers
 
+    from moglm.export import modeling
     from moglm.export.modeling import MoglmForCausalLM
 
     config = transformers.AutoConfig.from_pretrained(exported("mi_lstm")[1])
-    monkeypatch.setattr(transformers, "__version__", "4.46.3")
+    monkeypatch.setattr(modeling.transformers, "__version__", "4.46.3")  # the module the check reads
     with pytest.raises(ValueError, match="'rnn.mi_beta_h_l0' would be renamed by transformers 4.46.3"):
         MoglmForCausalLM(config)
     MoglmForCausalLM(transformers.AutoConfig.from_pretrained(exported("mogrifier")[1]))  # nothing renamed: loads
