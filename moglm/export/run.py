@@ -114,11 +114,9 @@ def build_export(run: LanguageModelRun, checkpoint: str = "best"):
     """The transformers model (with the run's ``checkpoint`` weights) and tokenizer of ``run``."""
     from .. import __version__
     from .configuration import MoglmConfig
-    from ..transformers_registration import register
     from .modeling import MoglmForCausalLM
     from .tokenizer import run_tokenizer
 
-    register()
     config, vocab, info = run.load_config(), run.load_vocab(), run.model_info()
     tokenizer = run_tokenizer(vocab)
     hf_config = MoglmConfig(
