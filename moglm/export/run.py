@@ -12,6 +12,7 @@ folder first, so a failed export leaves ``OUT`` as it was (a new ``OUT`` appears
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -97,6 +98,9 @@ def _write(folder: Path, run: LanguageModelRun, model, tokenizer, repo: str | No
         if shown:
             logging.enable_progress_bar()
     tokenizer.save_pretrained(folder)
+    settings = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    settings["tokenizer_class"] = "PreTrainedTokenizerFast"  # the name every transformers knows (5's TokenizersBackend)
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
     for name, line in REMOTE_CODE.items():
         (folder / name).write_text(f'"""moglm\'s class for trust_remote_code=True (needs `pip install moglm`)."""'
                                    f"\n\n{line}  # noqa: F401\n", encoding="utf-8")

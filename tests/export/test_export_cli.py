@@ -57,6 +57,7 @@ def test_export_writes_the_model_the_tokenizer_the_card_and_the_remote_code(run,
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_moglm.MoglmForCausalLM"
     assert config["logit_factor"] == results["temperature"] and config["moglm_model"]["cell"] == {"rounds": 3, "rank": 4}
     assert json.loads((out / "generation_config.json").read_text()).get("eos_token_id") is None
+    assert json.loads((out / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
     assert (out / "moglm_config.toml").read_text() == (run / "config.toml").read_text()
     card = (out / "README.md").read_text()
     meta = card.split("---")[1]
