@@ -45,12 +45,18 @@ def check_destination(out: Path, force: bool) -> None:
 
 
 def load_exportable(run_dir: Path) -> LanguageModelRun:
-    """The run, or a one-line error for what cannot be exported: no run, a music run, no vocabulary or weights."""
+    """The run, or a one-line error for what cannot be exported: no run, a music run, a synthetic task's run, no
+    vocabulary."""
     run = LanguageModelRun(run_dir)
     saved = run.read_config()
     if saved.get("kind") == "music":
         raise MoglmError(f"{run_dir} is a music run: an RNN-NADE models piano-roll frames, not tokens, so it is not "
                          "a causal LM that transformers can load; nothing was exported")
+    if not isinstance(saved.get("model"), dict):  # a synthetic task's run (reverse copy, Dyck-k)
+        inner = run.path / "lm" / "config.toml"
+        hint = f"; its language model is the run {run.path / 'lm'}" if inner.is_file() else ""
+        raise MoglmError(f"{run_dir} is not a language-model run (its config.toml has no [model] section){hint}: "
+                         "moglm export reads the runs moglm train makes")
     run.load_config()
     if not run.vocab_path.is_file():
         raise MoglmError(f"{run_dir}: no vocabulary (vocab.json), so there is no tokenizer to export; train the run "
@@ -64,6 +70,8 @@ def export_run(run_dir: str | Path, out: str | Path, force: bool = False, checkp
     """Export the run ``run_dir`` to ``out`` (module docstring); with ``push_to_hub``, also upload ``out`` to
     that Hub repository (created if missing). Returns ``out``."""
     run_dir, out = Path(run_dir), Path(out)
+    if out.resolve() == run_dir.resolve():
+        raise MoglmError(f"{out} is the run directory itself: export to a folder of its own")
     check_destination(out, force)
     run = load_exportable(run_dir)
     model, tokenizer = build_export(run, checkpoint)
