@@ -124,6 +124,11 @@ def _write(folder: Path, run: LanguageModelRun, model, tokenizer, repo: str | No
 
 def build_export(run: LanguageModelRun, checkpoint: str = "best"):
     """The transformers model (with the run's ``checkpoint`` weights) and tokenizer of ``run``."""
+    try:
+        import tokenizers  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        raise MoglmError("moglm export needs transformers and tokenizers: pip install 'moglm[hf]'") from None
     from .. import __version__
     from .configuration import MoglmConfig
     from .modeling import MoglmForCausalLM

@@ -183,3 +183,9 @@ def test_without_moglm_or_remote_code_transformers_does_not_know_the_model_type(
     done = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=300,
                           env={**__import__("os").environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"})
     assert done.returncode != 0 and "moglm" in done.stderr
+
+
+def test_without_transformers_the_export_is_a_one_line_error(run, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers raises ImportError
+    assert main(["export", str(run), str(tmp_path / "out")]) == 1
+    assert "pip install 'moglm[hf]'" in one_line_error(capsys) and not (tmp_path / "out").exists()
