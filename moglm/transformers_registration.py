@@ -1,15 +1,17 @@
 """Model type ``"moglm"`` (a run exported by ``moglm export``, :mod:`moglm.export`) in transformers' Auto
-classes, without making ``import moglm`` import transformers.
+classes, without making ``import moglm`` import transformers, nor ``import transformers`` load any model code.
 
-:func:`install` (run by ``import moglm``) registers the exported model's classes at once when transformers is
-already imported, and otherwise waits for its import: a finder on ``sys.meta_path`` that steps in only for the
-top-level ``transformers`` module registers them right after that module has run, then removes itself. Either
-way ``AutoModelForCausalLM.from_pretrained(OUT)`` loads an export after ``import moglm``, in either order of the
-two imports, and a process that never imports transformers never pays for it. A registration that fails
-(a transformers version this one cannot work with) is a warning, never a failed ``import transformers``.
+Each Auto class lives in a module of transformers (:data:`WATCHED`). :func:`install` (run by ``import moglm``)
+registers moglm's class with each one that is already imported, and waits for the others: a finder on
+``sys.meta_path`` that steps in only for those module names registers the class right after the module has run.
+So ``AutoConfig.from_pretrained(OUT)`` and ``AutoModelForCausalLM.from_pretrained(OUT)`` load an export after
+``import moglm`` in either order of the imports; a process that never imports transformers never pays for it,
+and one that uses only its tokenizers never imports the model's code (``AutoModelForCausalLM`` holds a stand-in
+until a model is loaded, :class:`~moglm.export.configuration.DeferredMoglmForCausalLM`). A registration that fails (a
+transformers version this one cannot work with) is a warning, never a failed import.
 
-The classes are named by a ``"module:attribute"`` string imported on first use (as the workload registry's
-hooks are): the root package installs this hook, and the layers below must not import the export above them.
+The classes are named by ``"module:attribute"`` strings imported on first use (as the workload registry's hooks
+are): the root package installs this hook, and the layers below must not import the export above them.
 """
 
 from __future__ import annotations
@@ -22,28 +24,37 @@ from typing import Any
 
 from .registry import load
 
-#: registers the exported model's config and causal-LM classes with transformers' Auto classes
-REGISTER = "moglm.export.modeling:register_auto_classes"
+#: a module of transformers -> what registers moglm's class with the Auto class that module defines
+WATCHED = {
+    "transformers.models.auto.configuration_auto": "moglm.export.configuration:register_config",
+    "transformers.models.auto.modeling_auto": "moglm.export.configuration:register_model",
+}
 
 
-def register() -> None:
-    """Register the classes now (imports transformers and torch); a failure is a warning."""
+def register(module: str) -> None:
+    """Register moglm's class with the Auto class of ``module`` (one of :data:`WATCHED`); a failure is a
+    warning."""
     try:
-        load(REGISTER)()
+        load(WATCHED[module])()
     except Exception as e:  # noqa: BLE001 - an import or API mismatch must not break the user's import
         warnings.warn(f"moglm: model type 'moglm' is not registered with transformers ({type(e).__name__}: {e}); "
                       "load an export with trust_remote_code=True", stacklevel=2)
 
 
-class _AfterTransformers(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: for ``transformers`` it takes the spec the other finders give and registers the
-    classes once that module has run."""
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: for a module it waits for, it takes the spec the other finders give and registers
+    moglm's class once that module has run."""
+
+    def __init__(self) -> None:
+        self.waiting: set[str] = set()
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if name != "transformers":
+        if name not in self.waiting:
             return None
-        uninstall()
-        spec = next((found for finder in sys.meta_path if hasattr(finder, "find_spec")
+        self.waiting.discard(name)
+        if not self.waiting:
+            uninstall()
+        spec = next((found for finder in sys.meta_path if finder is not self and hasattr(finder, "find_spec")
                      and (found := finder.find_spec(name, path, target)) is not None), None)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
@@ -51,24 +62,28 @@ class _AfterTransformers(importlib.abc.MetaPathFinder):
 
         def exec_module(module: Any) -> None:
             run(module)
-            register()
+            register(name)
 
         spec.loader.exec_module = exec_module  # this spec's own loader object, made for this import
         return spec
 
 
-_finder = _AfterTransformers()
+_finder = _AfterImport()
 
 
 def uninstall() -> None:
-    """Stop waiting for transformers' import."""
+    """Stop waiting for transformers' modules."""
+    _finder.waiting.clear()
     if _finder in sys.meta_path:
         sys.meta_path.remove(_finder)
 
 
 def install() -> None:
-    """Register now if transformers is imported, else when it is (module docstring)."""
-    if "transformers" in sys.modules:
-        register()
-    elif _finder not in sys.meta_path:
-        sys.meta_path.insert(0, _finder)  # before the finders that would find transformers
+    """Register with the Auto classes already imported, and wait for the others (module docstring)."""
+    for module in WATCHED:
+        if module in sys.modules:
+            register(module)
+        else:
+            _finder.waiting.add(module)
+    if _finder.waiting and _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)  # before the finders that would find the modules

@@ -124,7 +124,8 @@ def _data(config: RunConfig, level: str, unk: str | None) -> list[str]:
     return [f"Corpus `{name}`, format `{d.format}` ({'one token per ' + level if level in ('char', 'byte') else level}"
             f" level); the vocabulary is the training split's{', with ' + repr(unk) + ' for the rest' if unk else ''}."
             f" The tokenizer splits text as moglm splits a prompt, and starts every text with the line separator, "
-            "as every line of the training text followed one."]
+            "as every line of the training text followed one; decode with `skip_special_tokens=False` to keep the "
+            "line breaks."]
 
 
 def model_card(name: str, config: RunConfig, model_info: dict[str, Any], vocab_size: int, level: str,

@@ -19,6 +19,7 @@ Everything is float32 as trained; ``model.double()`` works as in PyTorch.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,14 +27,14 @@ import torch
 import torch.nn.functional as F
 import transformers
 from torch import Tensor
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from ..evaluation.stream_model import join_state_rows, state_rows
 from ..model.language_model import LanguageModel
 from ..runs.build import build_model
 from ..runs.config import ModelConfig
-from .configuration import MoglmConfig
+from .configuration import MoglmConfig, register_model
 
 
 class RecurrentCache:
@@ -193,11 +194,5 @@ class MoglmForCausalLM(MoglmPreTrainedModel, GenerationMixin):
         return RecurrentCache(state_rows(cache.state, beam_idx), cache.seen)
 
 
-def register_auto_classes() -> None:
-    """Register model type ``"moglm"`` with ``AutoConfig`` and ``AutoModelForCausalLM``, so that
-    ``AutoModelForCausalLM.from_pretrained(OUT)`` loads an export without remote code."""
-    AutoConfig.register(MoglmConfig.model_type, MoglmConfig, exist_ok=True)
-    AutoModelForCausalLM.register(MoglmConfig, MoglmForCausalLM, exist_ok=True)
-
-
-register_auto_classes()
+if "transformers.models.auto.modeling_auto" in sys.modules:  # the class itself takes its stand-in's place
+    register_model()

@@ -12,6 +12,7 @@ folder first, so a failed export leaves ``OUT`` as it was (a new ``OUT`` appears
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -44,12 +45,18 @@ def check_destination(out: Path, force: bool) -> None:
 
 
 def load_exportable(run_dir: Path) -> LanguageModelRun:
-    """The run, or a one-line error for what cannot be exported: no run, a music run, no vocabulary or weights."""
+    """The run, or a one-line error for what cannot be exported: no run, a music run, a synthetic task's run, no
+    vocabulary."""
     run = LanguageModelRun(run_dir)
     saved = run.read_config()
     if saved.get("kind") == "music":
         raise MoglmError(f"{run_dir} is a music run: an RNN-NADE models piano-roll frames, not tokens, so it is not "
                          "a causal LM that transformers can load; nothing was exported")
+    if not isinstance(saved.get("model"), dict):  # a synthetic task's run (reverse copy, Dyck-k)
+        inner = run.path / "lm" / "config.toml"
+        hint = f"; its language model is the run {run.path / 'lm'}" if inner.is_file() else ""
+        raise MoglmError(f"{run_dir} is not a language-model run (its config.toml has no [model] section){hint}: "
+                         "moglm export reads the runs moglm train makes")
     run.load_config()
     if not run.vocab_path.is_file():
         raise MoglmError(f"{run_dir}: no vocabulary (vocab.json), so there is no tokenizer to export; train the run "
@@ -63,6 +70,8 @@ def export_run(run_dir: str | Path, out: str | Path, force: bool = False, checkp
     """Export the run ``run_dir`` to ``out`` (module docstring); with ``push_to_hub``, also upload ``out`` to
     that Hub repository (created if missing). Returns ``out``."""
     run_dir, out = Path(run_dir), Path(out)
+    if out.resolve() == run_dir.resolve():
+        raise MoglmError(f"{out} is the run directory itself: export to a folder of its own")
     check_destination(out, force)
     run = load_exportable(run_dir)
     model, tokenizer = build_export(run, checkpoint)
@@ -97,6 +106,9 @@ def _write(folder: Path, run: LanguageModelRun, model, tokenizer, repo: str | No
         if shown:
             logging.enable_progress_bar()
     tokenizer.save_pretrained(folder)
+    settings = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    settings["tokenizer_class"] = "PreTrainedTokenizerFast"  # the name every transformers knows (5's TokenizersBackend)
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
     for name, line in REMOTE_CODE.items():
         (folder / name).write_text(f'"""moglm\'s class for trust_remote_code=True (needs `pip install moglm`)."""'
                                    f"\n\n{line}  # noqa: F401\n", encoding="utf-8")
@@ -112,13 +124,16 @@ def _write(folder: Path, run: LanguageModelRun, model, tokenizer, repo: str | No
 
 def build_export(run: LanguageModelRun, checkpoint: str = "best"):
     """The transformers model (with the run's ``checkpoint`` weights) and tokenizer of ``run``."""
+    try:
+        import tokenizers  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        raise MoglmError("moglm export needs transformers and tokenizers: pip install 'moglm[hf]'") from None
     from .. import __version__
     from .configuration import MoglmConfig
-    from ..transformers_registration import register
     from .modeling import MoglmForCausalLM
     from .tokenizer import run_tokenizer
 
-    register()
     config, vocab, info = run.load_config(), run.load_vocab(), run.model_info()
     tokenizer = run_tokenizer(vocab)
     hf_config = MoglmConfig(

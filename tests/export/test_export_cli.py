@@ -57,6 +57,7 @@ def test_export_writes_the_model_the_tokenizer_the_card_and_the_remote_code(run,
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_moglm.MoglmForCausalLM"
     assert config["logit_factor"] == results["temperature"] and config["moglm_model"]["cell"] == {"rounds": 3, "rank": 4}
     assert json.loads((out / "generation_config.json").read_text()).get("eos_token_id") is None
+    assert json.loads((out / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
     assert (out / "moglm_config.toml").read_text() == (run / "config.toml").read_text()
     card = (out / "README.md").read_text()
     meta = card.split("---")[1]
@@ -86,10 +87,12 @@ def test_an_existing_folder_is_refused_without_force_and_force_replaces_only_the
     assert WRITTEN | {".git", "notes.txt"} <= {p.name for p in out.iterdir()} <= EXPORT_FILES | {".git", "notes.txt"}
 
 
-def test_a_file_where_the_folder_should_be_is_a_one_line_error(run, tmp_path, capsys):
+def test_a_file_where_the_folder_should_be_or_the_run_itself_is_a_one_line_error(run, tmp_path, capsys):
     (tmp_path / "out").write_text("a file")
     assert main(["export", str(run), str(tmp_path / "out"), "--force"]) == 1
     assert "is a file" in one_line_error(capsys)
+    assert main(["export", str(run), str(run), "--force"]) == 1
+    assert "is the run directory itself" in one_line_error(capsys) and not (run / "config.json").exists()
 
 
 def test_a_music_run_is_refused_in_one_line(tmp_path, capsys):
@@ -100,7 +103,7 @@ def test_a_music_run_is_refused_in_one_line(tmp_path, capsys):
     assert "is a music run: an RNN-NADE" in one_line_error(capsys) and not (tmp_path / "out").exists()
 
 
-def test_a_run_without_vocabulary_or_a_folder_that_is_no_run_is_refused_in_one_line(run, tmp_path, capsys):
+def test_a_run_without_vocabulary_a_task_run_or_a_folder_that_is_no_run_is_refused_in_one_line(run, tmp_path, capsys):
     started = tmp_path / "started"
     started.mkdir()
     (started / "config.toml").write_text((run / "config.toml").read_text())
@@ -108,6 +111,11 @@ def test_a_run_without_vocabulary_or_a_folder_that_is_no_run_is_refused_in_one_l
     assert "no vocabulary (vocab.json)" in one_line_error(capsys)
     assert main(["export", str(tmp_path / "nothing"), str(tmp_path / "out")]) == 1
     assert "not a run directory" in one_line_error(capsys)
+    task = tmp_path / "reverse-copy"
+    task.mkdir()
+    (task / "config.toml").write_text('architecture = "mogrifier"\nlength = 20\n')
+    assert main(["export", str(task), str(tmp_path / "out")]) == 1
+    assert "is not a language-model run (its config.toml has no [model] section)" in one_line_error(capsys)
     assert not (tmp_path / "out").exists()
 
 
@@ -175,3 +183,9 @@ def test_without_moglm_or_remote_code_transformers_does_not_know_the_model_type(
     done = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=300,
                           env={**__import__("os").environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"})
     assert done.returncode != 0 and "moglm" in done.stderr
+
+
+def test_without_transformers_the_export_is_a_one_line_error(run, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers raises ImportError
+    assert main(["export", str(run), str(tmp_path / "out")]) == 1
+    assert "pip install 'moglm[hf]'" in one_line_error(capsys) and not (tmp_path / "out").exists()

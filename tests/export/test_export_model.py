@@ -146,6 +146,17 @@ def test_generate_reads_the_prompt_once_and_then_one_token_per_step(exported, va
     assert read == [ids.shape[1], ids.shape[1] + 1, ids.shape[1] + 2]
 
 
+def test_generate_goes_on_from_a_cache_passed_in_and_returns_its_own(exported):
+    model, tokenizer = load(exported("mogrifier")[1])
+    ids = tokenizer(TEXT, return_tensors="pt").input_ids
+    with torch.no_grad():
+        read = model(ids[:, :5], use_cache=True).cache  # the first 5 tokens, read once
+    plain = model.generate(ids, max_new_tokens=6, do_sample=False)
+    assert model.generate(ids, cache=read, max_new_tokens=6, do_sample=False).tolist() == plain.tolist()
+    out = model.generate(ids, max_new_tokens=6, do_sample=False, return_dict_in_generate=True)
+    assert out.sequences.tolist() == plain.tolist() and out.cache.seen == ids.shape[1] + 5
+
+
 @pytest.mark.parametrize("variant", ["mogrifier", "mmlstm", "transformer"])
 def test_padded_rows_read_only_their_tokens_and_generate_as_alone(exported, variant):
     model, tokenizer = load(exported(variant)[1])

@@ -106,3 +106,4 @@ def test_a_vocabulary_without_line_separator_starts_with_nothing():
     vocab = build_corpus("one-line", "char", {"train": "abcabc", "valid": "ab", "test": "ca"}).vocab
     tokenizer = run_tokenizer(vocab)
     assert tokenizer.bos_token is None and tokenizer("cab").input_ids == encode_prompt(vocab, "cab")
+
