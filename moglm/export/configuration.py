@@ -60,10 +60,13 @@ class DeferredMoglmForCausalLM:
 
     @staticmethod
     def model_class() -> type:
-        from .modeling import MoglmForCausalLM
+        """The model class, imported now by name (as the registry's hooks are: the modeling module imports this
+        one, so this one names it rather than importing it)."""
+        from ..registry import load
 
+        model = load("moglm.export.modeling:MoglmForCausalLM")
         register_model()
-        return MoglmForCausalLM
+        return model
 
     @classmethod
     def from_pretrained(cls, *args: Any, **kwargs: Any) -> Any:
