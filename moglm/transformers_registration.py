@@ -7,7 +7,7 @@ registers moglm's class with each one that is already imported, and waits for th
 So ``AutoConfig.from_pretrained(OUT)`` and ``AutoModelForCausalLM.from_pretrained(OUT)`` load an export after
 ``import moglm`` in either order of the imports; a process that never imports transformers never pays for it,
 and one that uses only its tokenizers never imports the model's code (``AutoModelForCausalLM`` holds a stand-in
-until a model is loaded, :class:`~moglm.export.configuration.DeferredMoglmForCausalLM`). A registration that fails (a
+until a model is loaded, :class:`~moglm.export.auto.DeferredMoglmForCausalLM`). A registration that fails (a
 transformers version this one cannot work with) is a warning, never a failed import.
 
 The classes are named by ``"module:attribute"`` strings imported on first use (as the workload registry's hooks
@@ -26,8 +26,8 @@ from .registry import load
 
 #: a module of transformers -> what registers moglm's class with the Auto class that module defines
 WATCHED = {
-    "transformers.models.auto.configuration_auto": "moglm.export.configuration:register_config",
-    "transformers.models.auto.modeling_auto": "moglm.export.configuration:register_model",
+    "transformers.models.auto.configuration_auto": "moglm.export.auto:register_config",
+    "transformers.models.auto.modeling_auto": "moglm.export.auto:register_model",
 }
 
 

@@ -1,6 +1,6 @@
 """Model type "moglm" in transformers' Auto classes (moglm.transformers_registration): ``import moglm`` imports no
 transformers; importing transformers afterwards registers the config, and a stand-in for the model until a model
-is loaded, so that a process using only transformers' tokenizers never imports transformers' modeling code."""
+is made, so that a process using only transformers' tokenizers never imports transformers' modeling code."""
 
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ from moglm.export.configuration import MoglmConfig
 print("moglm" in CONFIG_MAPPING, MODEL_FOR_CAUSAL_LM_MAPPING[MoglmConfig].__name__,
       "transformers.modeling_utils" in sys.modules)
 from moglm.export.modeling import MoglmForCausalLM
-print(MODEL_FOR_CAUSAL_LM_MAPPING[MoglmConfig] is MoglmForCausalLM)
+from transformers import AutoModelForCausalLM
+AutoModelForCausalLM.from_config(MoglmConfig(vocab_size=5, hidden_size=4, moglm_model={"cell": {"rank": 2}}))
+print(MODEL_FOR_CAUSAL_LM_MAPPING[MoglmConfig] is MoglmForCausalLM)  # the first model made takes its place
 """
 
 

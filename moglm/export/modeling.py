@@ -19,7 +19,6 @@ Everything is float32 as trained; ``model.double()`` works as in PyTorch.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +33,7 @@ from ..evaluation.stream_model import join_state_rows, state_rows
 from ..model.language_model import LanguageModel
 from ..runs.build import build_model
 from ..runs.config import ModelConfig
-from .configuration import MoglmConfig, register_model
+from .configuration import MoglmConfig
 
 
 class RecurrentCache:
@@ -192,7 +191,3 @@ class MoglmForCausalLM(MoglmPreTrainedModel, GenerationMixin):
     def _reorder_cache(self, cache: RecurrentCache, beam_idx: Tensor) -> RecurrentCache:
         """Beam search: the states of the beams kept."""
         return RecurrentCache(state_rows(cache.state, beam_idx), cache.seen)
-
-
-if "transformers.models.auto.modeling_auto" in sys.modules:  # the class itself takes its stand-in's place
-    register_model()
