@@ -76,14 +76,14 @@ def _evaluate(name: str, run, scale: Scale, folder: Path, path: Path, progress: 
         report = _dynamic(run, scale, scale.mc_dynamic_samples, ("valid", "test"), progress, log)
         write_result(path, report, seed)
     elif name == "out_of_domain":
-        from .out_of_domain import out_of_domain
+        from ..experiments.out_of_domain import out_of_domain
 
         if scale.target is None:
             raise MoglmError("the out_of_domain evaluation needs the scale's target corpus (target = ...)")
         report = out_of_domain(run, scale.target, scale.eval_tokens, scale.search_tokens, progress, log)
         write_result(path, report, seed)
     elif name == "optimisers":  # Krause thesis 5.4: every optimiser tuned and scored on the same prefixes
-        from .optimisers import compare_optimisers
+        from ..experiments.optimisers import compare_optimisers
 
         write_result(path, compare_optimisers(run, scale, progress, log), seed)
     elif name in ("cache", "dynamic_cache"):  # one static and one dynamic pass give both, and dynamic.json
