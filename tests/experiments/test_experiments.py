@@ -484,7 +484,7 @@ def _real_corpus(name: str) -> None:
 def test_every_shipped_smoke_scale_sizes_its_models_for_the_real_vocabularies():
     """PTB word's 10k words and WikiText-2's 33k: every run of every smoke scale has a hidden size within its
     budget (the smallest rank-32 Mogrifier of PTB word alone is 425k parameters)."""
-    from moglm.train.build import load_data, resolve_hidden_size
+    from moglm.runs.build import load_data, resolve_hidden_size
 
     vocab_sizes: dict[tuple, int] = {}
     for name in shipped():
