@@ -118,6 +118,32 @@ def test_generate_until_stops_at_the_stop_string(setup):
     assert "." in full and text == full.split(".")[0]
 
 
+def test_the_exported_directory_through_lm_evals_hf_type_agrees_with_the_moglm_type(setup, tmp_path):
+    """The export's tokenizer starts every text with the line separator (its bos_token): lm-eval's ``hf`` type then
+    reads a multiple-choice context as moglm does, and with ``add_bos_token=False`` a perplexity document too
+    (HFLM then prefixes the separator itself; with the default it would be read twice)."""
+    run, _, manager = setup
+    assert main(["export", str(run), str(tmp_path / "export")]) == 0
+    hf_args = {"pretrained": str(tmp_path / "export"), "trust_remote_code": True, "dtype": "float32"}
+    ours = evaluate(manager, run, ["tiny_lines", "tiny_choice"])
+
+    def hf(tasks, **extra):
+        return lm_eval.simple_evaluate(model="hf", model_args={**hf_args, **extra}, tasks=tasks, task_manager=manager,
+                                       log_samples=True, device="cpu")
+
+    rolling = hf(["tiny_lines"], add_bos_token=False)
+    assert [s for [s] in scores(rolling, "tiny_lines")] == pytest.approx([s for [s] in scores(ours, "tiny_lines")],
+                                                                        rel=1e-5)
+    assert rolling["results"]["tiny_lines"]["word_perplexity,none"] == pytest.approx(
+        ours["results"]["tiny_lines"]["word_perplexity,none"], rel=1e-5)
+    choice = hf(["tiny_choice"])
+    assert [a[0] for d in scores(choice, "tiny_choice") for a in d] == pytest.approx(
+        [a[0] for d in scores(ours, "tiny_choice") for a in d], abs=1e-4)
+    assert choice["results"]["tiny_choice"]["acc,none"] == ours["results"]["tiny_choice"]["acc,none"]
+    doubled = hf(["tiny_lines"])  # the separator read twice: every document costs log P(separator | separator) more
+    assert all(d < o - 0.1 for [d], [o] in zip(scores(doubled, "tiny_lines"), scores(ours, "tiny_lines")))
+
+
 def test_an_unknown_model_args_key_is_refused_naming_the_known_ones(setup):
     run, _, manager = setup
     with pytest.raises(MoglmError, match="unknown model_args key 'pretrained' .known: run, checkpoint, device"):
