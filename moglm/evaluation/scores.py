@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..data.corpus import TextSize
+
 
 @dataclass
 class Scores:
@@ -58,19 +60,31 @@ class Scores:
         return d
 
     def headline(self, level: str) -> str:
-        """The number people quote: perplexity for word models, bits per character/byte otherwise."""
+        """The number people quote, in the level's own unit (perplexity for word and subword models, bits per
+        character or byte otherwise), then bits per byte where the text's bytes are known, the unit in which word,
+        character, byte and subword models of one text compare."""
         if self.characters:  # a text scored by a subword model: per token, character and byte
             return (f"{self.bits_per_token:.4f} bits/token (ppl {self.perplexity:.2f}), "
                     f"{self.bits_per_character:.4f} bpc, {self.bits_per_byte:.4f} bpb")
+        bpb = f", {self.bits_per_byte:.4f} bits/byte" if self.bytes and level != "byte" else ""
         if level == "word":
-            return f"ppl {self.perplexity:.2f} (xent {self.xent:.4f})"
+            return f"ppl {self.perplexity:.2f} (xent {self.xent:.4f}){bpb}"
+        if level == "tokenizer":
+            return f"ppl {self.perplexity:.2f} ({self.bits_per_token:.4f} bits/token){bpb}"
         unit = "bpb" if level == "byte" else "bpc"
         bpw = f", {self.bits_per_word:.3f} bits/word" if self.bits_per_word else ""
-        return f"{self.bits_per_token:.4f} {unit}{bpw}"
+        return f"{self.bits_per_token:.4f} {unit}{bpw}{bpb}"
+
+
+def scored(nll: float, predictions: int, tokens: int, text: TextSize | None) -> Scores:
+    """The scores of ``predictions`` over a stream of ``tokens`` tokens whose text is ``text`` (the words and bytes
+    in proportion to the predictions made, :meth:`~moglm.data.TextSize.scored`)."""
+    share = TextSize() if text is None else text.scored(predictions, tokens)
+    return Scores(nll, predictions, share.words, bytes=share.bytes)
 
 
 def unit(level: str) -> str:
-    """The unit a corpus level is reported in: perplexity for words, bits per byte or character, and a music
-    run's log-likelihood per frame."""
-    return {"word": "perplexity", "byte": "bits per byte",
+    """The unit a corpus level is reported in: perplexity for words and subword tokens, bits per byte or
+    character, and a music run's log-likelihood per frame."""
+    return {"word": "perplexity", "tokenizer": "perplexity", "byte": "bits per byte",
             "music": "log-likelihood per frame (nats)"}.get(level, "bits per character")

@@ -41,7 +41,16 @@ class LanguageModelRun(RunDirectory):
         if config.get("kind") == "music":
             raise MoglmError(f"{self.path} is a music run: use `moglm music evaluate`, `moglm music dyneval` or "
                              "`moglm sample`")
-        return validate(config, str(self.config_path))
+        return self.with_own_tokenizer(validate(config, str(self.config_path)))
+
+    def with_own_tokenizer(self, config: RunConfig) -> RunConfig:
+        """``config``, reading the corpus with the tokenizer this run trained (its ``tokenizer.json``) instead of
+        training one again: a unigram tokenizer trained twice on the same text need not be the same."""
+        data = config.data
+        if data.tokenizer_training is None or not self.tokenizer_path.is_file():
+            return config
+        own = data.model_copy(update={"tokenizer": str(self.tokenizer_path), "tokenizer_training": None})
+        return config.model_copy(update={"data": own})
 
     def logit_factor(self) -> float:
         """The logit factor (inverse softmax temperature) ``moglm evaluate`` found, from ``results.json``, else 1;

@@ -8,7 +8,7 @@ import math
 from typing import Any, Callable
 
 from ..evaluation.mc_dropout import evaluate_mc_dropout
-from ..evaluation.scores import Scores
+from ..evaluation.scores import Scores, unit
 from ..evaluation.stream import evaluate_episodes, evaluate_stream
 from ..evaluation.temperature import search_temperature
 from ..provenance import write_result
@@ -74,14 +74,14 @@ def evaluate_run(
             scores = evaluate_episodes(model, corpus[split], corpus.separator_id(), batch_size, factor=factor)
         else:
             scores = evaluate_stream(model, corpus[split], batch_size, cfg.train.bptt, factor,
-                                     words=corpus.words.get(split), progress=progress, desc=split)
+                                     text=corpus.text(split), progress=progress, desc=split)
         results["splits"][split] = scores.as_dict()
         log(f"{split}: {scores.headline(corpus.format)}")
     if mc_samples:
         results["mc_dropout"] = {"samples": mc_samples, "multiplier": multiplier, "splits": {}}
         for split in splits:
             scores: Scores = evaluate_mc_dropout(model, corpus[split], mc_samples, multiplier, cfg.train.bptt,
-                                                 factor, words=corpus.words.get(split), progress=progress)
+                                                 factor, text=corpus.text(split), progress=progress)
             results["mc_dropout"]["splits"][split] = scores.as_dict()
             log(f"{split} (MC dropout, {mc_samples} samples): {scores.headline(corpus.format)}")
     results["level"] = corpus.format
@@ -128,10 +128,11 @@ def final_block(results: dict[str, Any], cfg) -> list[str]:
 
 
 def headline(results: dict[str, Any], split: str = "valid") -> str:
-    """'valid 1.234 bpc' / 'valid ppl 56.7' from a results dict."""
+    """'valid 1.234 bits per character' / 'valid perplexity 56.7' from a results dict, and its bits per byte."""
     s = results["splits"][split]
-    if results.get("level") == "word":
-        return f"{split} perplexity {s['perplexity']:.2f}"
-    unit = "bits per byte" if results.get("level") == "byte" else "bits per character"
-    return f"{split} {s['bits_per_token']:.4f} {unit}"
+    level = results.get("level")
+    bpb = f" ({s['bits_per_byte']:.4f} bits per byte)" if "bits_per_byte" in s and level != "byte" else ""
+    if unit(level) == "perplexity":
+        return f"{split} perplexity {s['perplexity']:.2f}{bpb}"
+    return f"{split} {s['bits_per_token']:.4f} {unit(level)}{bpb}"
 

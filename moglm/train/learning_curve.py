@@ -19,12 +19,12 @@ UNITS: dict[str, tuple[str, Callable[[float], str], Callable[[float], float]]] =
     "bpb": ("bits per byte", lambda v: f"{v:.4f} bpb", lambda x: x / math.log(2)),
     "perplexity": ("perplexity (log scale)", lambda v: f"ppl {v:.2f}", lambda x: math.exp(min(x, 700.0))),
 }
-FORMAT_UNITS = {"word": "perplexity", "char": "bpc", "ptb_char": "bpc", "byte": "bpb"}
+FORMAT_UNITS = {"word": "perplexity", "tokenizer": "perplexity", "char": "bpc", "ptb_char": "bpc", "byte": "bpb"}
 
 
 def unit_for(data_format: str) -> str:
-    """The unit the console prints for a corpus of ``data.format`` (``word``: perplexity, ``byte``: bits
-    per byte, otherwise bits per character)."""
+    """The unit the console prints for a corpus of ``data.format`` (``word`` and ``tokenizer``: perplexity,
+    ``byte``: bits per byte, otherwise bits per character)."""
     return FORMAT_UNITS.get(data_format, "bpc")
 
 
