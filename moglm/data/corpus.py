@@ -233,7 +233,7 @@ def build_corpus(name: str, fmt: str, raw_splits: dict[str, object], *, tokenize
     def text(split: str, count: bool = False) -> Iterator:
         pieces = originals[split]()
         if count:
-            pieces = _counted(pieces, lambda p: _text_bytes(fmt, p, detokenize), counts[split])
+            pieces = _counted(pieces, lambda p: text_bytes(fmt, p, detokenize), counts[split])
         return model_text(pieces, detokenize)
 
     if fmt == "tokenizer":
@@ -270,7 +270,7 @@ def model_text(pieces: Iterable, detokenize: str | None) -> Iterator:
     return undo(detokenize, (_as_text(p) for p in pieces))
 
 
-def _text_bytes(fmt: str, piece, detokenize: str | None) -> int:
+def text_bytes(fmt: str, piece, detokenize: str | None = None) -> int:
     """The bytes a piece of original text adds to bits per byte's denominator."""
     if detokenize is not None:
         return spelled_bytes("word", _as_text(piece))

@@ -75,8 +75,9 @@ class DataConfig(Section):
         "pretrained tokenizer's name (the local Hugging Face cache, or the Hub where there is network). Text it "
         "does not cover is an error.")
     tokenizer_training: TokenizerTraining | None = Field(
-        None, description="format = 'tokenizer' without data.tokenizer: train a tokenizer on the training split "
-        "first, e.g. {kind = \"bpe\", vocab_size = 8000}; the run directory keeps it (tokenizer.json).")
+        None, description="format = 'tokenizer' without data.tokenizer: train a byte-level tokenizer on the training "
+        "split first, {kind = \"bpe\" or \"unigram\", vocab_size = tokens at most, 257 or more} (defaults: bpe, "
+        "8000); the run directory keeps it (tokenizer.json).")
     detokenize: Literal["wikitext"] | None = Field(
         None, description="Undo the corpus's tokenization before a char, byte or tokenizer model reads it "
         "(wikitext: lm-evaluation-harness's WikiText detokenizer, article by article). Bits per byte still divide "

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ..data.corpus import TextSize, text_bytes
 from ..data.vocabulary import Vocabulary
 from ..device import resolve_device
 from ..errors import MoglmError
@@ -93,15 +94,19 @@ class TrainedRun:
         return torch.tensor(encode_prompt(self.vocab, text), dtype=torch.long)
 
     def score(self, text: str, temperature: float | None = None) -> Scores:
-        """How well the model predicts ``text`` (one stream, from a zero state): cross-entropy, perplexity
-        and bits per token. ``temperature`` defaults to the run's tuned factor."""
+        """How well the model predicts ``text`` (one stream, from a zero state): cross-entropy, perplexity,
+        bits per token and bits per byte. ``temperature`` defaults to the run's tuned factor."""
         ids = self.encode(text).numpy()  # [N]
         if len(ids) < 2:
             raise MoglmError("score: the text has no token to predict")
         factor = self.temperature if temperature is None else temperature
         if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
             raise MoglmError(f"score: the logit factor (temperature) must be a finite number > 0, got {factor!r}")
-        return evaluate_stream(self.model, ids, 1, self.config.train.bptt, factor)
+        # every token of the text is predicted (after the separator it is read after): all its bytes, as the
+        # corpus counts them (a word model's text as its words spell it, without a newline the text does not end in)
+        spelled = text_bytes("word", text) - (not text.endswith("\n")) if self.vocab.level == "word" else None
+        size = TextSize(bytes=spelled if spelled is not None else len(text.encode("utf-8")))
+        return evaluate_stream(self.model, ids, 1, self.config.train.bptt, factor, text=size)
 
     def sample(self, prompt: str = "", num_tokens: int = 200, temperature: float = 1.0, top_k: int | None = None,
                seed: int | None = None) -> str:
