@@ -28,9 +28,9 @@ def test_each_level_reports_its_own_unit_then_bits_per_byte():
     s = Scores(nll=20 * math.log(2), tokens=10, words=4, bytes=40)
     assert s.bits_per_byte == pytest.approx(0.5) and s.as_dict()["bits_per_byte"] == pytest.approx(0.5)
     assert s.headline("word") == "ppl 4.00 (xent 1.3863), 0.5000 bits/byte"
-    assert s.headline("tokenizer") == "ppl 4.00 (2.0000 bits/token), 0.5000 bits/byte"
-    assert s.headline("char") == "2.0000 bpc, 5.000 bits/word, 0.5000 bits/byte"
-    assert s.headline("byte") == "2.0000 bpb, 5.000 bits/word"  # a byte model's own unit already is bits per byte
+    assert s.headline("tokenizer") == "ppl 4.00 (xent 1.3863), 0.5000 bits/byte"
+    assert s.headline("char") == "2.0000 bpc, 0.5000 bits/byte"  # bits per word stays in results.json
+    assert s.headline("byte") == "2.0000 bpb"  # a byte model's own unit already is bits per byte
     assert "bits/byte" not in Scores(nll=1.0, tokens=10).headline("word")
 
 
