@@ -94,7 +94,10 @@ class Scores:
         score = in_unit(self.xent, level)
         if unit_for(level) == "perplexity":
             score = f"{score} (xent {self.xent:.4f})"
-        return f"{score}, {self.bits_per_byte:.4f} bits/byte" if self.bytes and level != "byte" else score
+        # a byte model's own unit is bits per byte, unless its text was rewritten (data.detokenize): then the bytes
+        # of the original text, the shared denominator, differ from the bytes it reads
+        own = level == "byte" and self.bytes == self.tokens
+        return f"{score}, {self.bits_per_byte:.4f} bits/byte" if self.bytes and not own else score
 
 
 def scored(nll: float, predictions: int, tokens: int, text: TextSize | None) -> Scores:

@@ -136,6 +136,7 @@ def headline(results: dict[str, Any], split: str = "valid") -> str:
     are known."""
     s = results["splits"][split]
     level = results.get("level", "char")
-    bpb = f" ({s['bits_per_byte']:.4f} bits per byte)" if "bits_per_byte" in s and level != "byte" else ""
+    own = level == "byte" and s.get("bytes") == s.get("tokens")  # a byte model of the text as it is
+    bpb = f" ({s['bits_per_byte']:.4f} bits per byte)" if "bits_per_byte" in s and not own else ""
     return f"{split} {in_unit(s['xent'], level)}{bpb}"
 

@@ -58,7 +58,7 @@ def test_a_trained_tokenizer_file_trains_evaluates_and_samples_a_run(tiny_corpus
     assert main(["train", str(tmp_path / "tiny.toml"), "--set", f"data.path={tiny_corpus}", "--set",
                  f"data.tokenizer={tok}", "--run-dir", str(run), "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "valid perplexity" in out and "bits/byte" in out and "--- sample ---\nthe cat" in out
+    assert "valid ppl" in out and "bits/byte" in out and "--- sample ---\nthe cat" in out
     results = json.loads((run / "results.json").read_text())
     test = results["splits"]["test"]
     text = (tiny_corpus / "test.txt").read_text()

@@ -20,7 +20,7 @@ VOCAB = {"ptb": 10_000, "ptb-char": 50, "wikitext-2": 33_278, "enwik8": 256, "te
 def test_every_shipped_config_loads_and_builds(name):
     cfg = load_config(name)
     training = cfg.data.tokenizer_training
-    vocab = VOCAB[cfg.data.path] if training is None else training.vocab_size
+    vocab = training.vocab_size if training else 256 if cfg.data.format == "byte" else VOCAB[cfg.data.path]
     hidden = resolve_hidden_size(cfg.model, vocab)
     with torch.device("meta"):
         model = build_model(cfg.model, vocab, hidden)
