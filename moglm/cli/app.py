@@ -7,7 +7,7 @@ import typer
 
 from ..registry import command_groups, load
 from . import (bench, compress, configs, dynamic_evaluation, evaluate, experiment, export, harness, info,
-               related_words, sample, train, tune)
+               related_words, sample, tokenizer, train, tune)
 from .common import new_app
 
 #: top-level commands, in the order ``moglm --help`` lists them: (name, function)
@@ -22,6 +22,7 @@ COMMANDS = (
 GROUPS = (
     ("experiment", experiment.app, "The papers' experiments: list, run, status."),
     ("bench", bench.app, "Benchmarks: throughput against nn.LSTM; equal-budget comparisons."),
+    ("tokenizer", tokenizer.app, "Subword tokenizers: train one for data.format = \"tokenizer\"."),
 )
 
 

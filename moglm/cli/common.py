@@ -23,6 +23,8 @@ UpdateRule = Literal["sgd", "sgd-decay", "rms", "rms-decay", "rms-rmsdecay", "sg
                      "rmsprop"]  # dynamic_evaluation.update_rules.RULES
 Sampler = Literal["gp", "tpe", "random"]  # tune.search_space.StudySettings.sampler
 Checkpoint = Literal["best", "last"]
+TokenizerKind = Literal["bpe", "unigram"]  # data.tokenizer.KINDS
+Detokenizer = Literal["wikitext"]  # data.detokenize.DETOKENIZERS
 DyckObjective = Literal["closing", "lm"]  # tasks.dyck_training.OBJECTIVES
 DyckPositions = Literal["closing", "open_stack"]  # tasks.wcpa.POSITIONS
 Architecture = Literal["lstm", "mogrifier", "multiplicative_lstm", "mi_lstm", "rnn", "multiplicative_rnn", "mmrnn", "mmlstm",

@@ -1,4 +1,5 @@
-"""Corpora: files -> token ids for the train / valid / test splits, cached so a second load takes seconds.
+"""Corpora: files or a ``datasets`` corpus -> token ids for the train / valid / test splits, cached so a second
+load takes seconds.
 
 Formats:
 
@@ -8,20 +9,33 @@ Formats:
   ``<eos>`` after every line.
 * ``char``: plain text, one token per Unicode character (newlines included).
 * ``byte``: any file as bytes (enwik8-style), a fixed vocabulary of 256.
+* ``tokenizer``: subword tokens of a Hugging Face ``tokenizers`` tokenizer (:mod:`moglm.data.tokenizer`), given or
+  trained on the training split; text it does not cover is an error, not ``<unk>``.
 
 The vocabulary comes from the training split only; unknown tokens map to ``<unk>``. A directory is
 searched for one ``*train*``, ``*valid*`` and ``*test*`` file each; a single file is split 90/5/5
 by position. With no path at all, the Python documentation that ships with every interpreter
-(``pydoc_data.topics``) is the corpus, at character level.
+(``pydoc_data.topics``) is the corpus, at character level. A ``datasets`` corpus (``source``,
+:mod:`moglm.data.sources`) streams record by record.
+
+Every split also records the UTF-8 bytes of the text its tokens cover, the denominator of bits per byte, so
+word, character, byte and subword models of one text compare: the text itself for ``char``, ``byte`` and
+``tokenizer``; for ``word`` and ``ptb_char`` the text the tokens spell (:func:`spelled_bytes`: words joined by
+single spaces, a newline per ``<eos>``). With ``detokenize`` (:mod:`moglm.data.detokenize`) the model reads the
+text with the corpus's tokenization undone, and the bytes stay those of the original as its words spell it, as
+lm-evaluation-harness's wikitext task counts the original page's bytes; so a word model of the tokenized
+WikiText-2 and a subword or character model of the detokenized one share the denominator.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import sys
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,28 +43,49 @@ import numpy as np
 
 from ..atomic import atomic_directory
 from ..errors import MoglmError
+from .paths import resolve_path
 from .vocabulary import EOS, UNK, Vocabulary
 
-FORMATS = ("word", "ptb_char", "char", "byte")
+FORMATS = ("word", "ptb_char", "char", "byte", "tokenizer")
 SPLITS = ("train", "valid", "test")
-CACHE_VERSION = 1
 DEFAULT_CORPUS = "pydoc"
+
+
+@dataclass(frozen=True)
+class TextSize:
+    """The words and UTF-8 bytes of the text a token stream covers: the denominators of bits per word and bits per
+    byte (either ``None`` where unknown)."""
+
+    words: int | None = None
+    bytes: int | None = None
+
+    def scored(self, predictions: int, tokens: int) -> "TextSize":
+        """The share that ``predictions`` of a stream of ``tokens`` tokens span (a stream of n tokens makes n - 1
+        predictions; striped batches drop a few more), counted in proportion."""
+        share = predictions / max(tokens - 1, 1)
+        return TextSize(*(None if n is None else int(round(n * share)) for n in (self.words, self.bytes)))
 
 
 @dataclass
 class Corpus:
-    """Token ids of each split (``int64`` numpy arrays), their vocabulary, and word counts for bits per word."""
+    """Token ids of each split (``int64`` numpy arrays), their vocabulary, word counts for bits per word, and the
+    bytes of the text each split covers for bits per byte."""
 
     name: str
     format: str
     vocab: Vocabulary
     splits: dict[str, np.ndarray]
     words: dict[str, int] = field(default_factory=dict)
+    bytes: dict[str, int] = field(default_factory=dict)
 
     def __getitem__(self, split: str) -> np.ndarray:
         if split not in self.splits:
             raise MoglmError(f"split must be one of {SPLITS}, got {split!r}")
         return self.splits[split]
+
+    def text(self, split: str) -> TextSize:
+        """The words and bytes of ``split``'s text (bits per word, bits per byte)."""
+        return TextSize(self.words.get(split), self.bytes.get(split))
 
     def separator_id(self) -> int:
         """The token that ends a line or sequence: ``<eos>``, or the newline character (episodic batches
@@ -74,27 +109,6 @@ class Corpus:
 
 
 # -- locating files ---------------------------------------------------------------------------------
-def data_search_path() -> list[Path]:
-    """Where relative corpus paths are looked up: the working directory, ``$MOGLM_DATA``, and the
-    ``shared/data`` folder beside the project checkout."""
-    roots = [Path.cwd()]
-    if os.environ.get("MOGLM_DATA"):
-        roots.append(Path(os.environ["MOGLM_DATA"]))
-    roots.append(Path(__file__).resolve().parents[3] / "shared" / "data")
-    return roots
-
-
-def resolve_path(path: str | os.PathLike) -> Path:
-    """The first existing ``root / path`` over :func:`data_search_path` (absolute paths as they are)."""
-    p = Path(path).expanduser()
-    candidates = [p] if p.is_absolute() else [root / p for root in data_search_path()]
-    for c in candidates:
-        if c.exists():
-            return c.resolve()
-    where = ", ".join(str(c) for c in candidates)
-    raise MoglmError(f"corpus {str(path)!r} not found (looked in: {where}; set MOGLM_DATA to its folder)")
-
-
 def find_split_files(directory: Path) -> dict[str, Path]:
     """One ``*train*``, ``*valid*`` and ``*test*`` file in ``directory``."""
     found = {}
@@ -135,14 +149,30 @@ def _line_tokens(text: str) -> list[str]:
     A line is what ends with a newline (blank lines count, as in WikiText-2); a final fragment after
     the last newline counts only if it holds tokens (Mikolov's PTB char files end with a lone space).
     """
-    lines = text.split("\n")
-    if not lines[-1].strip():
-        lines.pop()
     tokens: list[str] = []
-    for line in lines:
+    for line in _lines(text):
         tokens.extend(line.split())
         tokens.append(EOS)
     return tokens
+
+
+def _lines(text: str) -> list[str]:
+    lines = text.split("\n")
+    if not lines[-1].strip():
+        lines.pop()
+    return lines
+
+
+def spelled_bytes(fmt: str, text: str) -> int:
+    """UTF-8 bytes of the text that a word or PTB-char corpus's tokens spell: each line's words joined by single
+    spaces (PTB char: its symbols joined, ``_`` a space), and a newline for its ``<eos>``. PTB's word and character
+    files spell the same text, so their models divide by the same bytes."""
+    total = 0
+    for line in _lines(text):
+        symbols = line.split()
+        spelled = " ".join(symbols) if fmt == "word" else "".join(" " if x == "_" else x for x in symbols)
+        total += len(spelled.encode("utf-8")) + 1
+    return total
 
 
 def _char_codes(text: str) -> np.ndarray:
@@ -171,53 +201,179 @@ def _split_by_fraction(seq, fractions: tuple[float, float, float]):
     return {"train": seq[:a], "valid": seq[a:b], "test": seq[b:]}
 
 
-def _index_codes(codes: dict[str, np.ndarray], fmt: str) -> tuple[Vocabulary, dict[str, np.ndarray]]:
-    """Vocabulary and ids for code-point arrays (``char``), vectorised."""
-    uniq, counts = np.unique(codes["train"], return_counts=True)
-    need_unk = any(bool(np.isin(codes[s], uniq, invert=True).any()) for s in ("valid", "test"))
-    vocab = Vocabulary.from_counts(Counter({chr(c): int(n) for c, n in zip(uniq, counts)}), fmt, need_unk)
-    lookup = np.array([vocab.stoi[chr(c)] for c in uniq], dtype=np.int64)
-    unk_id = vocab.stoi.get(vocab.unk, -1) if vocab.unk else -1
-    ids = {}
-    for s, c in codes.items():
-        pos = np.clip(np.searchsorted(uniq, c), 0, len(uniq) - 1)
-        ids[s] = np.where(uniq[pos] == c, lookup[pos], unk_id)
-    return vocab, ids
+#: a split's text piece by piece (``str``, or ``bytes`` for a byte corpus read from files), afresh at every call:
+#: a file is one piece, a ``datasets`` corpus one piece per record, so a corpus of any size streams
+Pieces = Callable[[], Iterator["str | bytes"]]
 
 
-def build_corpus(name: str, fmt: str, raw_splits: dict[str, object]) -> Corpus:
-    """Tokenise raw split contents (str, or bytes for ``byte``) and index them with the train vocabulary."""
-    if fmt == "byte":
-        tokens = {s: np.frombuffer(raw, dtype=np.uint8) for s, raw in raw_splits.items()}
-    elif fmt == "char":
-        tokens = {s: _char_codes(raw) for s, raw in raw_splits.items()}
+def _pieces(raw) -> Pieces:
+    return raw if callable(raw) else (lambda: iter([raw]))
+
+
+def _counted(pieces: Iterable, measure: Callable[[object], int], total: list[int]) -> Iterator:
+    """``pieces`` unchanged, adding ``measure`` of each to ``total[0]`` as they pass."""
+    for piece in pieces:
+        total[0] += measure(piece)
+        yield piece
+
+
+def _as_text(piece) -> str:
+    return piece.decode("latin-1") if isinstance(piece, bytes) else piece
+
+
+def build_corpus(name: str, fmt: str, raw_splits: dict[str, object], *, tokenizer=None,
+                 train_tokenizer: tuple[str, int] | None = None, detokenize: str | None = None) -> Corpus:
+    """Tokenise each split's text (a ``str``, ``bytes`` for ``byte``, or :data:`Pieces`) and index it with the
+    vocabulary of the training split (``tokenizer``: a subword tokenizer's, or one trained on the training split
+    with ``train_tokenizer = (kind, vocab size)``). ``detokenize`` names a :mod:`~moglm.data.detokenize` rule
+    applied first; the bytes that bits per byte divide by are then those of the original text as words spell it."""
+    originals = {s: _pieces(raw) for s, raw in raw_splits.items()}
+    counts = {s: [0] for s in SPLITS}  # the UTF-8 bytes of each split's text, summed as the final pass reads it
+
+    def text(split: str, count: bool = False) -> Iterator:
+        pieces = originals[split]()
+        if count:
+            pieces = _counted(pieces, lambda p: text_bytes(fmt, p, detokenize), counts[split])
+        return model_text(pieces, detokenize)
+
+    if fmt == "tokenizer":
+        if tokenizer is None:
+            from .tokenizer import train_tokenizer as train
+
+            tokenizer = train(text("train"), *train_tokenizer)
+        vocab = Vocabulary.from_tokenizer(tokenizer)
     else:
-        tokens = {s: _line_tokens(raw) for s, raw in raw_splits.items()}
+        vocab = _train_vocabulary(name, fmt, {s: (lambda s=s: text(s)) for s in SPLITS})
+    splits, words = {}, {}
+    for s in SPLITS:
+        if fmt == "tokenizer":
+            splits[s], words[s] = _encode_with_tokenizer(vocab, text(s, True), s)
+        else:
+            splits[s], words[s] = _encode_split(vocab, fmt, text(s, True))
+    for split, ids in splits.items():
+        if len(ids) == 0 or (fmt in ("word", "ptb_char") and vocab.eos is not None
+                             and bool((ids == vocab.stoi[vocab.eos]).all())):
+            raise MoglmError(f"corpus {name}: the {split} split has no tokens")
+        if len(ids) < 2:  # a prediction needs an input and a target
+            raise MoglmError(f"corpus {name}: the {split} split has only {len(ids)} token; every split needs at least 2 "
+                             "(a longer file, or other data.split_fractions)")
+    return Corpus(name, fmt, vocab, splits, words, {s: counts[s][0] for s in SPLITS})
+
+
+def model_text(pieces: Iterable, detokenize: str | None) -> Iterator:
+    """The text a model reads: ``pieces`` as they are, or as text with the :mod:`~moglm.data.detokenize` rule
+    ``detokenize`` applied."""
+    if detokenize is None:
+        return iter(pieces)
+    from .detokenize import detokenize as undo
+
+    return undo(detokenize, (_as_text(p) for p in pieces))
+
+
+def text_bytes(fmt: str, piece, detokenize: str | None = None) -> int:
+    """The bytes a piece of original text adds to bits per byte's denominator."""
+    if detokenize is not None:
+        return spelled_bytes("word", _as_text(piece))
+    if isinstance(piece, bytes):
+        return len(piece)
+    if fmt in ("word", "ptb_char"):
+        return spelled_bytes(fmt, piece)
+    return len(piece.encode("utf-8"))
+
+
+def _piece_tokens(fmt: str, piece):
+    """One piece's tokens: a list of strings (word, ptb_char) or an array of codes (char) or bytes (byte)."""
+    if fmt == "byte":
+        return np.frombuffer(piece if isinstance(piece, bytes) else piece.encode("utf-8"), dtype=np.uint8)
+    if fmt == "char":
+        return _char_codes(piece)
+    return _line_tokens(piece)
+
+
+def _train_vocabulary(name: str, fmt: str, texts: dict[str, Pieces]) -> Vocabulary:
+    """The vocabulary of the training split's tokens, with ``<unk>`` when valid or test hold others."""
+    if fmt == "byte":
+        return Vocabulary.bytes()
+    counts: dict[str, Counter] = {s: Counter() for s in SPLITS}
+    for s in SPLITS:
+        for piece in texts[s]():
+            tokens = _piece_tokens(fmt, piece)
+            if fmt == "char":
+                uniq, n = np.unique(tokens, return_counts=True)
+                counts[s].update({chr(c): int(k) for c, k in zip(uniq, n)})
+            else:
+                counts[s].update(tokens)
     if fmt == "ptb_char":  # Mikolov's format: every symbol one character, words separated by "_"
-        words = [x for t in tokens.values() for x in dict.fromkeys(t) if len(x) > 1 and x not in (EOS, UNK)]
+        words = [x for s in SPLITS for x in counts[s] if len(x) > 1 and x not in (EOS, UNK)]
         if words:
             raise MoglmError(f"corpus {name}: not PTB char format: {len(words):,} tokens are longer than one character "
                              f"({', '.join(repr(w) for w in words[:3])}); plain text is data.format = \"char\"")
-    for split, t in tokens.items():
-        if len(t) == 0 or (fmt in ("word", "ptb_char") and all(x == EOS for x in t)):
-            raise MoglmError(f"corpus {name}: the {split} split has no tokens")
-        if len(t) < 2:  # a prediction needs an input and a target
-            raise MoglmError(f"corpus {name}: the {split} split has only {len(t)} token; every split needs at least 2 "
-                             "(a longer file, or other data.split_fractions)")
-    if fmt == "byte":
-        vocab, splits = Vocabulary.bytes(), {s: t.astype(np.int64) for s, t in tokens.items()}
-    elif fmt == "char":
-        vocab, splits = _index_codes(tokens, fmt)
-    else:
-        counts = Counter(tokens["train"])
-        need_unk = any(t not in counts for s in ("valid", "test") for t in tokens[s])
-        vocab = Vocabulary.from_counts(counts, fmt, need_unk, eos=EOS)
-        splits = {s: vocab.encode(t) for s, t in tokens.items()}
-    words = {s: _count_words(fmt, t) for s, t in tokens.items()}
-    return Corpus(name, fmt, vocab, splits, words)
+    need_unk = any(t not in counts["train"] for s in ("valid", "test") for t in counts[s])
+    return Vocabulary.from_counts(counts["train"], fmt, need_unk, eos=EOS if fmt != "char" else None)
 
 
-CACHE_VERSION = 2  # 2: byte-order marks dropped, CR and CRLF line ends read as newlines
+def _encode_split(vocab: Vocabulary, fmt: str, pieces: Iterable) -> tuple[np.ndarray, int]:
+    """Ids and words of one split's pieces."""
+    ids, words = [], 0
+    for piece in pieces:
+        tokens = _piece_tokens(fmt, piece)
+        words += _count_words(fmt, tokens)
+        if fmt == "byte":
+            ids.append(tokens.astype(np.int64))
+        elif fmt == "char":
+            ids.append(_index_codes(vocab, tokens))
+        else:
+            ids.append(vocab.encode(tokens))
+    return (np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)), words
+
+
+def _index_codes(vocab: Vocabulary, codes: np.ndarray) -> np.ndarray:
+    """Ids of code points (``char``), vectorised; unknown ones become ``<unk>``."""
+    uniq, inverse = np.unique(codes, return_inverse=True)
+    unk_id = vocab.stoi.get(vocab.unk, -1) if vocab.unk else -1
+    lookup = np.array([vocab.stoi.get(chr(c), unk_id) for c in uniq], dtype=np.int64)
+    return lookup[inverse.reshape(-1)] if len(codes) else np.zeros(0, dtype=np.int64)
+
+
+#: the characters a tokenizer encodes at once: a split's text is cut after a newline that a non-space character
+#: follows, where the common pre-tokenizers (byte-level, whitespace, metaspace) start a new token anyway
+TOKENIZER_CHUNK = 1 << 16
+
+
+def _chunks(text: str, size: int = TOKENIZER_CHUNK) -> Iterator[str]:
+    start = 0
+    while len(text) - start > size:
+        cut = text.find("\n", start + size)
+        while cut != -1 and cut + 1 < len(text) and text[cut + 1].isspace():
+            cut = text.find("\n", cut + 1)
+        if cut == -1 or cut + 1 >= len(text):
+            break
+        yield text[start:cut + 1]
+        start = cut + 1
+    yield text[start:]
+
+
+def _encode_with_tokenizer(vocab: Vocabulary, pieces: Iterable[str], split: str) -> tuple[np.ndarray, int]:
+    """Ids and whitespace-separated words of a split's text under ``vocab``'s tokenizer; a one-line error at the first piece of text it does not
+    cover (it would become the unknown token), with its character offset in the split."""
+    from .tokenizer import first_unknown, uncovered_message
+
+    tokenizer, unk = vocab.tokenizer, vocab.unk
+    unk_id = vocab.stoi[unk] if unk is not None else None
+    ids, base, words = [], 0, 0
+    for piece in pieces:
+        chunks = list(_chunks(_as_text(piece)))
+        for chunk, encoding in zip(chunks, tokenizer.encode_batch(chunks, add_special_tokens=False)):
+            span = first_unknown(encoding.ids, encoding.offsets, unk_id)
+            if span is not None:
+                raise MoglmError(uncovered_message(f"{split} split", chunk, span, base, unk))
+            ids.append(np.asarray(encoding.ids, dtype=np.int64))
+            base += len(chunk)
+            words += len(chunk.split())
+    return (np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)), words
+
+
+CACHE_VERSION = 3  # 2: byte-order marks dropped, CR and CRLF line ends read as newlines; 3: bytes per split
 
 
 # -- caching --------------------------------------------------------------------------------------
@@ -238,7 +394,7 @@ def _load_cached(directory: Path) -> Corpus | None:
         meta = json.loads((directory / "meta.json").read_text())
         splits = {s: np.load(directory / f"{s}.npy", allow_pickle=False) for s in SPLITS}
         vocab = Vocabulary.from_json(json.dumps(meta["vocab"]))
-        corpus = Corpus(meta["name"], meta["format"], vocab, splits, meta["words"])
+        corpus = Corpus(meta["name"], meta["format"], vocab, splits, meta["words"], meta["bytes"])
         if any(len(a) < 2 or int(a.max()) >= len(vocab) for a in splits.values()):
             return None
         return corpus
@@ -252,7 +408,7 @@ def _store_cached(directory: Path, corpus: Corpus) -> None:
         with atomic_directory(directory) as tmp:
             for s in SPLITS:
                 np.save(tmp / f"{s}.npy", corpus.splits[s].astype(np.int32 if len(corpus.vocab) > 65535 else np.uint16))
-            meta = {"name": corpus.name, "format": corpus.format, "words": corpus.words}
+            meta = {"name": corpus.name, "format": corpus.format, "words": corpus.words, "bytes": corpus.bytes}
             meta["vocab"] = json.loads(corpus.vocab.to_json())
             (tmp / "meta.json").write_text(json.dumps(meta))
     except OSError:
@@ -260,25 +416,34 @@ def _store_cached(directory: Path, corpus: Corpus) -> None:
 
 
 # -- the entry point --------------------------------------------------------------------------------
-def load_corpus(
-    path: str | None = None,
-    format: str = "char",
-    files: dict[str, str] | None = None,
-    split_fractions: tuple[float, float, float] = (0.9, 0.05, 0.05),
-    use_cache: bool = True,
-) -> Corpus:
-    """Load a corpus. ``path``: a directory with train/valid/test files, one file (split by
-    ``split_fractions``), or ``None`` for the default Python-documentation corpus (character level).
-    ``files`` names the split files explicitly (relative to ``path`` when it is a directory)."""
-    if format not in FORMATS:
-        raise MoglmError(f"data.format must be one of {FORMATS}, got {format!r}")
+@dataclass
+class CorpusText:
+    """Where a corpus's text comes from: its name, each split's text as :data:`Pieces` (read when called), and
+    what keys its cached corpus."""
+
+    name: str
+    splits: dict[str, Pieces]
+    key: list
+
+
+def corpus_text(path: str | None = None, files: dict[str, str] | None = None,
+                split_fractions: tuple[float, float, float] = (0.9, 0.05, 0.05), binary: bool = False, *,
+                source: str | None = None, text_field: str = "text",
+                split_names: dict[str, str] | None = None) -> CorpusText:
+    """The text of a corpus (see :func:`load_corpus` for the arguments), split but not yet tokenised; ``binary``
+    reads files as bytes."""
+    if source is not None:
+        from .sources import open_source
+
+        opened = open_source(source, text_field, split_names, split_fractions)
+        return CorpusText(opened.name, opened.splits, opened.key)
     if path is None or path == DEFAULT_CORPUS:
         from pydoc_data.topics import topics
 
         text = "".join(topics[k] for k in sorted(topics))
-        key = _cache_key([DEFAULT_CORPUS, sys.version_info[:3], len(text), format, split_fractions, CACHE_VERSION])
-        raw = text.encode("utf-8") if format == "byte" else text
-        return _with_cache(key, use_cache, lambda: build_corpus(DEFAULT_CORPUS, format, _split_by_fraction(raw, split_fractions)))
+        raw = _split_by_fraction(text.encode("utf-8") if binary else text, split_fractions)
+        return CorpusText(DEFAULT_CORPUS, {s: _pieces(raw[s]) for s in SPLITS},
+                          [DEFAULT_CORPUS, sys.version_info[:3], len(text)])
     root = resolve_path(path)
     if files:
         unknown = set(files) - set(SPLITS)
@@ -293,18 +458,69 @@ def load_corpus(
     else:
         split_files = {"all": root}
     stats = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in split_files.values() if p.exists()]
-    key = _cache_key([stats, format, split_fractions, CACHE_VERSION])
-    name = root.name
+    if "all" in split_files:
+        whole = functools.cache(lambda: _split_by_fraction(_read(split_files["all"], binary), split_fractions))
+        splits = {s: (lambda s=s: iter([whole()[s]])) for s in SPLITS}
+    else:
+        splits = {s: (lambda f=split_files[s]: iter([_read(f, binary)])) for s in SPLITS}
+    return CorpusText(root.name, splits, stats)
 
-    def build() -> Corpus:
-        binary = format == "byte"
-        if "all" in split_files:
-            raw = _split_by_fraction(_read(split_files["all"], binary), split_fractions)
-        else:
-            raw = {s: _read(split_files[s], binary) for s in SPLITS}
-        return build_corpus(name, format, raw)
 
-    return _with_cache(key, use_cache, build)
+def load_corpus(
+    path: str | None = None,
+    format: str = "char",
+    files: dict[str, str] | None = None,
+    split_fractions: tuple[float, float, float] = (0.9, 0.05, 0.05),
+    use_cache: bool = True,
+    *,
+    source: str | None = None,
+    text_field: str = "text",
+    split_names: dict[str, str] | None = None,
+    tokenizer: str | None = None,
+    train_tokenizer: tuple[str, int] | None = None,
+    detokenize: str | None = None,
+) -> Corpus:
+    """Load a corpus. ``path``: a directory with train/valid/test files, one file (split by
+    ``split_fractions``), or ``None`` for the default Python-documentation corpus (character level).
+    ``files`` names the split files explicitly (relative to ``path`` when it is a directory). ``source``: a
+    ``datasets`` corpus instead (:func:`moglm.data.sources.open_source`, its ``text_field`` and ``split_names``).
+    ``format = "tokenizer"`` reads ``tokenizer`` (:func:`moglm.data.tokenizer.load_tokenizer`) or trains one on
+    the training split (``train_tokenizer = (kind, vocab size)``); ``detokenize`` undoes the text's tokenization
+    first (:mod:`moglm.data.detokenize`)."""
+    if format not in FORMATS:
+        raise MoglmError(f"data.format must be one of {FORMATS}, got {format!r}")
+    options, tokenizer_key = _text_options(format, tokenizer, train_tokenizer, detokenize)
+    extra = [] if tokenizer_key is None and detokenize is None else [tokenizer_key, detokenize]
+    text = corpus_text(path, files, split_fractions, format == "byte" and detokenize is None, source=source,
+                       text_field=text_field, split_names=split_names)
+    key = _cache_key([text.key, format, split_fractions, CACHE_VERSION, *extra])
+    return _with_cache(key, use_cache, lambda: build_corpus(text.name, format, text.splits, **options))
+
+
+def _text_options(fmt: str, tokenizer: str | None, train_tokenizer: tuple[str, int] | None,
+                  detokenize: str | None) -> tuple[dict, str | None]:
+    """:func:`build_corpus`'s tokenizer and detokenizer options, checked, and what of them keys the cache (the
+    tokenizer's own JSON, so an edited tokenizer file is a new corpus)."""
+    from .detokenize import DETOKENIZERS
+
+    if detokenize is not None and detokenize not in DETOKENIZERS:
+        raise MoglmError(f"data.detokenize must be one of {DETOKENIZERS}, got {detokenize!r}")
+    if detokenize is not None and fmt in ("word", "ptb_char"):
+        raise MoglmError(f"data.detokenize applies to the char, byte and tokenizer formats: a {fmt} model reads the "
+                         "corpus's own tokens")
+    if fmt != "tokenizer":
+        if tokenizer is not None or train_tokenizer is not None:
+            raise MoglmError(f"data.tokenizer and data.tokenizer_training need data.format = \"tokenizer\" (not {fmt!r})")
+        return {"detokenize": detokenize}, None
+    if (tokenizer is None) == (train_tokenizer is None):
+        raise MoglmError("data.format = \"tokenizer\" needs one of data.tokenizer (a tokenizer to read) and "
+                         "data.tokenizer_training (one to train on the training split)")
+    if tokenizer is None:
+        return {"train_tokenizer": tuple(train_tokenizer), "detokenize": detokenize}, f"train:{list(train_tokenizer)}"
+    from .tokenizer import load_tokenizer
+
+    loaded = load_tokenizer(tokenizer)
+    return {"tokenizer": loaded, "detokenize": detokenize}, hashlib.sha256(loaded.to_str().encode()).hexdigest()
 
 
 def _with_cache(key: str, use_cache: bool, build) -> Corpus:

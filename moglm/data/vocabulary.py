@@ -1,10 +1,12 @@
-"""Vocabularies: the mapping between tokens and ids, built from the training split only."""
+"""Vocabularies: the mapping between tokens and ids, built from the training split only, or a subword
+tokenizer's (:mod:`moglm.data.tokenizer`)."""
 
 from __future__ import annotations
 
 import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -15,10 +17,15 @@ EOS = "<eos>"
 
 
 class Vocabulary:
-    """Tokens (strings) <-> ids. ``level`` is the corpus format (``word``, ``ptb_char``, ``char`` or
-    ``byte``) and decides how prompts are split and decoded tokens joined; ``unk`` is the token unknown tokens map to (``None``: unknown tokens are an error)."""
+    """Tokens (strings) <-> ids. ``level`` is the corpus format (``word``, ``ptb_char``, ``char``, ``byte`` or
+    ``tokenizer``) and decides how prompts are split and decoded tokens joined; ``unk`` is the token unknown tokens
+    map to (``None``: unknown tokens are an error). A ``tokenizer`` vocabulary holds its ``tokenizers.Tokenizer``
+    (its JSON form travels in ``vocab.json``), which splits prompts and joins decoded tokens."""
 
-    def __init__(self, tokens: Sequence[str], level: str, unk: str | None = None, eos: str | None = None) -> None:
+    def __init__(self, tokens: Sequence[str], level: str, unk: str | None = None, eos: str | None = None,
+                 tokenizer: dict[str, Any] | None = None) -> None:
+        if (level == "tokenizer") != (tokenizer is not None):
+            raise ValueError("a tokenizer vocabulary, and only one, holds its tokenizer")
         if len(set(tokens)) != len(tokens):
             raise ValueError("vocabulary tokens must be unique")
         if unk is not None and unk not in tokens:
@@ -28,6 +35,33 @@ class Vocabulary:
         self.level = level
         self.unk = unk
         self.eos = eos if eos in self.stoi else None
+        self.tokenizer_json = tokenizer
+        self._tokenizer = None
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer) -> "Vocabulary":
+        """The vocabulary of a ``tokenizers.Tokenizer``: its tokens in id order, its unknown token, and as the line
+        separator the token a newline encodes to, when it is one token."""
+        from .tokenizer import as_json, from_json, tokenizer_tokens, unknown_token
+
+        # as the tokenizer reads back from its JSON (a unigram model's scores print rounded): a run's tokenizer
+        # read from tokenizer.json gives the vocabulary, and the corpus fingerprint, it trained with
+        tokenizer = from_json(tokenizer.to_str())
+        tokens = tokenizer_tokens(tokenizer)
+        newline = tokenizer.encode("\n", add_special_tokens=False).ids
+        eos = tokens[newline[0]] if len(newline) == 1 else None
+        vocab = cls(tokens, "tokenizer", unknown_token(tokenizer), eos, as_json(tokenizer))
+        vocab._tokenizer = tokenizer
+        return vocab
+
+    @property
+    def tokenizer(self):
+        """The ``tokenizers.Tokenizer`` of a ``tokenizer`` vocabulary (``None`` for the others)."""
+        if self._tokenizer is None and self.tokenizer_json is not None:
+            from .tokenizer import from_json
+
+            self._tokenizer = from_json(self.tokenizer_json)
+        return self._tokenizer
 
     @classmethod
     def from_counts(cls, counts: Counter, level: str, need_unk: bool, eos: str | None = None) -> "Vocabulary":
@@ -62,6 +96,8 @@ class Vocabulary:
 
     def decode(self, ids: Iterable[int]) -> str:
         """Readable text: words joined by spaces with ``<eos>`` as a newline; characters joined directly."""
+        if self.level == "tokenizer":
+            return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
         tokens = [self.itos[int(i)] for i in ids]
         if self.level == "word":
             return " ".join(tokens).replace(f" {EOS} ", "\n").replace(EOS, "\n")
@@ -73,6 +109,8 @@ class Vocabulary:
 
     def tokenize_prompt(self, text: str) -> list[str]:
         """Split user text into this vocabulary's tokens."""
+        if self.level == "tokenizer":
+            return self.tokenizer.encode(text, add_special_tokens=False).tokens
         if self.level == "word":
             return text.split()
         if self.level == "byte":
@@ -82,9 +120,10 @@ class Vocabulary:
         return list(text)
 
     def to_json(self) -> str:
-        return json.dumps({"level": self.level, "unk": self.unk, "eos": self.eos, "tokens": self.itos})
+        d = {"level": self.level, "unk": self.unk, "eos": self.eos, "tokens": self.itos}
+        return json.dumps(d if self.tokenizer_json is None else d | {"tokenizer": self.tokenizer_json})
 
     @classmethod
     def from_json(cls, text: str) -> "Vocabulary":
         d = json.loads(text)
-        return cls(d["tokens"], d["level"], d.get("unk"), d.get("eos"))
+        return cls(d["tokens"], d["level"], d.get("unk"), d.get("eos"), d.get("tokenizer"))

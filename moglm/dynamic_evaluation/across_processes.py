@@ -20,7 +20,8 @@ import numpy as np
 from torch import Tensor
 
 from ..errors import MoglmError
-from ..evaluation.scores import Scores
+from ..data.corpus import TextSize
+from ..evaluation.scores import scored
 from ..evaluation.stream_model import StreamModel
 from ..distributed import SINGLE, Group
 from .evaluate import DynamicResult, Timing, dynamic_evaluate, static_pass
@@ -28,14 +29,14 @@ from .update_rules import Hyperparameters
 
 
 def evaluate_streams(model: StreamModel, ids: np.ndarray, hp: Hyperparameters, rms: dict[str, Tensor] | None, *,
-                     streams: int, bptt: int, factor: float, words: int | None = None, progress: bool = False,
+                     streams: int, bptt: int, factor: float, text: TextSize | None = None, progress: bool = False,
                      desc: str = "dyneval", group: Group = SINGLE, features: bool = False,
                      **options) -> DynamicResult:
     """The static pass and dynamic evaluation of ``ids`` in ``streams`` stripes (``options`` go to
     :func:`~moglm.dynamic_evaluation.evaluate.dynamic_evaluate`), this process's share of the stripes
     when ``group`` has several; every process returns the result of all the stripes."""
     if not group.distributed:
-        static = static_pass(model, ids, streams, bptt, factor, words, progress, features)
+        static = static_pass(model, ids, streams, bptt, factor, text, progress, features)
         return dynamic_evaluate(model, ids, hp, rms, static=static, streams=streams, factor=factor,
                                 progress=progress, desc=desc, features=features, **options)
     if features:
@@ -50,10 +51,9 @@ def evaluate_streams(model: StreamModel, ids: np.ndarray, hp: Hyperparameters, r
     rollbacks, rescored, cpu, static_cpu = group.sum([local.rollbacks, local.rescored, local.timing.cpu_seconds,
                                                       local.static_timing.cpu_seconds])
     walls = group.gather((local.timing.seconds, local.static_timing.seconds, local.lr_scale))
-    if words is not None:  # the words the scored tokens span, as the one-process static pass counts them
-        words = int(round(words * losses.numel() / max(len(ids) - 1, 1)))
+    # the words and bytes the scored tokens span, as the one-process static pass counts them
     return DynamicResult(
-        Scores(float(losses.double().sum()), losses.numel(), words),
-        Scores(float(static_losses.double().sum()), static_losses.numel(), words), losses, static_losses, hp,
+        scored(float(losses.double().sum()), losses.numel(), len(ids), text),
+        scored(float(static_losses.double().sum()), static_losses.numel(), len(ids), text), losses, static_losses, hp,
         Timing(max(w[0] for w in walls), cpu), Timing(max(w[1] for w in walls), static_cpu),
         int(rollbacks), int(rescored), min(w[2] for w in walls))

@@ -54,6 +54,7 @@ import torch
 from torch import Tensor
 
 from ..data.batching import StreamBatches, split_sequences
+from ..data.corpus import TextSize
 from ..errors import MoglmError
 from ..evaluation.scores import Scores
 from ..evaluation.stream import evaluate_stream
@@ -314,12 +315,12 @@ class DynamicResult:
 
 
 def static_pass(model: StreamModel, ids: np.ndarray, streams: int = 1, bptt: int = 70, factor: float = 1.0,
-                words: int | None = None, progress: bool = False, features: bool = False) -> StaticPass:
+                text: TextSize | None = None, progress: bool = False, features: bool = False) -> StaticPass:
     """The static evaluation (:func:`moglm.evaluation.stream.evaluate_stream`), timed, per token; with
     ``features`` also the output layer's features ``[L, B, H]`` (for the neural cache)."""
     timing = Timing()
     with timing.measure():
-        out = evaluate_stream(model, ids, streams, bptt, factor, words=words, progress=progress, desc="static",
+        out = evaluate_stream(model, ids, streams, bptt, factor, text=text, progress=progress, desc="static",
                               per_token=True, features=features)
     return StaticPass(*out[:2], timing, out[2] if features else None)
 
@@ -393,7 +394,7 @@ def dynamic_evaluate(
     finally:
         bar.close()
     losses = torch.cat(out)  # [L, B]
-    scores = Scores(float(losses.double().sum()), losses.numel(), static.scores.words)
+    scores = Scores(float(losses.double().sum()), losses.numel(), static.scores.words, bytes=static.scores.bytes)
     return DynamicResult(scores, static.scores, losses, static.losses, hp, timing, static.timing, evaluator.rollbacks,
                          evaluator.rescored, evaluator.rule.lr_scale, features=torch.cat(kept) if features else None,
                          static_features=static.features if features else None, adapted=evaluator.describe())

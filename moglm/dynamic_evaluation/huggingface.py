@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ..atomic import atomic_write_text
+from ..data.tokenizer import first_unknown, uncovered_message
 from ..errors import MoglmError
 from ..evaluation.context_window import ContextWindowLM, max_positions
 from ..evaluation.scores import Scores
@@ -103,16 +104,13 @@ def _check_encodable(tokenizer, text: str, ids: list[int], what: str) -> None:
     unk = tokenizer.unk_token_id
     if unk is None or unk in (tokenizer.eos_token_id, tokenizer.bos_token_id) or unk not in ids:
         return  # GPT-2's unknown token is its <|endoftext|>: a byte-level tokenizer encodes everything
-    where = ids.index(unk)
-    piece = tokenizer.convert_ids_to_tokens(unk)
     try:
-        start, end = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"][where]
-        piece = text[start:end]
-        at = f" at character {start}"
+        offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        span = first_unknown(ids, [tuple(o) for o in offsets], unk)
     except (NotImplementedError, KeyError, IndexError, TypeError, ValueError):  # a slow tokenizer has no offsets
-        at = f" (token {where})"
-    raise MoglmError(f"the tokenizer cannot encode the {what}: {piece!r}{at} becomes its unknown token "
-                     f"{tokenizer.unk_token!r}")
+        raise MoglmError(f"the tokenizer cannot encode the {what}: token {ids.index(unk)} becomes its unknown token "
+                         f"{tokenizer.unk_token!r}") from None
+    raise MoglmError(uncovered_message(what, text, span, 0, tokenizer.unk_token))
 
 
 def read_text(path: str | Path, what: str) -> str:

@@ -208,8 +208,7 @@ def dyneval_run(
             result = dynamic_evaluate(model, ids, hp, rms, progress=progress, desc=split, **options)
         else:
             result = evaluate_streams(model, ids, hp, rms, bptt=static_window(model, cfg.train.bptt, hp.segment_length),
-                                      words=corpus.words.get(split)
-                                      if eval_tokens is None else None, progress=progress, desc=split, group=group,
+                                      text=corpus.text(split) if eval_tokens is None else None, progress=progress, desc=split, group=group,
                                       features=cache, **options)
         if on_result is not None:
             on_result(split, result)

@@ -13,9 +13,10 @@ import numpy as np
 import torch
 
 from ..data.batching import StreamBatches
+from ..data.corpus import TextSize
 from ..model.language_model import LanguageModel
 from ..progress import progress_bar
-from .scores import Scores
+from .scores import Scores, scored
 
 
 @torch.no_grad()
@@ -27,7 +28,7 @@ def evaluate_mc_dropout(
     bptt: int = 70,
     factor: float = 1.0,
     max_tokens: int | None = None,
-    words: int | None = None,
+    text: TextSize | None = None,
     progress: bool = False,
 ) -> Scores:
     if samples < 1:
@@ -52,7 +53,7 @@ def evaluate_mc_dropout(
     finally:
         bar.close()
         model.train(was_training)
-    return Scores(total, count, words if max_tokens is None else None)
+    return scored(total, count, len(stream), text if max_tokens is None else None)
 
 
 #: the dropout multipliers MC dropout's search tries (the Mogrifier paper, section 3.3: "dropout rates are scaled",

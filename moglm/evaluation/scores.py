@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+from ..data.corpus import TextSize
+
 # unit: (name, how a score is written, nats/token -> the unit)
 UNITS: dict[str, tuple[str, Callable[[float], str], Callable[[float], float]]] = {
     "nats": ("cross-entropy (nats / token)", lambda v: f"{v:.4f} nats", lambda x: x),
@@ -15,12 +17,12 @@ UNITS: dict[str, tuple[str, Callable[[float], str], Callable[[float], float]]] =
     "perplexity": ("perplexity (log scale)", lambda v: f"ppl {v:.2f}", lambda x: math.exp(min(x, 700.0))),
 }
 #: the unit every score of a corpus is printed in, by ``data.format``: the one place that chooses it
-FORMAT_UNITS = {"word": "perplexity", "char": "bpc", "ptb_char": "bpc", "byte": "bpb"}
+FORMAT_UNITS = {"word": "perplexity", "tokenizer": "perplexity", "char": "bpc", "ptb_char": "bpc", "byte": "bpb"}
 
 
 def unit_for(data_format: str) -> str:
-    """The unit of a corpus of ``data.format`` (``word``: perplexity, ``byte``: bits per byte, otherwise bits
-    per character)."""
+    """The unit of a corpus of ``data.format`` (``word`` and ``tokenizer``: perplexity, ``byte``: bits per byte,
+    otherwise bits per character)."""
     return FORMAT_UNITS.get(data_format, "bpc")
 
 
@@ -82,17 +84,31 @@ class Scores:
         return d
 
     def headline(self, level: str) -> str:
-        """The number people quote, in the corpus's unit (:func:`in_unit`; word corpora with the cross-entropy
-        beside it); a text scored by a subword model: per token, character and byte."""
+        """The number people quote, in the corpus's unit (:func:`in_unit`; word and subword corpora with the
+        cross-entropy beside it), then bits per byte where the text's bytes are known, the unit in which word,
+        character, byte and subword models of one text compare. A text scored by a subword model of another
+        vocabulary: per token, character and byte."""
         if self.characters:
             return (f"{self.bits_per_token:.4f} bits/token (ppl {self.perplexity:.2f}), "
                     f"{self.bits_per_character:.4f} bpc, {self.bits_per_byte:.4f} bpb")
         score = in_unit(self.xent, level)
-        return f"{score} (xent {self.xent:.4f})" if unit_for(level) == "perplexity" else score
+        if unit_for(level) == "perplexity":
+            score = f"{score} (xent {self.xent:.4f})"
+        # a byte model's own unit is bits per byte, unless its text was rewritten (data.detokenize): then the bytes
+        # of the original text, the shared denominator, differ from the bytes it reads
+        own = level == "byte" and self.bytes == self.tokens
+        return f"{score}, {self.bits_per_byte:.4f} bits/byte" if self.bytes and not own else score
+
+
+def scored(nll: float, predictions: int, tokens: int, text: TextSize | None) -> Scores:
+    """The scores of ``predictions`` over a stream of ``tokens`` tokens whose text is ``text`` (the words and bytes
+    in proportion to the predictions made, :meth:`~moglm.data.TextSize.scored`)."""
+    share = TextSize() if text is None else text.scored(predictions, tokens)
+    return Scores(nll, predictions, share.words, bytes=share.bytes)
 
 
 def unit(level: str) -> str:
-    """The unit a corpus level is reported in: perplexity for words, bits per byte or character, and a music
-    run's log-likelihood per frame."""
-    return {"word": "perplexity", "byte": "bits per byte",
+    """The unit a corpus level is reported in: perplexity for words and subword tokens, bits per byte or
+    character, and a music run's log-likelihood per frame."""
+    return {"word": "perplexity", "tokenizer": "perplexity", "byte": "bits per byte",
             "music": "log-likelihood per frame (nats)"}.get(level, "bits per character")

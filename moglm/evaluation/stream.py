@@ -9,9 +9,10 @@ import torch
 from torch import Tensor
 
 from ..data.batching import EpisodicBatches, StreamBatches
+from ..data.corpus import TextSize
 from ..model.language_model import LanguageModel
 from ..progress import progress_bar
-from .scores import Scores
+from .scores import Scores, scored
 
 
 def _windows(ids: np.ndarray, batch_size: int, bptt: int, max_tokens: int | None) -> StreamBatches:
@@ -28,14 +29,15 @@ def evaluate_stream(
     bptt: int = 70,
     factor: float = 1.0,
     max_tokens: int | None = None,
-    words: int | None = None,
+    text: TextSize | None = None,
     progress: bool = False,
     desc: str = "evaluate",
     per_token: bool = False,
     features: bool = False,
 ) -> Scores | tuple[Scores, Tensor] | tuple[Scores, Tensor, Tensor]:
     """Scores of ``model`` (any :class:`~moglm.evaluation.stream_model.StreamModel`, in eval mode) on ``ids``.
-    ``factor`` multiplies the logits (temperature). With ``per_token`` also returns the per-token losses
+    ``factor`` multiplies the logits (temperature); ``text``: the words and bytes ``ids`` spell, for bits per word
+    and per byte of a whole split (a ``max_tokens`` prefix reports neither). With ``per_token`` also returns the per-token losses
     ``[L, B]`` (stream order per stripe), and with ``features`` too the output layer's features ``[L, B, H]``."""
     was_training = model.training
     model.eval()
@@ -60,11 +62,7 @@ def evaluate_stream(
     finally:
         bar.close()
         model.train(was_training)
-    if words is not None and max_tokens is None:
-        words = int(round(words * count / max(len(ids) - 1, 1)))  # words spanned by the scored tokens
-    else:
-        words = None
-    scores = Scores(total, count, words)
+    scores = scored(total, count, len(ids), text if max_tokens is None else None)
     if features:
         return scores, torch.cat(losses), torch.cat(kept)
     return (scores, torch.cat(losses)) if per_token else scores

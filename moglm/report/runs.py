@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MoglmError
+from ..evaluation.scores import unit
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -141,7 +142,7 @@ def score(run: Run, evaluation: str, split: str, same_tokens: bool = False) -> t
         block = found.get("splits", {}).get(split)
     if not block:
         return None
-    key = "perplexity" if run.level == "word" else "bits_per_token"
+    key = "perplexity" if unit(run.level) == "perplexity" else "bits_per_token"
     value = block.get(key)
     if value is None and key == "perplexity" and "xent" in block:
         value = math.exp(block["xent"])

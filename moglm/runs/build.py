@@ -11,7 +11,11 @@ from .config import DataConfig, ModelConfig
 
 
 def load_data(cfg: DataConfig) -> Corpus:
-    return load_corpus(cfg.path, cfg.format, cfg.files, tuple(cfg.split_fractions))
+    training = cfg.tokenizer_training
+    return load_corpus(cfg.path, cfg.format, cfg.files, tuple(cfg.split_fractions), source=cfg.source,
+                       text_field=cfg.text_field, split_names=cfg.split_names, tokenizer=cfg.tokenizer,
+                       train_tokenizer=None if training is None else (training.kind, training.vocab_size),
+                       detokenize=cfg.detokenize)
 
 
 def build_model(cfg: ModelConfig, vocab_size: int, hidden_size: int | None = None) -> LanguageModel:

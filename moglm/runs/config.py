@@ -18,6 +18,7 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
+from ..data.tokenizer import DEFAULT_KIND, DEFAULT_VOCAB_SIZE
 from ..errors import MoglmError
 from .directory import to_toml
 from ..model.architectures import MODEL_ARCHITECTURES as ARCHITECTURES
@@ -36,6 +37,14 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
+class TokenizerTraining(Section):
+    kind: Literal["bpe", "unigram"] = Field(
+        DEFAULT_KIND, description="bpe: byte-pair encoding (Sennrich et al. 2016); unigram: a unigram language model (Kudo "
+        "2018); both over GPT-2's byte-level pre-tokenization, so every text encodes and decodes to itself.")
+    vocab_size: int = Field(DEFAULT_VOCAB_SIZE, ge=257, description="Tokens in the vocabulary at most (the 256 byte symbols "
+                            "included).")
+
+
 class DataConfig(Section):
     path: str | None = Field(
         None,
@@ -43,14 +52,40 @@ class DataConfig(Section):
         "Python documentation shipped with the interpreter. Relative paths are also looked up in $MOGLM_DATA "
         "and in shared/data beside the checkout.",
     )
-    format: Literal["word", "ptb_char", "char", "byte"] = Field(
+    source: str | None = Field(
+        None,
+        description="A Hugging Face datasets corpus instead of path: a folder written by save_to_disk, local data "
+        "files (.txt, .json/.jsonl, .parquet or .csv: one file, a folder of them, or a glob), or a Hub dataset "
+        "name ('wikitext:wikitext-2-raw-v1' names a configuration) where the machine has network. Streamed record "
+        "by record, never loaded whole.",
+    )
+    text_field: str = Field("text", description="data.source: the field of each record that holds its text.")
+    split_names: dict[str, str] | None = Field(
+        None, description="data.source: the dataset's name for each of train, valid and test, e.g. {valid = "
+        "\"validation\"} (default: train; validation, valid or dev; test). A dataset with one split is cut by "
+        "split_fractions of its records.")
+    format: Literal["word", "ptb_char", "char", "byte", "tokenizer"] = Field(
         "char",
         description="word: whitespace tokens + <eos> per line; ptb_char: Mikolov's space-separated characters; "
-        "char: one token per character; byte: one token per byte.",
+        "char: one token per character; byte: one token per byte; tokenizer: subword tokens of data.tokenizer "
+        "(or of one trained by data.tokenizer_training).",
     )
+    tokenizer: str | None = Field(
+        None, description="format = 'tokenizer': a tokenizers JSON file, a folder holding tokenizer.json, or a "
+        "pretrained tokenizer's name (the local Hugging Face cache, or the Hub where there is network). Text it "
+        "does not cover is an error.")
+    tokenizer_training: TokenizerTraining | None = Field(
+        None, description="format = 'tokenizer' without data.tokenizer: train a byte-level tokenizer on the training "
+        "split first, {kind = \"bpe\" or \"unigram\", vocab_size = tokens at most, 257 or more} (defaults: bpe, "
+        "8000); the run directory keeps it (tokenizer.json).")
+    detokenize: Literal["wikitext"] | None = Field(
+        None, description="Undo the corpus's tokenization before a char, byte or tokenizer model reads it "
+        "(wikitext: lm-evaluation-harness's WikiText detokenizer, article by article). Bits per byte still divide "
+        "by the bytes of the original text, so models of either form share the denominator.")
     files: dict[str, str] | None = Field(None, description="Explicit split files {train, valid, test}, relative to path.")
     split_fractions: tuple[float, float, float] = Field(
-        (0.9, 0.05, 0.05), description="Train/valid/test fractions when path is a single file."
+        (0.9, 0.05, 0.05), description="Train/valid/test fractions when path is a single file (or data.source has "
+        "one split)."
     )
     episodic: bool = Field(
         False, description="One sequence per line, padded and masked, zero state per batch (instead of one stream)."
@@ -63,6 +98,21 @@ class DataConfig(Section):
         if any(f <= 0 for f in fractions) or sum(fractions) > 1 + 1e-9:
             raise ValueError(f"each fraction must be > 0 and together at most 1, got {list(fractions)}")
         return fractions
+
+    @model_validator(mode="after")
+    def _check_text(self) -> "DataConfig":
+        if self.source is not None and (self.path is not None or self.files is not None):
+            raise ValueError("set data.source (a datasets corpus) or data.path / data.files (files), not both")
+        subword = self.tokenizer is not None or self.tokenizer_training is not None
+        if self.format == "tokenizer" and (self.tokenizer is None) == (self.tokenizer_training is None):
+            raise ValueError("format 'tokenizer' needs one of data.tokenizer (a tokenizer to read) and "
+                             "data.tokenizer_training (one to train on the training split)")
+        if subword and self.format != "tokenizer":
+            raise ValueError(f"data.tokenizer and data.tokenizer_training need format 'tokenizer', not {self.format!r}")
+        if self.detokenize is not None and self.format in ("word", "ptb_char"):
+            raise ValueError(f"data.detokenize applies to the char, byte and tokenizer formats: a {self.format} model "
+                             "reads the corpus's own tokens")
+        return self
 
 
 class WithCellOptions(Section):
@@ -210,6 +260,8 @@ class SampleConfig(Section):
 #: defaults: a config that leaves them there is saved and digested as it was before they existed, so runs
 #: made by an earlier release resume (their config.toml matches) and experiments find them (same digest)
 ADDED_FIELDS: dict[str, dict[str, Any]] = {
+    "data": {"source": None, "text_field": "text", "split_names": None, "tokenizer": None, "tokenizer_training": None,
+             "detokenize": None},
     "model": {"orthogonal_init": None, "forget_bias": None, "weight_norm": False, "variational_input_dropout": False},
     "train": {"learning_rate_schedule": "constant", "min_learning_rate": 0.0, "adam_beta1": 0.0, "optimizer": "adam"},
     "evaluation": {"max_tokens": None},

@@ -4,7 +4,8 @@
 
     runs/<name>/
       config.toml          the resolved config (a language model's RunConfig, or a task's settings)
-      vocab.json           the vocabulary (language models: from the training split)
+      vocab.json           the vocabulary (language models: from the training split, or a subword tokenizer's)
+      tokenizer.json       a subword run's tokenizer, as the tokenizers library writes it
       model.json           resolved model sizes (hidden size chosen by budget, parameter count)
       metrics.jsonl        one JSON record per line: train / valid / final
       learning_curve.png   the learning curve, redrawn at every evaluation
@@ -75,7 +76,7 @@ def to_toml(mapping: dict[str, Any]) -> str:
 #: the names moglm writes at the top of a run directory, for every kind of run (language model, music, the
 #: synthetic tasks, tuning trials, experiments' evaluations); ``--restart`` removes a folder holding only these
 RUN_ENTRIES = frozenset({
-    ".lock", "config.toml", "vocab.json", "model.json", "metrics.jsonl", "learning_curve.png", "results.json",
+    ".lock", "config.toml", "vocab.json", "tokenizer.json", "model.json", "metrics.jsonl", "learning_curve.png", "results.json",
     "sample.txt", "sample.mid", "sample.png", "checkpoints", "tensorboard", "evaluations", "dyneval", "data", "lm",
     "partial_sentences.json", "tune.log",
 })
@@ -109,6 +110,7 @@ class RunDirectory:
         self.path = Path(path)
         self.config_path = self.path / "config.toml"
         self.vocab_path = self.path / "vocab.json"
+        self.tokenizer_path = self.path / "tokenizer.json"
         self.model_info_path = self.path / "model.json"
         self.metrics_path = self.path / "metrics.jsonl"
         self.plot_path = self.path / "learning_curve.png"

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ..data.corpus import TextSize, text_bytes
 from ..data.vocabulary import Vocabulary
 from ..device import resolve_device
 from ..errors import MoglmError
@@ -41,7 +42,16 @@ class LanguageModelRun(RunDirectory):
         if config.get("kind") == "music":
             raise MoglmError(f"{self.path} is a music run: use `moglm music evaluate`, `moglm music dyneval` or "
                              "`moglm sample`")
-        return validate(config, str(self.config_path))
+        return self.with_own_tokenizer(validate(config, str(self.config_path)))
+
+    def with_own_tokenizer(self, config: RunConfig) -> RunConfig:
+        """``config``, reading the corpus with the tokenizer this run trained (its ``tokenizer.json``) instead of
+        training one again: a unigram tokenizer trained twice on the same text need not be the same."""
+        data = config.data
+        if data.tokenizer_training is None or not self.tokenizer_path.is_file():
+            return config
+        own = data.model_copy(update={"tokenizer": str(self.tokenizer_path), "tokenizer_training": None})
+        return config.model_copy(update={"data": own})
 
     def logit_factor(self) -> float:
         """The logit factor (inverse softmax temperature) ``moglm evaluate`` found, from ``results.json``, else 1;
@@ -84,15 +94,19 @@ class TrainedRun:
         return torch.tensor(encode_prompt(self.vocab, text), dtype=torch.long)
 
     def score(self, text: str, temperature: float | None = None) -> Scores:
-        """How well the model predicts ``text`` (one stream, from a zero state): cross-entropy, perplexity
-        and bits per token. ``temperature`` defaults to the run's tuned factor."""
+        """How well the model predicts ``text`` (one stream, from a zero state): cross-entropy, perplexity,
+        bits per token and bits per byte. ``temperature`` defaults to the run's tuned factor."""
         ids = self.encode(text).numpy()  # [N]
         if len(ids) < 2:
             raise MoglmError("score: the text has no token to predict")
         factor = self.temperature if temperature is None else temperature
         if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
             raise MoglmError(f"score: the logit factor (temperature) must be a finite number > 0, got {factor!r}")
-        return evaluate_stream(self.model, ids, 1, self.config.train.bptt, factor)
+        # every token of the text is predicted (after the separator it is read after): all its bytes, as the
+        # corpus counts them (a word model's text as its words spell it, without a newline the text does not end in)
+        spelled = text_bytes("word", text) - (not text.endswith("\n")) if self.vocab.level == "word" else None
+        size = TextSize(bytes=spelled if spelled is not None else len(text.encode("utf-8")))
+        return evaluate_stream(self.model, ids, 1, self.config.train.bptt, factor, text=size)
 
     def sample(self, prompt: str = "", num_tokens: int = 200, temperature: float = 1.0, top_k: int | None = None,
                seed: int | None = None) -> str:

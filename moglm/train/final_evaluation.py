@@ -77,14 +77,14 @@ def evaluate_run(
             scores = evaluate_episodes(model, corpus[split], corpus.separator_id(), batch_size, limit, factor)
         else:
             scores = evaluate_stream(model, corpus[split], batch_size, cfg.train.bptt, factor, limit,
-                                     words=corpus.words.get(split), progress=progress, desc=split)
+                                     text=corpus.text(split), progress=progress, desc=split)
         results["splits"][split] = scores.as_dict()
         log(f"{split}: {scores.headline(corpus.format)}")
     if mc_samples:
         results["mc_dropout"] = {"samples": mc_samples, "multiplier": multiplier, "splits": {}}
         for split in splits:
             scores: Scores = evaluate_mc_dropout(model, corpus[split], mc_samples, multiplier, cfg.train.bptt,
-                                                 factor, limit, words=corpus.words.get(split), progress=progress)
+                                                 factor, limit, text=corpus.text(split), progress=progress)
             results["mc_dropout"]["splits"][split] = scores.as_dict()
             log(f"{split} (MC dropout, {mc_samples} samples): {scores.headline(corpus.format)}")
     results["level"] = corpus.format
@@ -132,6 +132,11 @@ def final_block(results: dict[str, Any], cfg) -> list[str]:
 
 
 def headline(results: dict[str, Any], split: str = "valid") -> str:
-    """'valid 1.2340 bpc' / 'valid ppl 56.70' from a results dict."""
-    return f"{split} {in_unit(results['splits'][split]['xent'], results.get('level', 'char'))}"
+    """'valid 1.2340 bpc' / 'valid ppl 56.70' from a results dict, and its bits per byte where the text's bytes
+    are known."""
+    s = results["splits"][split]
+    level = results.get("level", "char")
+    own = level == "byte" and s.get("bytes") == s.get("tokens")  # a byte model of the text as it is
+    bpb = f" ({s['bits_per_byte']:.4f} bits per byte)" if "bits_per_byte" in s and not own else ""
+    return f"{split} {in_unit(s['xent'], level)}{bpb}"
 

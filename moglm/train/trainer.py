@@ -196,7 +196,7 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)
 
         def load() -> None:  # rank 0 checks the corpus and fills its cache; the others then read the cache
-            self.corpus = load_data(cfg.data)
+            self.corpus = load_data(self.run.with_own_tokenizer(cfg).data)  # resumed: the tokenizer it trained
 
         # the corpus and the model's size are checked before the run directory is made:
         # a config that cannot run leaves nothing behind, and the corrected one starts in the same directory
@@ -212,6 +212,9 @@ class Trainer:
         self.log(self.corpus.summary())
         if group.is_main and not self.run.vocab_path.is_file():
             atomic_write_text(self.run.vocab_path, self.corpus.vocab.to_json())
+        if group.is_main and self.corpus.vocab.tokenizer is not None and not self.run.tokenizer_path.is_file():
+            # the subword tokenizer on its own too, for `tokenizers` and data.tokenizer = "<run>/tokenizer.json"
+            atomic_write_text(self.run.tokenizer_path, self.corpus.vocab.tokenizer.to_str(pretty=True))
         info = {"hidden_size": hidden, "embedding_size": self.model.embedding_size,
                 "num_params": count_parameters(self.model), "vocab_size": vocab_size,
                 "corpus_digest": self.corpus.digest()}

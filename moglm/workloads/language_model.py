@@ -138,11 +138,11 @@ def mc_dropout(run, samples: int, tokens: int | None, progress: bool, log: Calla
                            "temperature": factor, "tokens": tokens, "splits": {}, "static": {}}
     for split in ("valid", "test"):
         ids = corpus[split] if tokens is None else corpus[split][: tokens + 1]
-        words = corpus.words.get(split) if tokens is None else None
-        scores = evaluate_mc_dropout(model, ids, samples, multiplier, cfg.train.bptt, factor, words=words,
+        text = corpus.text(split) if tokens is None else None
+        scores = evaluate_mc_dropout(model, ids, samples, multiplier, cfg.train.bptt, factor, text=text,
                                      progress=progress)
         out["splits"][split] = scores.as_dict()
-        out["static"][split] = evaluate_stream(model, ids, 1, cfg.train.bptt, factor, words=words).as_dict()
+        out["static"][split] = evaluate_stream(model, ids, 1, cfg.train.bptt, factor, text=text).as_dict()
         log(f"{split} (MC dropout, {samples} samples): {scores.headline(corpus.format)}")
     out["level"] = corpus.format
     return out

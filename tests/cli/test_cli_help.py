@@ -89,8 +89,12 @@ def test_the_value_sets_match_the_modules_that_define_them():
     from moglm.dynamic_evaluation.update_rules import RULES
     from moglm.tasks.dyck_training import OBJECTIVES
     from moglm.tasks.wcpa import POSITIONS
+    from moglm.data.detokenize import DETOKENIZERS
+    from moglm.data.tokenizer import KINDS
     from moglm.tune.search_space import StudySettings
 
+    assert typing.get_args(cli_common.TokenizerKind) == KINDS
+    assert typing.get_args(cli_common.Detokenizer) == DETOKENIZERS
     assert typing.get_args(cli_common.UpdateRule) == tuple(RULES)
     assert typing.get_args(cli_common.DyckObjective) == tuple(OBJECTIVES)
     assert typing.get_args(cli_common.DyckPositions) == tuple(POSITIONS)

@@ -135,7 +135,7 @@ def test_a_prompt_the_corpus_cannot_spell_never_stops_training(tmp_path, capsys)
     assert (tmp_path / "run" / "results.json").is_file()
     # a character corpus's scores are bits per character, the validation lines and the final ones alike
     assert any(line.startswith("step 2: valid ") and " bpc" in line for line in lines)
-    assert any(line.startswith("valid: ") and line.endswith(" bpc") for line in lines)
+    assert any(line.startswith("valid: ") and " bpc" in line for line in lines)
     assert not any("word" in line for line in lines if "valid" in line)
 
 

@@ -19,7 +19,8 @@ VOCAB = {"ptb": 10_000, "ptb-char": 50, "wikitext-2": 33_278, "enwik8": 256, "te
 @pytest.mark.parametrize("name", sorted(shipped_configs()))
 def test_every_shipped_config_loads_and_builds(name):
     cfg = load_config(name)
-    vocab = VOCAB[cfg.data.path]
+    training = cfg.data.tokenizer_training
+    vocab = training.vocab_size if training else 256 if cfg.data.format == "byte" else VOCAB[cfg.data.path]
     hidden = resolve_hidden_size(cfg.model, vocab)
     with torch.device("meta"):
         model = build_model(cfg.model, vocab, hidden)
@@ -127,3 +128,50 @@ def test_the_shipped_configs_use_the_papers_initialisation_and_the_default_is_to
 
     assert ModelConfig(hidden_size=8).init == "torch"
     assert all(load_config(name).model.init == "paper" for name in shipped_configs())
+
+
+def test_the_data_section_reads_files_or_a_datasets_corpus_with_a_tokenizer():
+    """The data fields, their defaults and their order are pinned: configs and run directories name them."""
+    from moglm.runs.config import DataConfig, TokenizerTraining
+
+    defaults = {name: (f.default_factory() if f.default_factory else f.default)
+                for name, f in DataConfig.model_fields.items()}
+    assert defaults == {"path": None, "source": None, "text_field": "text", "split_names": None, "format": "char",
+                        "tokenizer": None, "tokenizer_training": None, "detokenize": None, "files": None,
+                        "split_fractions": (0.9, 0.05, 0.05), "episodic": False, "max_length": None}
+    assert TokenizerTraining().model_dump() == {"kind": "bpe", "vocab_size": 8000}
+    cfg = validate({"data": {"source": "wikitext:wikitext-2-raw-v1", "text_field": "page", "split_names": {
+        "valid": "validation"}, "format": "tokenizer", "tokenizer_training": {"kind": "unigram", "vocab_size": 4000},
+        "detokenize": "wikitext"}})
+    assert cfg.data.tokenizer_training.kind == "unigram" and cfg.data.split_names == {"valid": "validation"}
+    assert validate(cfg.model_dump(mode="json")) == cfg
+    assert all(f.description for f in DataConfig.model_fields.values())
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"format": "tokenizer"}, "needs one of data.tokenizer .* and data.tokenizer_training"),
+    ({"format": "tokenizer", "tokenizer": "t.json", "tokenizer_training": {}}, "needs one of"),
+    ({"format": "char", "tokenizer": "t.json"}, "need format 'tokenizer', not 'char'"),
+    ({"format": "word", "detokenize": "wikitext"}, "a word model reads the corpus's own tokens"),
+    ({"format": "char", "detokenize": "ptb"}, "data.detokenize: Input should be 'wikitext'"),
+    ({"source": "x", "files": {"train": "a"}}, "set data.source"),
+    ({"format": "tokenizer", "tokenizer_training": {"vocab_size": 100}}, "vocab_size: Input should be greater"),
+])
+def test_bad_data_sections_are_one_line_errors(data, message):
+    with pytest.raises(MoglmError, match=message) as e:
+        validate({"data": data})
+    assert "\n" not in str(e.value)
+
+
+def test_the_new_data_fields_at_their_defaults_leave_saved_configs_and_digests_as_they_were():
+    import json
+
+    from moglm.experiments.runner import config_digest
+    from moglm.runs.config import without_added_defaults
+
+    cfg = load_config("wikitext-2-mogrifier-cpu")
+    saved = without_added_defaults(json.loads(cfg.model_dump_json(exclude_none=True)))
+    assert set(saved["data"]) == {"path", "format", "split_fractions", "episodic"}
+    before = {k: v for k, v in json.loads(cfg.model_dump_json(exclude_none=True)).items()}
+    before["data"] = {k: before["data"][k] for k in ("path", "format", "split_fractions", "episodic")}
+    assert config_digest(json.loads(cfg.model_dump_json(exclude_none=True))) == config_digest(before)

@@ -31,6 +31,9 @@ def test_score_of_a_split_matches_the_final_evaluation(trained, tiny_corpus):
     scores = run.score(text)  # the split as one stream from a zero state, at the tuned temperature
     assert scores.tokens == results["splits"]["valid"]["tokens"] + 1  # plus the leading line separator's target
     assert scores.xent == pytest.approx(results["splits"]["valid"]["xent"], rel=0.02)
+    # bits per byte over the bytes the split's words spell, as the final evaluation counts them
+    assert scores.bytes == results["splits"]["valid"]["bytes"] == len(text.encode())
+    assert run.score("the cat sees").bytes == len("the cat sees")
 
 
 def test_sample_continues_the_prompt_and_is_reproducible_with_a_seed(trained):
