@@ -99,6 +99,9 @@ class Table(_Strict):
     splits: list[Literal["valid", "test"]] = ["valid", "test"]
     ordering: list[str] = Field(default_factory=list, description="Evaluations from best to worst as the source "
                                 "reports them: each row says whether its test scores keep that order.")
+    unit: Literal["native", "bits_per_byte"] = Field(
+        "native", description="native: each corpus's own unit (perplexity for words, bits per character ...); "
+        "bits_per_byte: bits per byte of the text, in which runs of different tokenizations compare.")
 
 
 class Figure(_Strict):

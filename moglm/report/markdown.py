@@ -113,18 +113,20 @@ def _fmt(value: float | None, level: str) -> str:
     return f"{value:.2f}" if level == "word" else f"{value:.3f}"
 
 
-def _cell(run: Run, evaluation: str, split: str, out: Path, command: str, same_tokens: bool = False) -> str:
-    found = score(run, evaluation, split, same_tokens)
+def _cell(run: Run, evaluation: str, split: str, out: Path, command: str, same_tokens: bool = False,
+          key: str | None = None) -> str:
+    found = score(run, evaluation, split, same_tokens, key)
     if found is None:
         return "-"
     value, file = found
-    return f'[{_fmt(value, run.level)}]({_rel(run.path, out)}/{file} "{command}")'
+    return f'[{_fmt(value, "byte" if key else run.level)}]({_rel(run.path, out)}/{file} "{command}")'
 
 
 def table_lines(table: dict, runs: list[Run], corpus_label: str, reference: dict, out: Path,
                 command: str) -> list[str]:
     evaluations, splits = table["evaluations"], table.get("splits", ["valid", "test"])
-    level = runs[0].level
+    key = "bits_per_byte" if table.get("unit") == "bits_per_byte" else None  # runs of different tokenizations
+    level = "byte" if key else runs[0].level
     has_reference = any(reference.get(r.variant) for r in runs)
     head = ["model"] + [f"{EVALUATION_LABELS[e]} {s}" for e in evaluations for s in splits]
     ordering = table.get("ordering") or []
@@ -136,7 +138,7 @@ def table_lines(table: dict, runs: list[Run], corpus_label: str, reference: dict
     lines = [f"### {table['title']}: {corpus_label}, {unit(level)}", "", "| " + " | ".join(head) + " |",
              "|" + " --- |" * len(head)]
     for r in runs:
-        cells = [_label(r, runs)] + [_cell(r, e, s, out, command) for e in evaluations for s in splits]
+        cells = [_label(r, runs)] + [_cell(r, e, s, out, command, key=key) for e in evaluations for s in splits]
         if ordering:
             cells.append(ordering_cell(r, ordering))
         if has_reference:

@@ -117,9 +117,11 @@ def read_run(path: Path, label: str | None = None, corpus: str | None = None, va
                variant, x, config, _json(path / "model.json") or {}, evaluations)
 
 
-def score(run: Run, evaluation: str, split: str, same_tokens: bool = False) -> tuple[float, str] | None:
+def score(run: Run, evaluation: str, split: str, same_tokens: bool = False,
+          key: str | None = None) -> tuple[float, str] | None:
     """(value, file it came from) of ``evaluation`` on ``split``: perplexity for words, bits per token
-    otherwise; ``same_tokens``: for MC dropout and dynamic evaluation, the static score of the same prefix."""
+    otherwise, or the score's ``key`` (``bits_per_byte``); ``same_tokens``: for MC dropout and dynamic
+    evaluation, the static score of the same prefix."""
     found = run.evaluations.get(evaluation)
     if found is None:
         return None
@@ -142,7 +144,7 @@ def score(run: Run, evaluation: str, split: str, same_tokens: bool = False) -> t
         block = found.get("splits", {}).get(split)
     if not block:
         return None
-    key = "perplexity" if unit(run.level) == "perplexity" else "bits_per_token"
+    key = key or ("perplexity" if unit(run.level) == "perplexity" else "bits_per_token")
     value = block.get(key)
     if value is None and key == "perplexity" and "xent" in block:
         value = math.exp(block["xent"])

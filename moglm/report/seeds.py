@@ -28,11 +28,12 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def summary(runs: list[Run], evaluation: str, split: str) -> dict[str, tuple[float, float, int]]:
-    """``variant -> (mean, std, seeds)`` of the runs' ``evaluation`` on ``split`` (variants without a score left out)."""
+def summary(runs: list[Run], evaluation: str, split: str, key: str | None = None) -> dict[str, tuple[float, float, int]]:
+    """``variant -> (mean, std, seeds)`` of the runs' ``evaluation`` on ``split`` (variants without a score left out;
+    ``key``: the score's field, default the corpus's unit)."""
     out = {}
     for variant, group in by_variant(runs).items():
-        values = [found[0] for r in group if (found := score(r, evaluation, split)) is not None]
+        values = [found[0] for r in group if (found := score(r, evaluation, split, key=key)) is not None]
         if values:
             out[variant] = (*mean_std(values), len(values))
     return out
@@ -52,11 +53,12 @@ def spread_lines(table: dict, runs: list[Run], corpus_label: str) -> list[str]:
     adjacent gap against the spread."""
     if not several_seeds(runs):
         return []
-    level = runs[0].level
+    key = "bits_per_byte" if table.get("unit") == "bits_per_byte" else None
+    level = "byte" if key else runs[0].level
     higher_is_better = level == "music"
     labels = {v: group[0].label for v, group in by_variant(runs).items()}
     columns = [(e, s) for e in table["evaluations"] for s in table.get("splits", ["valid", "test"])]
-    summaries = {c: summary(runs, *c) for c in columns}
+    summaries = {c: summary(runs, *c, key=key) for c in columns}
     lines = [f"Mean ± standard deviation over seeds ({corpus_label}, {unit(level)}; n = seeds scored):", "",
              "| model | " + " | ".join(f"{EVALUATION_LABELS[e]} {s}" for e, s in columns) + " |",
              "|" + " --- |" * (1 + len(columns))]
@@ -84,7 +86,7 @@ def ordering_record(table: dict, runs: list[Run]) -> list[dict]:
     out = []
     for e in table["evaluations"]:
         for s in table.get("splits", ["valid", "test"]):
-            found = summary(runs, e, s)
+            found = summary(runs, e, s, "bits_per_byte" if table.get("unit") == "bits_per_byte" else None)
             order = sorted(found, key=lambda v: found[v][0], reverse=runs[0].level == "music")
             for a, b in zip(order, order[1:]):
                 out.append({"evaluation": e, "split": s, "better": a, "worse": b, "gap": abs(found[a][0] - found[b][0]),
