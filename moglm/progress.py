@@ -1,11 +1,16 @@
-"""Progress bars for long loops: tokens per second and ETA (tqdm)."""
+"""Progress for long loops, tokens per second and ETA: a tqdm bar on a terminal, a plain line every
+``$MOGLM_PROGRESS_SECONDS`` seconds (default 60) in a log file or a pipe. Every loop's progress comes from
+:func:`progress_bar`."""
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Callable
 
 from tqdm.auto import tqdm
+
+from .errors import MoglmError
 
 
 class _Silent:
@@ -51,13 +56,15 @@ class TokenBar:
 
 
 class LineProgress(_Silent):
-    """Progress for a log file (stderr is not a terminal): a plain line every ``every`` seconds and at the end,
-    with the step, tokens/s and the ETA, instead of a bar's carriage-return frames."""
+    """Progress for a log file (stderr is not a terminal): a plain line every ``every`` seconds (default
+    :func:`line_seconds`) and at the end, with the step, tokens/s and the ETA, instead of a bar's
+    carriage-return frames."""
 
-    def __init__(self, total: int, desc: str, tokens_per_step: int, initial: int = 0, every: float = 60.0) -> None:
+    def __init__(self, total: int, desc: str, tokens_per_step: int, initial: int = 0, every: float | None = None) -> None:
         import time
 
-        self.total, self.desc, self.tokens_per_step, self.every = total, desc, tokens_per_step, every
+        self.total, self.desc, self.tokens_per_step = total, desc, tokens_per_step
+        self.every = line_seconds() if every is None else every
         self.step = self.start_step = initial
         self.start = self.last = time.monotonic()
         self.extra = ""
@@ -77,6 +84,18 @@ class LineProgress(_Silent):
 
     def set_postfix_str(self, s: str) -> None:
         self.extra = f", {s}" if s else ""
+
+
+def line_seconds() -> float:
+    """Seconds between a log file's progress lines: ``$MOGLM_PROGRESS_SECONDS``, default 60."""
+    raw = os.environ.get("MOGLM_PROGRESS_SECONDS", "60")
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise MoglmError(f"MOGLM_PROGRESS_SECONDS={raw!r}: expected a number of seconds >= 0")
+    return seconds
 
 
 def progress_bar(total: int, desc: str, tokens_per_step: int, enabled: bool = True, initial: int = 0):

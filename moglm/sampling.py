@@ -25,7 +25,8 @@ def _prompt_tokens(vocab: Vocabulary, prompt: str) -> list[str]:
 
 
 class NoStart(MoglmError):
-    """An empty prompt where the corpus has no line separator: there is nothing to start a sample from."""
+    """A prompt that cannot start a sample: a token the vocabulary lacks (and no ``<unk>`` to read it as), or an
+    empty prompt where the corpus has no line separator."""
 
 
 def unknown_prompt_tokens(vocab: Vocabulary, prompt: str) -> list[str]:
@@ -45,10 +46,23 @@ def encode_prompt(vocab: Vocabulary, prompt: str) -> list[int]:
         elif vocab.unk is not None:
             ids.append(vocab.stoi[vocab.unk])
         else:
-            raise MoglmError(f"prompt: {token!r} is not in the vocabulary")
+            raise NoStart(f"prompt: {token!r} is not in the vocabulary")
     if not ids:
-        raise NoStart("prompt: empty, and the vocabulary has no line separator to start from (set sample.prompt)")
+        raise NoStart("prompt: empty, and the vocabulary has no line separator to start from")
     return ids
+
+
+def next_token(log_p: torch.Tensor, temperature: float, top_k: int | None = None,
+               generator: torch.Generator | None = None) -> int:
+    """One token drawn from next-token log-probabilities ``log_p`` ``[V]`` divided by ``temperature`` (the most
+    likely one at ``temperature`` 0), among the ``top_k`` most likely when given."""
+    if temperature == 0:
+        return int(torch.argmax(log_p))
+    logits = log_p / temperature  # [V]
+    if top_k is not None and top_k < logits.numel():
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return int(torch.multinomial(torch.softmax(logits.float(), -1).cpu(), 1, generator=generator))
 
 
 @torch.no_grad()
@@ -88,11 +102,7 @@ def sample(
         out: list[int] = []
         segment = ids[-1:]  # inputs of the segment being generated (adapt_output)
         for _ in range(num_tokens):
-            logits = log_p[-1, 0] / temperature  # [V]
-            if top_k is not None and top_k < logits.numel():
-                kth = torch.topk(logits, top_k).values[-1]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            token = int(torch.multinomial(torch.softmax(logits.float(), -1).cpu(), 1, generator=generator))
+            token = next_token(log_p[-1, 0], temperature, top_k, generator)
             out.append(token)
             if adapt_output:
                 if len(segment) == adapter.hp.segment_length:  # a segment is complete: update on it

@@ -102,14 +102,16 @@ def tiny_config(corpus_dir, **sections):
     return validate(data)
 
 
-def tiny_trained_run(root, **train):
+def tiny_trained_run(root, test_prefix: str = "", **train):
     """A tiny run trained in ``root / "run"`` (its corpus cache under ``root``): the shared fixture of
-    the dynamic-evaluation tests."""
+    the dynamic-evaluation tests. ``test_prefix``: text put before the test split's first line."""
     from moglm.train import Trainer
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MOGLM_CACHE_DIR", str(root / "cache"))
         corpus = write_tiny_corpus(root / "tiny")
+        test = corpus / "test.txt"
+        test.write_text(test_prefix + test.read_text())
         cfg = tiny_config(corpus, train=train, sample={"num_tokens": 0})
         Trainer(cfg, root / "run", progress=False, log=lambda s: None).train()
     return root / "run"
@@ -133,6 +135,24 @@ def tiny_format_run(root, fmt, **model):
                           sample={"num_tokens": 0})
         Trainer(cfg, root / "run", progress=False, log=lambda s: None).train()
     return root / "run"
+
+
+def tiny_evaluated_run(root):
+    """A tiny run trained and evaluated by ``moglm evaluate`` (``results.json``: its scores and logit factor) in
+    ``root / "run"``, its test split starting with a blank line as WikiText's do: the rest of the split, read from
+    a leading line separator, is the token stream ``moglm evaluate`` scores (:func:`tiny_evaluated_document`)."""
+    from moglm.cli import main
+
+    run = tiny_trained_run(root, test_prefix="\n")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MOGLM_CACHE_DIR", str(root / "cache"))
+        assert main(["evaluate", str(run), "--no-progress"]) == 0
+    return run
+
+
+def tiny_evaluated_document(run) -> str:
+    """The test split of :func:`tiny_evaluated_run` without its leading blank line."""
+    return (run.parent / "tiny" / "test.txt").read_text().removeprefix("\n")
 
 
 def copied_run(run, tmp_path):

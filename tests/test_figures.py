@@ -14,7 +14,8 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from moglm.train import learning_curve  # noqa: E402
-from moglm.train.learning_curve import averaging_start, plot_learning_curve, unit_for  # noqa: E402
+from moglm.evaluation.scores import unit_for  # noqa: E402
+from moglm.train.learning_curve import averaging_start, plot_learning_curve  # noqa: E402
 
 
 def _records(averaging_from: int | None = 70) -> list[dict]:

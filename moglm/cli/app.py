@@ -6,8 +6,8 @@ from __future__ import annotations
 import typer
 
 from ..registry import command_groups, load
-from . import (bench, compress, configs, dynamic_evaluation, evaluate, experiment, info, related_words, sample,
-               train, tune)
+from . import (bench, compress, configs, dynamic_evaluation, evaluate, experiment, export, harness, info,
+               related_words, sample, train, tune)
 from .common import new_app
 
 #: top-level commands, in the order ``moglm --help`` lists them: (name, function)
@@ -15,7 +15,8 @@ COMMANDS = (
     ("train", train.train), ("evaluate", evaluate.evaluate), ("sample", sample.sample),
     ("related-words", related_words.related_words), ("configs", configs.configs), ("info", info.info),
     ("tune", tune.tune), ("dyneval", dynamic_evaluation.dyneval), ("compress", compress.compress),
-    ("decompress", compress.decompress), ("report", experiment.report),
+    ("decompress", compress.decompress), ("export", export.export), ("report", experiment.report),
+    ("lm-eval", harness.lm_eval),
 )
 #: command groups of no single workload: (name, app, help)
 GROUPS = (
@@ -45,7 +46,7 @@ def build_app() -> typer.Typer:
                   add_completion=False, pretty_exceptions_enable=False)
     app.callback()(root)
     for name, function in COMMANDS:
-        app.command(name)(function)
+        app.command(name, **getattr(function, "command_options", {}))(function)
     groups = [(name, group, help) for name, group, help in GROUPS]
     for name, reference in command_groups().items():
         group = load(reference)

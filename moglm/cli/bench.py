@@ -3,7 +3,9 @@
 ``moglm bench throughput`` (the recurrences' speed table against nn.LSTM), ``end-to-end`` (training tokens/s
 and ``moglm train``'s time, Python fused against compiled), ``gemm-routes``, ``budget`` (the ``budget``
 experiment: LSTM vs Mogrifier at equal parameters and tokens), ``hf-dyneval`` (dynamic evaluation of a
-GPT-2-shaped Hugging Face model against its static pass) and ``compress``. Each writes JSON (by default under
+GPT-2-shaped Hugging Face model against its static pass), ``lm-eval`` (lm-evaluation-harness's wikitext perplexity,
+static and dynamic), ``compress`` and ``export`` (a run exported to transformers against the run: logits and
+greedy generation). Each writes JSON (by default under
 the user's cache, so that running one in a checkout never overwrites committed results; ``--out
 benchmarks/results/<name>.json`` updates them) and prints the markdown table the docs show.
 """
@@ -198,6 +200,42 @@ def hf_dyneval(
     typer.echo(markdown_table(report))
     typer.echo(f"written to {out}")
 
+@app.command("lm-eval")
+def lm_eval_wikitext(
+    run_dir: Path = typer.Argument(..., help="A run directory made by `moglm train`."),
+    test_file: str = typer.Option("wikitext-2/test.txt", help="The tokenized WikiText test split (a corpus path: the "
+                                  "working folder, then $MOGLM_DATA)."),
+    task_dir: Optional[Path] = typer.Option(None, help="Where the local lm-eval task goes (default: under the user's "
+                                            "cache, beside the default report)."),
+    dynamic_args: str = typer.Option("", help="The dynamic row's model_args, key=value,... (default: the run's "
+                                     "dyneval/full.json, else the defaults)."),
+    detokenize: bool = typer.Option(False, help="Undo WikiText's tokenization first, as lm-eval's wikitext task does "
+                                    "(for character, byte and subword runs)."),
+    device: str = typer.Option("cpu", help=DEVICE_HELP),
+    limit: Optional[int] = typer.Option(None, min=1, help="Only the first N articles."),
+    threads: Optional[int] = typer.Option(None, min=1, help="CPU threads for torch (default: torch's)."),
+    out: Optional[Path] = typer.Option(None, help=OUT_HELP),
+) -> None:
+    """lm-evaluation-harness's wikitext perplexity of a run on a local WikiText test split (one document per
+    article), static and with dynamic evaluation: word perplexity, byte perplexity, bits per byte."""
+    out = out or default_out("lm_eval_wikitext2.json")  # read at call time: $MOGLM_BENCH_DIR may change
+    import torch
+
+    from ..bench import write_report
+    from ..bench.harness_wikitext import markdown_table, run_wikitext
+    from ..data.corpus import resolve_path
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if bad := [item for item in dynamic_args.split(",") if item and "=" not in item]:
+        raise MoglmError(f"--dynamic-args: {bad[0]!r} is not key=value")
+    settings = dict(item.split("=", 1) for item in dynamic_args.split(",") if item)
+    report = run_wikitext(run_dir, resolve_path(test_file), task_dir or default_out("lm_eval_wikitext2_task"),
+                          settings, detokenize, device, limit, test_file, log=typer.echo)
+    write_report(report, out)
+    typer.echo(markdown_table(report))
+    typer.echo(f"written to {out}")
+
 @app.command()
 def compress(
     run_dir: Path = typer.Argument(..., help="A character- or byte-level run made by `moglm train`."),
@@ -226,4 +264,30 @@ def compress(
             for size in block_size or [BLOCK_SIZE] for each in [None] + ([settings] if adapting else [])]
     write_report({"command": command_line(), "rows": rows}, out)
     typer.echo(markdown_table(rows))
+    typer.echo(f"written to {out}")
+
+@app.command("export")
+def export_check(
+    run_dir: Path = typer.Argument(..., help="A run directory made by `moglm train` (its test split is read)."),
+    tokens: int = typer.Option(2000, min=2, help="Test tokens whose logits are compared."),
+    new_tokens: int = typer.Option(200, min=1, help="Tokens each greedy generation produces."),
+    prompt: str = typer.Option("", help="Text the generations continue."),
+    repeats: int = typer.Option(3, min=1, help="Timed generations of each kind, interleaved; the median counts."),
+    threads: Optional[int] = typer.Option(None, min=1, help="CPU threads for torch (default: torch's)."),
+    out: Optional[Path] = typer.Option(None, help=OUT_HELP),
+) -> None:
+    """A run exported to transformers against the run: max |logit difference| on its test split, and greedy
+    generate() against moglm sample at temperature 0 in tokens/s."""
+    out = out or default_out("export.json")  # read at call time: $MOGLM_BENCH_DIR may change
+    import torch
+
+    from ..bench import command_line, write_report
+    from ..bench.export import markdown_table, run_export_check
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    report = run_export_check(run_dir, tokens, new_tokens, prompt, repeats, log=typer.echo)
+    report["command"] = command_line()
+    write_report(report, out)
+    typer.echo(markdown_table(report))
     typer.echo(f"written to {out}")

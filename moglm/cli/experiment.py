@@ -28,7 +28,7 @@ def list_() -> None:
 @app.command()
 def run(
     name: str = typer.Argument(..., help="A shipped experiment (`moglm experiment list`) or a TOML file."),
-    scale: ScaleName = typer.Option("cpu", help="smoke: minutes; cpu: hours on two cores; paper: a GPU's days."),
+    scale: ScaleName = typer.Option("cpu", help="smoke: under a minute a run; cpu: hours on two cores; paper: a GPU's days."),
     workers: int = typer.Option(1, min=1, help="Runs trained at once (processes; the cores are shared)."),
     data: Optional[str] = typer.Option(None, help="Your corpus instead of the experiment's (file or directory)."),
     data_format: DataFormat = typer.Option("char", help="Format of --data."),

@@ -65,7 +65,7 @@ def train(
     try:
         text = generate(run, cfg.sample.prompt, cfg.sample.num_tokens, cfg.sample.temperature, cfg.sample.top_k,
                        cfg.train.seed) if cfg.sample.num_tokens else None
-    except NoStart:  # said before training: the run trained all the same
+    except NoStart:  # said after the final scores: the run trained all the same
         text = None
     if text is not None:
         atomic_write_text(run.sample_path, text + "\n")

@@ -93,12 +93,19 @@ def sampling_adapter(run: LanguageModelRun, model, which: str = "best", lr: floa
 def run_adapter(run: LanguageModelRun, model, hp: Hyperparameters, statistics: StatisticsSettings,
                 which: str = "best", factor: float = 1.0, purpose: str = "adapting while sampling") -> DynamicEvaluator:
     """A :class:`DynamicEvaluator` of a run's ``model`` with ``hp`` and, for the RMS rules, the run's global
-    RMS statistics under ``statistics`` (from the cache in ``dyneval/``, else collected from its training data)."""
-    rms = None
-    if uses_rms(hp.rule):
-        train = load_corpus_for(run, purpose)["train"]
-        rms = run_statistics(run, which, model, train, None, statistics, False, lambda m: print(m, file=sys.stderr))
-    return DynamicEvaluator(model, hp, rms, factor=factor)
+    RMS statistics under ``statistics`` (:func:`rule_statistics`)."""
+    return DynamicEvaluator(model, hp, rule_statistics(run, model, hp, statistics, which, purpose), factor=factor)
+
+
+def rule_statistics(run: LanguageModelRun, model, hp: Hyperparameters, statistics: StatisticsSettings,
+                    which: str = "best", purpose: str = "dynamic evaluation",
+                    log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> dict | None:
+    """The global RMS statistics of a run's checkpoint that ``hp``'s rule divides by (from the cache in
+    ``dyneval/``, else collected from its training data), or ``None`` for a rule that needs none."""
+    if not uses_rms(hp.rule):
+        return None
+    train = load_corpus_for(run, purpose)["train"]
+    return run_statistics(run, which, model, train, None, statistics, False, log)
 
 
 def dyneval_run(

@@ -4,6 +4,30 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
+
+# unit: (name, how a score is written, nats/token -> the unit)
+UNITS: dict[str, tuple[str, Callable[[float], str], Callable[[float], float]]] = {
+    "nats": ("cross-entropy (nats / token)", lambda v: f"{v:.4f} nats", lambda x: x),
+    "bits": ("bits per token", lambda v: f"{v:.4f} bits", lambda x: x / math.log(2)),
+    "bpc": ("bits per character", lambda v: f"{v:.4f} bpc", lambda x: x / math.log(2)),
+    "bpb": ("bits per byte", lambda v: f"{v:.4f} bpb", lambda x: x / math.log(2)),
+    "perplexity": ("perplexity (log scale)", lambda v: f"ppl {v:.2f}", lambda x: math.exp(min(x, 700.0))),
+}
+#: the unit every score of a corpus is printed in, by ``data.format``: the one place that chooses it
+FORMAT_UNITS = {"word": "perplexity", "char": "bpc", "ptb_char": "bpc", "byte": "bpb"}
+
+
+def unit_for(data_format: str) -> str:
+    """The unit of a corpus of ``data.format`` (``word``: perplexity, ``byte``: bits per byte, otherwise bits
+    per character)."""
+    return FORMAT_UNITS.get(data_format, "bpc")
+
+
+def in_unit(xent: float, data_format: str) -> str:
+    """A cross-entropy (nats per token) in its corpus's unit: ``ppl 56.70``, ``1.2345 bpc`` or ``1.2345 bpb``."""
+    _, written, convert = UNITS[unit_for(data_format)]
+    return written(convert(xent))
 
 
 @dataclass
@@ -58,15 +82,13 @@ class Scores:
         return d
 
     def headline(self, level: str) -> str:
-        """The number people quote: perplexity for word models, bits per character/byte otherwise."""
-        if self.characters:  # a text scored by a subword model: per token, character and byte
+        """The number people quote, in the corpus's unit (:func:`in_unit`; word corpora with the cross-entropy
+        beside it); a text scored by a subword model: per token, character and byte."""
+        if self.characters:
             return (f"{self.bits_per_token:.4f} bits/token (ppl {self.perplexity:.2f}), "
                     f"{self.bits_per_character:.4f} bpc, {self.bits_per_byte:.4f} bpb")
-        if level == "word":
-            return f"ppl {self.perplexity:.2f} (xent {self.xent:.4f})"
-        unit = "bpb" if level == "byte" else "bpc"
-        bpw = f", {self.bits_per_word:.3f} bits/word" if self.bits_per_word else ""
-        return f"{self.bits_per_token:.4f} {unit}{bpw}"
+        score = in_unit(self.xent, level)
+        return f"{score} (xent {self.xent:.4f})" if unit_for(level) == "perplexity" else score
 
 
 def unit(level: str) -> str:

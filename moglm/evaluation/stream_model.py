@@ -16,8 +16,9 @@ Three kinds of model keep it:
 * any causal LM with a bounded context (:class:`~moglm.evaluation.context_window.ContextWindowLM`, e.g. a
   Hugging Face model): the state is the last ``context`` tokens, the conditioning of the next segment.
 
-Whoever carries the state detaches it between segments (:func:`detach_state`), so gradients never leave a
-segment: a segment's update is driven by its own losses only (thesis 4.3 and 6.2.2).
+Every state tensor holds the streams along its dimension 1 (:func:`repeat_state` copies one stream's state
+for several). Whoever carries the state detaches it between segments (:func:`detach_state`), so gradients
+never leave a segment: a segment's update is driven by its own losses only (thesis 4.3 and 6.2.2).
 
 ``reads_in_segments``: true where a token's prediction depends on where the stream was cut (an attention
 model sees its memory plus the segment so far), so a static pass must cut the stream as dynamic evaluation
@@ -29,6 +30,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Protocol, runtime_checkable
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 
@@ -49,6 +52,17 @@ def detach_state(state: Any) -> Any:
     if isinstance(state, Tensor):
         return state.detach()
     return type(state)(detach_state(s) for s in state)
+
+
+def repeat_state(state: Any, copies: int) -> Any:
+    """The state of one stream as that of ``copies`` streams that go on from it side by side: every state tensor
+    holds the streams along its dimension 1 (a recurrent stack's ``[L, B, H]``, a Transformer's memory
+    ``[L, B, M, H]``, a context window's ``[C, B]``)."""
+    if state is None:
+        return None
+    if isinstance(state, Tensor):
+        return state.repeat_interleave(copies, dim=1)
+    return type(state)(repeat_state(s, copies) for s in state)
 
 
 def reads_in_segments(model: nn.Module) -> bool:
@@ -80,3 +94,29 @@ def dropout_scaled(model: nn.Module, multiplier: float):
     finally:
         for m, p in zip(dropouts, saved):
             m.p = p
+
+
+def state_rows(state: Any, rows: Tensor) -> Any:
+    """The streams ``rows`` (indices ``[R]``) of ``state``: every state tensor holds the streams along its
+    dimension 1 (a recurrent stack's ``[L, B, H]``, a Transformer's memory ``[L, B, M, H]`` and ``[L, B, M]``)."""
+    if state is None:
+        return None
+    if isinstance(state, Tensor):
+        return state.index_select(1, rows.to(state.device))
+    return type(state)(state_rows(s, rows) for s in state)
+
+
+def join_state_rows(states: list[Any]) -> Any:
+    """The states of single streams (each with one row on dimension 1) as one state of ``len(states)`` streams.
+    A ``None`` (a zero state) becomes zeros, and a Transformer's memories of different lengths are padded at the
+    front with zero slots, which its ``valid`` mask marks empty: each stream goes on as from its own state."""
+    like = next((s for s in states if s is not None), None)
+    if like is None:
+        return None
+    if isinstance(like, Tensor):
+        parts = [torch.zeros_like(like) if s is None else s for s in states]
+        if like.dim() > 2:  # a memory axis on dimension 2: pad it at the front to the longest
+            longest = max(p.shape[2] for p in parts)
+            parts = [F.pad(p, [0, 0] * (p.dim() - 3) + [longest - p.shape[2], 0]) for p in parts]
+        return torch.cat(parts, 1)
+    return type(like)(join_state_rows([None if s is None else s[i] for s in states]) for i in range(len(like)))

@@ -152,10 +152,14 @@ def compare_optimisers(run, scale: Scale, progress: bool, log: Callable[[str], N
                for split, ids in prefix.items()}
     rms_by_fraction: dict[float, Any] = {}
 
+    def read_fraction(fraction: float) -> float:  # the scale's stats_tokens caps every row's statistics
+        return fraction if scale.stats_tokens is None else min(fraction, scale.stats_tokens / len(train))
+
     def statistics(fraction: float):
         if fraction not in rms_by_fraction:
             rms_by_fraction[fraction] = run_statistics(run, "best", model, train, None,
-                                                       StatisticsSettings(fraction=fraction), progress, log)
+                                                       StatisticsSettings(fraction=read_fraction(fraction)),
+                                                       progress, log)
         return rms_by_fraction[fraction]
 
     def evaluate(row: Row, hp: Hyperparameters, split: str) -> DynamicResult:
@@ -170,6 +174,8 @@ def compare_optimisers(run, scale: Scale, progress: bool, log: Callable[[str], N
     for row in ROWS:
         out: dict[str, Any] = {"name": row.name, "label": row.label, "section": row.section, "rule": row.rule,
                                "statistics_fraction": row.fraction}
+        if row.fraction is not None and read_fraction(row.fraction) < row.fraction:
+            out["statistics_read"] = read_fraction(row.fraction)  # capped by the scale's stats_tokens
         if row.rule is None:
             out |= {"settings": None, "lr": None,
                     **{split: _unit_scores(statics[split].scores, level) for split in statics}}

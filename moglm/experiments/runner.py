@@ -207,10 +207,10 @@ def _run_job(exp_data: dict, scale: str, spec_data: dict, run_dir: str, evaluati
     spec = RunSpec(**spec_data)
     say = above_bars(lambda s: log(f"[{spec.name}] {s}")) if progress else (lambda s: log(f"[{spec.name}] {s}"))
     started = time.time()
+    sized = scale_of(exp, scale) if sizes is None else Scale.model_validate(sizes)
     try:
         run = for_experiment(exp.kind).hook("experiment_run")
-        run(exp, scale, spec, Path(run_dir), evaluations, progress, say,
-            scale_of(exp, scale) if sizes is None else Scale.model_validate(sizes))
+        run(exp, scale, spec, Path(run_dir), evaluations, progress, say, sized)
     except MoglmError as e:
         if isinstance(e, TrainingInterrupted):  # Ctrl-C or SIGTERM stops the experiment, not just this run
             raise

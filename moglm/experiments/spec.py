@@ -6,7 +6,7 @@ Runs are corpora x variants x seeds. A run's config is a shipped config named by
 the corpus's, the variant's and the seed applied. Comparisons at equal parameter budget come from
 ``model.num_params``: every variant is sized to the same budget (the Mogrifier paper, section 3.3).
 
-Scales: ``smoke`` (minutes on two cores, for tests), ``cpu`` (hours on two cores) and ``paper`` (the
+Scales: ``smoke`` (under a minute a run, on the real corpora too), ``cpu`` (hours on two cores) and ``paper`` (the
 papers' sizes and schedules, for a GPU).
 """
 
@@ -53,9 +53,11 @@ class Scale(_Strict):
                                        "validation tokens (the paper's scaled rates, section 3.3) instead of the "
                                        "run's evaluation.mc_dropout_multiplier.")
     eval_tokens: int | None = Field(None, ge=1, description="MC dropout and dynamic evaluation score this prefix "
-                                    "of each split (static evaluation always scores the whole split).")
+                                    "of each split (a music experiment's: frames, in whole songs; static evaluation "
+                                    "scores the split whole unless the run's evaluation.max_tokens says otherwise).")
     search_tokens: int = Field(10_000, ge=1, description="Validation tokens that the neural cache's theta and "
-                               "lambda, and an out-of-domain experiment's dynamic-evaluation settings, are searched on.")
+                               "lambda, and an out-of-domain experiment's dynamic-evaluation settings, are searched on "
+                               "(a music experiment's: frames, the first validation songs that hold them).")
     dynamic_search: bool = Field(False, description="Tune the dynamic-evaluation settings (the coordinate search "
                                  "of thesis 4.5) on search_tokens validation tokens before scoring (else the defaults).")
     dynamic_max_cost: float | None = Field(None, gt=0, description="The search's time budget: settings costing "
@@ -64,6 +66,9 @@ class Scale(_Strict):
                                   "Mogrifier paper's appendix A: 1024; moglm's CPU default 8, a departure, docs/fidelity.md).")
     stats_fraction: float = Field(0.01, gt=0, le=1, description="Dynamic evaluation's RMS statistics: the fraction "
                                   "of the training split read (thesis table 5.6: 1% suffices).")
+    stats_tokens: int | None = Field(None, ge=1, description="The optimisers analysis: its RMS statistics read at "
+                                     "most this many training tokens whatever their row's fraction (a smoke "
+                                     "scale's cap, recorded as the row's statistics_read; null: none).")
     target: str | None = Field(None, description="Out of domain: the corpus whose test text every run scores (a "
                                "data path as configs take it), read into each run's vocabulary.")
     tune_trials: int = Field(20, ge=1, description="Tuning trials per variant (experiments that tune; the "

@@ -147,9 +147,13 @@ class LanguageModel(nn.Module):
         self, tokens: Tensor, state: StackState | None = None, factor: float = 1.0
     ) -> tuple[Tensor, StackState]:
         """Next-token log-probabilities ``[T, B, V]``."""
-        h, state = self(tokens, state)
-        lp = self.head.log_probs(h.flatten(0, 1), self.decoder_weight, factor)  # [T*B, V]
-        return lp.view(*tokens.shape, -1), state
+        h, state = self(tokens, state)  # [T, B, H]
+        return self.output_log_probs(h, factor), state
+
+    def output_log_probs(self, features: Tensor, factor: float = 1.0) -> Tensor:
+        """The output head on ``features`` ``[..., H]`` (from :meth:`forward`): log-probabilities ``[..., V]``."""
+        lp = self.head.log_probs(features.reshape(-1, features.shape[-1]), self.decoder_weight, factor)  # [N, V]
+        return lp.view(*features.shape[:-1], -1)
 
     @contextmanager
     def dropout_scaled(self, multiplier: float):

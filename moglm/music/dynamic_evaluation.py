@@ -127,6 +127,17 @@ def start_for(rule: str) -> Hyperparameters:
     return Hyperparameters(rule=rule, segment_length=5, decay=0.0)
 
 
+def first_songs(songs: list[Tensor], frames: int) -> list[Tensor]:
+    """The first ``songs`` that hold at most ``frames`` frames together (at least one song)."""
+    kept, total = [], 0
+    for song in songs:
+        if kept and total + len(song) > frames:
+            break
+        kept.append(song)
+        total += len(song)
+    return kept
+
+
 def search_songs(model: NadeSequenceModel, songs: list[Tensor], rule: str, rms: dict[str, Tensor] | None = None,
                  log: Callable[[str], None] = print,
                  start: Hyperparameters | None = None) -> tuple[Hyperparameters, list[dict]]:

@@ -16,7 +16,7 @@ import torch
 from ..dynamic_evaluation import Hyperparameters
 from ..dynamic_evaluation.statistics import load_or_collect
 from ..errors import MoglmError
-from .dynamic_evaluation import dynamic_evaluate_songs, search_songs, song_gradient_rms, start_for
+from .dynamic_evaluation import dynamic_evaluate_songs, first_songs, search_songs, song_gradient_rms, start_for
 from .evaluation import evaluate_songs
 from .corpus import read_music
 from .training import MusicRun
@@ -46,9 +46,12 @@ def evaluate_music_run(run: MusicRun, splits: list[str] | None = None, checkpoin
 
 def dyneval_music_run(run: MusicRun, rule: str = "rms", splits: tuple[str, ...] = ("test",), search: bool = True,
                       lr: float | None = None, segment_length: int | None = None, checkpoint: str = "best",
-                      progress: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
+                      progress: bool = False, log: Callable[[str], None] = print,
+                      search_frames: int | None = None, frames: int | None = None) -> dict[str, Any]:
     """Dynamic evaluation of ``splits`` with ``rule`` (``sgd`` or ``rms``), songs reset one by one. ``search``:
-    tune the learning rate and segment length (and eps) on validation first, once for every split; ``lr`` /
+    tune the learning rate and segment length (and eps) on validation first (its first songs of at most
+    ``search_frames`` frames, when given), once for every split; ``frames``: score only the first songs of each
+    split that hold at most that many frames; ``lr`` /
     ``segment_length`` fix them instead (or start the search there). Writes and returns
     ``dyneval/music-<rule>.json``: ``{"rule", "hyperparameters", "search", "splits": {split: scores}}``."""
     for split in splits:
@@ -70,13 +73,15 @@ def dyneval_music_run(run: MusicRun, rule: str = "rms", splits: tuple[str, ...] 
                               which, log)
     trials: list[dict] = []
     if search:
-        log(f"searching the {rule} settings on validation ({len(corpus['valid'])} songs)")
-        hp, trials = search_songs(model, corpus["valid"], rule, rms, log=log, start=hp)
+        songs = corpus["valid"] if search_frames is None else first_songs(corpus["valid"], search_frames)
+        log(f"searching the {rule} settings on validation ({len(songs)} of its {len(corpus['valid'])} songs)")
+        hp, trials = search_songs(model, songs, rule, rms, log=log, start=hp)
     out: dict[str, Any] = {"rule": rule, "checkpoint": checkpoint, "hyperparameters": hp.as_dict(),
                            "searched": search, "search": trials, "splits": {}}
     harmful = []
     for split in splits:
-        result = dynamic_evaluate_songs(model, corpus[split], hp, rms, progress=progress, desc=f"dyneval {split}")
+        songs = corpus[split] if frames is None else first_songs(corpus[split], frames)
+        result = dynamic_evaluate_songs(model, songs, hp, rms, progress=progress, desc=f"dyneval {split}")
         cost = result.as_dict()["cost"]
         log(f"{split}: static {result.static.log_likelihood:.4f}, dynamic ({rule}, {hp.label()}) "
             f"{result.dynamic.log_likelihood:.4f} per frame ({result.gain:+.4f}); {result.rollbacks} rollbacks; "

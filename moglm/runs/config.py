@@ -191,6 +191,9 @@ class EvaluationConfig(Section):
         None, ge=1, description="Validation tokens used by the temperature search (null: 50,000, or the tokens the "
         "run trained on when fewer, so a short run gets a short search).")
     batch_size: int = Field(1, ge=1, description="Streams for the final evaluation (1: one continuous stream).")
+    max_tokens: int | None = Field(
+        None, ge=1, description="Score only the first this many tokens of each split at the end (null: the whole "
+        "split, as the papers report; the experiments' smoke scales set it).")
     mc_samples: int = Field(0, ge=0, description="MC-dropout samples for the final evaluation (0: off).")
     mc_dropout_multiplier: float = Field(0.75, gt=0.0, le=1.0, description="Dropout rates are multiplied by this.")
     splits: list[Literal["valid", "test"]] = Field(["valid", "test"], description="Splits evaluated at the end.")
@@ -209,6 +212,7 @@ class SampleConfig(Section):
 ADDED_FIELDS: dict[str, dict[str, Any]] = {
     "model": {"orthogonal_init": None, "forget_bias": None, "weight_norm": False, "variational_input_dropout": False},
     "train": {"learning_rate_schedule": "constant", "min_learning_rate": 0.0, "adam_beta1": 0.0, "optimizer": "adam"},
+    "evaluation": {"max_tokens": None},
 }
 
 

@@ -8,7 +8,7 @@ import math
 from typing import Any, Callable
 
 from ..evaluation.mc_dropout import evaluate_mc_dropout
-from ..evaluation.scores import Scores
+from ..evaluation.scores import Scores, in_unit
 from ..evaluation.stream import evaluate_episodes, evaluate_stream
 from ..evaluation.temperature import search_temperature
 from ..provenance import write_result
@@ -53,7 +53,8 @@ def evaluate_run(
     factor = 1.0
     search = temperature is None and ev.temperature_search and not cfg.data.episodic
     search_tokens = temperature_search_tokens(cfg, pointer.get("tokens"))
-    scored = {split: len(corpus[split]) - 1 for split in splits}
+    limit = ev.max_tokens
+    scored = {split: min(len(corpus[split]) - 1, limit) if limit else len(corpus[split]) - 1 for split in splits}
     plan = ", ".join(f"{split} {n:,} tokens" for split, n in scored.items())
     log(f"final evaluation of the {which} checkpoint (step {pointer['step']}): "
         + (f"temperature search on {search_tokens:,} validation tokens, then " if search else "")
@@ -68,12 +69,14 @@ def evaluate_run(
             "validation tokens")
     results["temperature"] = factor
     results["batch_size"] = batch_size
+    if limit is not None:
+        results["max_tokens"] = limit
     results["splits"] = {}
     for split in splits:
         if cfg.data.episodic:
-            scores = evaluate_episodes(model, corpus[split], corpus.separator_id(), batch_size, factor=factor)
+            scores = evaluate_episodes(model, corpus[split], corpus.separator_id(), batch_size, limit, factor)
         else:
-            scores = evaluate_stream(model, corpus[split], batch_size, cfg.train.bptt, factor,
+            scores = evaluate_stream(model, corpus[split], batch_size, cfg.train.bptt, factor, limit,
                                      words=corpus.words.get(split), progress=progress, desc=split)
         results["splits"][split] = scores.as_dict()
         log(f"{split}: {scores.headline(corpus.format)}")
@@ -81,7 +84,7 @@ def evaluate_run(
         results["mc_dropout"] = {"samples": mc_samples, "multiplier": multiplier, "splits": {}}
         for split in splits:
             scores: Scores = evaluate_mc_dropout(model, corpus[split], mc_samples, multiplier, cfg.train.bptt,
-                                                 factor, words=corpus.words.get(split), progress=progress)
+                                                 factor, limit, words=corpus.words.get(split), progress=progress)
             results["mc_dropout"]["splits"][split] = scores.as_dict()
             log(f"{split} (MC dropout, {mc_samples} samples): {scores.headline(corpus.format)}")
     results["level"] = corpus.format
@@ -121,17 +124,14 @@ def final_block(results: dict[str, Any], cfg) -> list[str]:
     weights = "averaged weights" if point.get("weights") == "averaged" else "raw weights"
     factor = results.get("temperature", 1.0)
     prefix = f"the first {cfg.train.eval_tokens:,} tokens of" if cfg.train.eval_tokens else "all of"
+    read = f"its first {results['max_tokens']:,} tokens" if results.get("max_tokens") else "whole"
     return [f"final scores above: the {point['which']} checkpoint (step {point['step']}, {weights}), each split read "
-            f"whole as one stream at batch size {results['batch_size']}, logit factor {factor:.2f}; the validation "
+            f"{read} at batch size {results['batch_size']}, logit factor {factor:.2f}; the validation "
             f"lines during training read {prefix} valid at batch size {cfg.train.eval_batch_size} with factor 1.00, "
             "so the two differ"]
 
 
 def headline(results: dict[str, Any], split: str = "valid") -> str:
-    """'valid 1.234 bpc' / 'valid ppl 56.7' from a results dict."""
-    s = results["splits"][split]
-    if results.get("level") == "word":
-        return f"{split} perplexity {s['perplexity']:.2f}"
-    unit = "bits per byte" if results.get("level") == "byte" else "bits per character"
-    return f"{split} {s['bits_per_token']:.4f} {unit}"
+    """'valid 1.2340 bpc' / 'valid ppl 56.70' from a results dict."""
+    return f"{split} {in_unit(results['splits'][split]['xent'], results.get('level', 'char'))}"
 

@@ -4,29 +4,12 @@ validation score and the step weight averaging started."""
 
 from __future__ import annotations
 
-import math
 import textwrap
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from ..evaluation.scores import FORMAT_UNITS, UNITS
 from ..figures import new_figure, save_figure
-
-# unit: (axis label, how the best score is written, nats/token -> the unit)
-UNITS: dict[str, tuple[str, Callable[[float], str], Callable[[float], float]]] = {
-    "nats": ("cross-entropy (nats / token)", lambda v: f"{v:.4f} nats", lambda x: x),
-    "bits": ("bits per token", lambda v: f"{v:.4f} bits", lambda x: x / math.log(2)),
-    "bpc": ("bits per character", lambda v: f"{v:.4f} bpc", lambda x: x / math.log(2)),
-    "bpb": ("bits per byte", lambda v: f"{v:.4f} bpb", lambda x: x / math.log(2)),
-    "perplexity": ("perplexity (log scale)", lambda v: f"ppl {v:.2f}", lambda x: math.exp(min(x, 700.0))),
-}
-FORMAT_UNITS = {"word": "perplexity", "char": "bpc", "ptb_char": "bpc", "byte": "bpb"}
-
-
-def unit_for(data_format: str) -> str:
-    """The unit the console prints for a corpus of ``data.format`` (``word``: perplexity, ``byte``: bits
-    per byte, otherwise bits per character)."""
-    return FORMAT_UNITS.get(data_format, "bpc")
-
 
 def averaging_start(records: list[dict[str, Any]], averaging_since: int | None = None) -> float | None:
     """The training tokens at which weight averaging started, or ``None`` if it did not.

@@ -33,7 +33,7 @@ from ..model.language_model import LanguageModel, count_parameters
 from ..sampling import NoStart, encode_prompt
 from ..runs.build import build_model, check_fits, load_data, resolve_hidden_size
 from ..runs.config import RunConfig, without_added_defaults
-from .learning_curve import unit_for
+from ..evaluation.scores import in_unit, unit_for
 from .. import distributed
 from ..distributed import SINGLE, Group
 from .engine import Engine, Evaluation, Progress, Settings, StepLoss, TrainingDiverged, TrainingInterrupted
@@ -138,13 +138,11 @@ class LanguageModelTask:
         return {"xent": scores.xent, "perplexity": scores.perplexity, "bits_per_token": scores.bits_per_token}
 
     def describe(self, scores: dict[str, float]) -> str:
-        if self.corpus.format == "word":
-            return f"perplexity {scores['perplexity']:.2f}"
-        return f"{scores['bits_per_token']:.4f} {'bits per byte' if self.corpus.format == 'byte' else 'bpc'}"
+        return in_unit(scores["xent"], self.corpus.format)
 
     def describe_training(self, xent: float) -> str:
         """The training loss in the validation lines' unit (the progress bar shows it)."""
-        return self.describe({"perplexity": math.exp(min(xent, 700.0)), "bits_per_token": xent / math.log(2)})
+        return in_unit(xent, self.corpus.format)
 
     # -- resumable state ------------------------------------------------------------------------------
     def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
@@ -200,7 +198,7 @@ class Trainer:
         def load() -> None:  # rank 0 checks the corpus and fills its cache; the others then read the cache
             self.corpus = load_data(cfg.data)
 
-        # the corpus, the model's size and the sample's prompt are checked before the run directory is made:
+        # the corpus and the model's size are checked before the run directory is made:
         # a config that cannot run leaves nothing behind, and the corrected one starts in the same directory
         group.on_main(load)
         if not group.is_main:
@@ -209,14 +207,6 @@ class Trainer:
         hidden = resolve_hidden_size(cfg.model, vocab_size)
         check_fits(cfg.model, vocab_size, hidden, self.device)  # one line, not a machine out of memory
         self.model: LanguageModel = build_model(cfg.model, vocab_size, hidden).to(self.device)
-        if cfg.sample.num_tokens:  # a sample the run cannot start fails now, not after training
-            def check_prompt() -> None:
-                try:
-                    encode_prompt(self.corpus.vocab, cfg.sample.prompt)
-                except NoStart as e:  # the sample cannot start, but that is no reason not to train
-                    self.log(f"no sample after training: {e}")
-
-            group.on_main(check_prompt)
         saved = without_added_defaults(json.loads(cfg.model_dump_json(exclude_none=True)))
         group.on_main(lambda: self.run.prepare(saved, "language-model"))
         self.log(self.corpus.summary())
@@ -237,6 +227,15 @@ class Trainer:
                       unit=unit, progress=self.progress_enabled, log=self.log, on_step=self.on_step,
                       on_evaluation=self.on_evaluation, hparams=cfg.model_dump(mode="json", exclude={"description"}),
                       group=group)
+
+    def check_sample(self) -> None:
+        """After training: one line saying why the config's sample cannot start, if it cannot (training never
+        waits on the sample; ``moglm train`` then skips it)."""
+        if self.cfg.sample.num_tokens:
+            try:
+                encode_prompt(self.corpus.vocab, self.cfg.sample.prompt)
+            except NoStart as e:
+                self.log(f"no sample after training: {e} (set sample.prompt)")
 
     def train(self) -> Progress:
         """Run (or resume) training to the end; returns the final progress."""
@@ -266,4 +265,5 @@ def train_and_evaluate(
     with trainer.group.hold(run):
         trained = trainer.train()
         results = trainer.group.on_main(lambda: evaluate_run(run, splits, progress=progress, log=log, write=write))
+        trainer.check_sample()  # logs on rank 0 only
     return trained, results

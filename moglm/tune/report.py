@@ -6,7 +6,6 @@ any machine that can reach the storage can write the report, wherever the trials
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import optuna
 from optuna.trial import TrialState
 
 from ..atomic import atomic_write_text
+from ..evaluation.scores import in_unit
 from ..registry import for_tuning
 from ..runs.config import validate
 from .plots import plot_study
@@ -23,10 +23,7 @@ from .study import StudyResult, best_trial, counted_trials, public_url
 def _score(value: float, level: str | None) -> str:
     if level == "reverse-copy":
         return f"valid xent {value:.4f} nats per decoded token"
-    if level == "word":
-        return f"valid xent {value:.4f} (perplexity {math.exp(value):.2f})"
-    unit = "bits per byte" if level == "byte" else "bits per character"
-    return f"valid xent {value:.4f} ({value / math.log(2):.4f} {unit})"
+    return f"valid xent {value:.4f} ({in_unit(value, level or 'char')})"
 
 
 def best_config_text(result: StudyResult, best: optuna.trial.FrozenTrial) -> str:

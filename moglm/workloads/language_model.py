@@ -48,7 +48,10 @@ def evaluate_run_spec(scale: Scale, run_dir: Path, evaluations: list[str], progr
 
     run = LanguageModelRun(run_dir)
     folder = run_dir / "evaluations"
-    seed = run.load_config().train.seed
+    config = run.load_config()
+    seed = config.train.seed
+    if config.train.threads:  # as its training did, also when another experiment trained it
+        torch.set_num_threads(config.train.threads)
     with run.lock():
         for name in evaluations:
             path = folder / EVALUATION_FILES[name]
@@ -73,14 +76,14 @@ def _evaluate(name: str, run, scale: Scale, folder: Path, path: Path, progress: 
         report = _dynamic(run, scale, scale.mc_dynamic_samples, ("valid", "test"), progress, log)
         write_result(path, report, seed)
     elif name == "out_of_domain":
-        from .out_of_domain import out_of_domain
+        from ..experiments.out_of_domain import out_of_domain
 
         if scale.target is None:
             raise MoglmError("the out_of_domain evaluation needs the scale's target corpus (target = ...)")
         report = out_of_domain(run, scale.target, scale.eval_tokens, scale.search_tokens, progress, log)
         write_result(path, report, seed)
     elif name == "optimisers":  # Krause thesis 5.4: every optimiser tuned and scored on the same prefixes
-        from .optimisers import compare_optimisers
+        from ..experiments.optimisers import compare_optimisers
 
         write_result(path, compare_optimisers(run, scale, progress, log), seed)
     elif name in ("cache", "dynamic_cache"):  # one static and one dynamic pass give both, and dynamic.json

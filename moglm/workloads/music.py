@@ -10,7 +10,7 @@ from typing import Callable
 
 from ..provenance import write_result
 from ..experiments.runner import EVALUATION_FILES
-from ..experiments.spec import RunSpec
+from ..experiments.spec import RunSpec, Scale
 
 RULES = {"dynamic_sgd": "sgd", "dynamic_rms": "rms"}
 
@@ -24,9 +24,11 @@ def music_config(spec: RunSpec, name: str | None = None):
     return cfg.model_copy(update={"name": name or spec.name})
 
 
-def run_music_spec(spec: RunSpec, run_dir: Path, evaluations: list[str], progress: bool,
+def run_music_spec(spec: RunSpec, run_dir: Path, evaluations: list[str], scale: Scale, progress: bool,
                    log: Callable[[str], None]) -> None:
-    """Train (or resume), then each evaluation not yet in ``run_dir/evaluations``."""
+    """Train (or resume), then each evaluation not yet in ``run_dir/evaluations``: dynamic evaluation searched on
+    the first ``scale.search_tokens`` frames of validation songs, scoring the first ``scale.eval_tokens`` frames
+    of each split (songs whole; default all)."""
     from ..music.run import dyneval_music_run
     from ..music.training import MusicRun, train_music
 
@@ -40,7 +42,8 @@ def run_music_spec(spec: RunSpec, run_dir: Path, evaluations: list[str], progres
         if evaluation not in RULES or path.is_file():
             continue
         found = dyneval_music_run(MusicRun(run_dir), RULES[evaluation], ("valid", "test"), search=True,
-                                  progress=progress, log=log)
+                                  progress=progress, log=log, search_frames=scale.search_tokens,
+                                  frames=scale.eval_tokens)
         write_result(path, found | {"level": "music"}, spec.seed)
 
 
@@ -51,4 +54,4 @@ def experiment_config(spec: RunSpec) -> dict:
 
 def experiment_run(exp, scale: str, spec: RunSpec, run_dir: Path, evaluations: list[str], progress: bool,
                    log: Callable[[str], None], sizes) -> None:
-    run_music_spec(spec, run_dir, evaluations, progress, log)
+    run_music_spec(spec, run_dir, evaluations, sizes, progress, log)

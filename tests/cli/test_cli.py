@@ -49,7 +49,7 @@ def test_train_evaluate_sample_end_to_end(tiny_corpus, tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", str(cfg), "--set", f"data.path={tiny_corpus}", "--run-dir", str(run), "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "valid perplexity" in out and "--- sample ---" in out and "the cat" in out
+    assert "valid ppl" in out and "--- sample ---" in out and "the cat" in out
     results = json.loads((run / "results.json").read_text())
     assert set(results["splits"]) == {"valid", "test"} and results["splits"]["test"]["perplexity"] > 1
     assert main(["evaluate", str(run), "--split", "test", "--logit-factor", "1.0", "--no-progress"]) == 0

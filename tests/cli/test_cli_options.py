@@ -120,6 +120,25 @@ def test_a_corpus_without_a_newline_trains_and_says_there_is_no_sample(tmp_path,
     assert (tmp_path / "run" / "results.json").is_file()
 
 
+def test_a_prompt_the_corpus_cannot_spell_never_stops_training(tmp_path, capsys):
+    """The default config's prompt, "The ", on a corpus with no newline and no 'T': training runs, and after the
+    final evaluation one line says the sample is skipped."""
+    text = tmp_path / "lower.txt"
+    text.write_text("the cat sat on the mat and the dog ran far away " * 200)
+    assert main(["train", "--set", f"data.path={text}", "--max-steps", "2", "--set", "train.eval_every=2",
+                 "--set", "sample.num_tokens=10", "--run-dir", str(tmp_path / "run"), "--no-progress"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    warning = [i for i, line in enumerate(lines) if line.startswith("no sample after training:")]
+    assert len(warning) == 1 and "'T' is not in the vocabulary" in lines[warning[0]]
+    assert warning[0] > max(i for i, line in enumerate(lines) if line.startswith("valid:"))  # at the end
+    assert not any("--- sample ---" in line for line in lines)
+    assert (tmp_path / "run" / "results.json").is_file()
+    # a character corpus's scores are bits per character, the validation lines and the final ones alike
+    assert any(line.startswith("step 2: valid ") and " bpc" in line for line in lines)
+    assert any(line.startswith("valid: ") and line.endswith(" bpc") for line in lines)
+    assert not any("word" in line for line in lines if "valid" in line)
+
+
 def test_dyneval_hf_out_that_is_a_folder_is_refused_before_the_model_loads(tmp_path, capsys):
     (tmp_path / "model").mkdir()
     (tmp_path / "out").mkdir()

@@ -25,7 +25,22 @@ def test_scores_convert_between_nats_perplexity_and_bits():
     s = Scores(nll=10 * math.log(2), tokens=10, words=2)
     assert s.xent == pytest.approx(math.log(2)) and s.perplexity == pytest.approx(2.0)
     assert s.bits_per_token == pytest.approx(1.0) and s.bits_per_word == pytest.approx(5.0)
-    assert "1.0000 bpc, 5.000 bits/word" == s.headline("char") and s.headline("word").startswith("ppl 2.00")
+    assert s.headline("word") == "ppl 2.00 (xent 0.6931)"
+
+
+@pytest.mark.parametrize("data_format,printed", [("word", "ppl 2.00"), ("char", "1.0000 bpc"),
+                                                 ("ptb_char", "1.0000 bpc"), ("byte", "1.0000 bpb")])
+def test_every_printed_score_is_in_its_corpus_unit_and_no_character_corpus_prints_bits_per_word(data_format, printed):
+    """One choice of unit per corpus (evaluation.scores.unit_for) behind the final scores, the validation lines, the
+    one-line headline of a results file and the learning curve; bits per word stays in results.json only."""
+    from moglm.train.final_evaluation import headline
+    from moglm.evaluation.scores import UNITS, unit_for
+
+    s = Scores(nll=10 * math.log(2), tokens=10, words=2)
+    assert s.headline(data_format).split(" (xent")[0] == printed and "word" not in s.headline(data_format)
+    assert headline({"level": data_format, "splits": {"test": s.as_dict()}}, "test") == f"test {printed}"
+    assert UNITS[unit_for(data_format)][1](UNITS[unit_for(data_format)][2](s.xent)) == printed
+    assert s.as_dict()["bits_per_word"] == pytest.approx(5.0)
 
 
 def test_batch_one_stream_evaluation_equals_scoring_every_token_in_one_pass():

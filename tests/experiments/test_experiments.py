@@ -468,3 +468,52 @@ def test_only_takes_names_repeated_or_separated_by_commas(tmp_path, monkeypatch)
     result = runner_app.invoke(build_app(), ["experiment", "run", "ablation", "--only", "a,b", "--only", "c"])
     assert result.exit_code == 0, result.output
     assert seen["only"] == ["a", "b", "c"]
+
+
+def _real_corpus(name: str) -> None:
+    """Skip unless the real corpus ``name`` is found (the working directory, $MOGLM_DATA, ../shared/data)."""
+    from moglm.data.corpus import resolve_path
+
+    try:
+        resolve_path(name)
+    except MoglmError:
+        pytest.skip(f"the real {name} corpus is not here: set MOGLM_DATA to the folder that holds {name}/")
+
+
+@pytest.mark.slow
+def test_every_shipped_smoke_scale_sizes_its_models_for_the_real_vocabularies():
+    """PTB word's 10k words and WikiText-2's 33k: every run of every smoke scale has a hidden size within its
+    budget (the smallest rank-32 Mogrifier of PTB word alone is 425k parameters)."""
+    from moglm.runs.build import load_data, resolve_hidden_size
+
+    vocab_sizes: dict[tuple, int] = {}
+    for name in shipped():
+        exp = load_experiment(name)
+        if exp.kind != "language_model":
+            continue
+        for spec in runs(exp, "smoke"):
+            cfg = run_config(spec)
+            key = (cfg.data.path, cfg.data.format)
+            if key not in vocab_sizes:
+                _real_corpus(cfg.data.path)
+                vocab_sizes[key] = len(load_data(cfg.data).vocab)
+            assert resolve_hidden_size(cfg.model, vocab_sizes[key]) >= 1, spec.name
+            assert cfg.evaluation.max_tokens and cfg.train.eval_tokens, spec.name  # no split scored whole
+    assert max(vocab_sizes.values()) > 30_000
+
+
+@pytest.mark.slow
+def test_a_smoke_run_on_the_real_ptb_word_corpus_trains(tmp_path):
+    """The ablation's Mogrifier at smoke scale on PTB word: validation improves over its six steps and the final
+    scores read the first 5,000 tokens of each split (under a minute on two shared cores)."""
+    _real_corpus("ptb")
+    run_experiment("ablation", "smoke", root=tmp_path, only=["ptb-word-mogrifier-s1"], progress=False,
+                   log=lambda s: None)
+    run_dir = tmp_path / "smoke" / "runs" / "ptb-word-mogrifier-s1"
+    info = json.loads((run_dir / "model.json").read_text())
+    assert info["vocab_size"] == 10_000 and info["num_params"] <= 450_000
+    valid = [json.loads(line)["xent"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "valid"]
+    assert len(valid) == 2 and valid[1] < valid[0]
+    static = json.loads((run_dir / "evaluations" / "static.json").read_text())
+    assert {split: block["tokens"] for split, block in static["splits"].items()} == {"valid": 5_000, "test": 5_000}

@@ -48,5 +48,5 @@ def test_partial_sentences(tiny_corpus, tmp_path, capsys):
             "--run-dir", str(tmp_path / "p"), "--no-progress"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "trained on sentences cut at 3" in out and "test perplexity" in out
+    assert "trained on sentences cut at 3" in out and "test ppl" in out
     assert (tmp_path / "p" / "data" / "train.txt").read_text().splitlines()[0].count(" ") == 2

@@ -89,7 +89,7 @@ def test_study_with_two_workers_resumes_and_its_best_config_trains(space, tmp_pa
              "evaluation.splits=[valid]"]
     assert main(["train", str(study_dir / "best.toml"), *[a for q in quick for a in ("--set", q)],
                  "--run-dir", str(run), "--no-progress"]) == 0
-    assert "valid perplexity" in capsys.readouterr().out and (run / "results.json").is_file()
+    assert "valid ppl" in capsys.readouterr().out and (run / "results.json").is_file()
 
 
 class _FailingTrainer(trainer_module.Trainer):
