@@ -117,6 +117,26 @@ def tiny_trained_run(root, test_prefix: str = "", **train):
     return root / "run"
 
 
+def tiny_format_run(root, fmt, **model):
+    """A tiny run trained in ``root / "run"`` on the tiny corpus read as ``fmt``: ``char``, ``byte``, or
+    ``ptb_char`` (the corpus rewritten in Mikolov's format: symbols separated by spaces, ``_`` between words).
+    The shared fixture of the compression tests."""
+    from moglm.train import Trainer
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MOGLM_CACHE_DIR", str(root / "cache"))
+        corpus = write_tiny_corpus(root / "tiny")
+        if fmt == "ptb_char":
+            for split in ("train", "valid", "test"):
+                path = corpus / f"{split}.txt"
+                lines = path.read_text().splitlines()
+                path.write_text("".join(" " + " ".join(line.replace(" ", "_")) + " \n" for line in lines))
+        cfg = tiny_config(corpus, data={"format": fmt}, model=model, train={"max_steps": 40, "eval_every": 20},
+                          sample={"num_tokens": 0})
+        Trainer(cfg, root / "run", progress=False, log=lambda s: None).train()
+    return root / "run"
+
+
 def tiny_evaluated_run(root):
     """A tiny run trained and evaluated by ``moglm evaluate`` (``results.json``: its scores and logit factor) in
     ``root / "run"``, its test split starting with a blank line as WikiText's do: the rest of the split, read from

@@ -1,7 +1,8 @@
 """``moglm bench compress RUN FILE``: compress a file with a trained run, decompress it, check it is the same,
 and put the size beside the model's cross-entropy and beside gzip -9, bzip2 -9 and xz -9 of the same file
 (Python's zlib, bz2 and lzma modules at those levels: the same formats and settings as the command-line
-tools), with the speed of both directions in KB/s.
+tools), with the speed of both directions in KB/s. One row per block size (0: the whole file as one stream,
+as moglm compressed before blocks), so that the batch's gain is measured in one run on one machine.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from typing import Any, Callable
 from ..errors import MoglmError
 
 
-def run_compression(run_dir: Path, file: Path, settings: dict | None, checkpoint: str = "best",
-                    progress: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run_compression(run_dir: Path, file: Path, settings: dict | None, block_size: int, threads: int,
+                    checkpoint: str = "best", progress: bool = True,
+                    log: Callable[[str], None] = print) -> dict[str, Any]:
     """The report of one compression and decompression of ``file`` (a path, or one relative to ``$MOGLM_DATA``)
-    with the run (``settings``: adapt while coding, as ``moglm compress --dynamic`` records them; None: static)."""
+    with the run (``settings``: adapt while coding, as ``moglm compress --dynamic`` records them; None: static),
+    ``block_size`` bytes per block and ``threads`` torch threads."""
     from ..compression import compress, decompress
     from ..compression.run import adapter_from_settings
     from ..recurrence.compiled import info
@@ -37,20 +40,22 @@ def run_compression(run_dir: Path, file: Path, settings: dict | None, checkpoint
     if settings is not None:
         adapter = adapter_from_settings(run_dir, run.model, checkpoint, run.temperature, settings)
     blob, report = compress(data, run.model, run.vocab, factor=run.temperature, adapter=adapter, settings=settings,
-                            progress=progress)
+                            block_size=block_size, threads=threads, progress=progress)
     log(f"compressed: {report.summary()}")
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     restored = decompress(blob, run.model, run.vocab, progress=progress,
                           adapter_for=lambda header: adapter_from_settings(run_dir, run.model, checkpoint,
                                                                            run.temperature, header["adapt"]))
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
     if restored != data:  # decompress checks the SHA-256 itself; this is the benchmark's own check
         raise MoglmError("the round trip did not restore the file")
     baselines = {"gzip -9": len(gzip.compress(data, 9, mtime=0)), "bzip2 -9": len(bz2.compress(data, 9)),
                  "xz -9": len(lzma.compress(data, preset=9))}
     result = {"file": file.name, "run": run_dir.name, "architecture": run.model.architecture,
               "parameters": sum(p.numel() for p in run.model.parameters()), "dynamic": settings,
+              "block_size": block_size,
               **report.as_dict(), "decompress_seconds": seconds,
+              "decompress_cpu_seconds": cpu_seconds,
               "decompress_kilobytes_per_second": len(data) / 1e3 / max(seconds, 1e-9), "baselines": baselines,
               "against": {name: report.compressed_bytes / size - 1 for name, size in baselines.items()},
               "cpu": info().get("cpu")}
@@ -60,18 +65,27 @@ def run_compression(run_dir: Path, file: Path, settings: dict | None, checkpoint
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    """One row per compressor: bytes, bits per byte, and for the model its cross-entropy and speed."""
+    """One row per compressor: bytes, bits per byte, and for the model its blocks, cross-entropy and speed."""
     first = rows[0]
+    threads = first["threads"]
     lines = [f"`{first['file']}` ({first['original_bytes']:,} bytes) with `{first['run']}` ({first['architecture']}, "
-             f"{first['parameters']:,} parameters), {first['cpu']}, 1 thread", "",
-             "| compressor | bytes | bits per byte | model cross-entropy (bits per token) | payload vs ideal | "
-             "compress KB/s | decompress KB/s |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             f"{first['parameters']:,} parameters), {first['cpu']}, {threads} thread{'s' if threads > 1 else ''}", "",
+             "| compressor | blocks (raw) | bytes | bits per byte | model cross-entropy (bits per token) | "
+             "coded vs ideal | compress KB/s (wall, CPU) | decompress KB/s (wall, CPU) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, size in first["baselines"].items():
-        lines.append(f"| {name} | {size:,} | {8 * size / first['original_bytes']:.3f} | | | | |")
+        lines.append(f"| {name} | | {size:,} | {8 * size / first['original_bytes']:.3f} | | | | |")
     for r in rows:
-        label = "moglm compress" + ("" if r["dynamic"] is None else
-                                    f" --dynamic ({r['dynamic']['hyperparameters']['rule']})")
-        lines.append(f"| {label} | {r['compressed_bytes']:,} | {r['bits_per_byte']:.3f} | "
-                     f"{r['model_bits_per_token']:.4f} | {100 * r['coding_overhead']:+.3f}% | "
-                     f"{r['kilobytes_per_second']:.2f} | {r['decompress_kilobytes_per_second']:.2f} |")
+        label = f"moglm compress --block-size {r['block_size']}" + (
+            "" if r["dynamic"] is None else f" --dynamic ({r['dynamic']['hyperparameters']['rule']})")
+        lines.append(f"| {label} | {r['blocks']} ({r['raw_blocks']}) | {r['compressed_bytes']:,} | "
+                     f"{r['bits_per_byte']:.3f} | {r['model_bits_per_token']:.4f} | "
+                     f"{100 * r['coding_overhead']:+.3f}% | "
+                     f"{r['kilobytes_per_second']:.2f}, {_per_cpu(r, r['cpu_seconds'])} | "
+                     f"{r['decompress_kilobytes_per_second']:.2f}, {_per_cpu(r, r['decompress_cpu_seconds'])} |")
     return "\n".join(lines)
+
+
+def _per_cpu(row: dict[str, Any], cpu_seconds: float) -> str:
+    """KB per CPU second of the process (all its threads): the rate other jobs on the machine do not change."""
+    return f"{row['original_bytes'] / 1e3 / max(cpu_seconds, 1e-9):.2f}"

@@ -243,20 +243,25 @@ def compress(
     dynamic: bool = typer.Option(False, help="Also compress with dynamic evaluation (a second row)."),
     rule: Optional[UpdateRule] = typer.Option(None, help="Update rule of the adaptation."),
     adapt_learning_rate: Optional[float] = typer.Option(None, help="Learning rate of the adaptation."),
+    block_size: list[int] = typer.Option([], help="Bytes per block, one row (two with --dynamic) each: 0 4096 "
+                                         "puts one stream beside blocks (default: moglm compress's)."),
+    threads: Optional[int] = typer.Option(None, min=1, help="Torch threads (default: moglm compress's)."),
     progress: bool = typer.Option(True, help="Show progress bars."),
     out: Optional[Path] = typer.Option(None, help=OUT_HELP),
 ) -> None:
     """Compress and decompress a file with a run: size against the model's cross-entropy, gzip -9, bzip2 -9
-    and xz -9, and the speed in KB/s."""
+    and xz -9, and the speed in KB/s of both directions."""
     out = out or default_out("compression.json")  # read at call time: $MOGLM_BENCH_DIR may change
     from ..compression.run import dynamic_settings
     from ..bench import command_line, write_report
     from ..bench.compression import markdown_table, run_compression
 
-    rows = [run_compression(run_dir, file, None, progress=progress, log=typer.echo)]
-    if dynamic or rule is not None or adapt_learning_rate is not None:
-        settings = dynamic_settings(run_dir, rule, adapt_learning_rate)
-        rows.append(run_compression(run_dir, file, settings, progress=progress, log=typer.echo))
+    from ..compression.container import BLOCK_SIZE, THREADS
+
+    adapting = dynamic or rule is not None or adapt_learning_rate is not None
+    settings = dynamic_settings(run_dir, rule, adapt_learning_rate) if adapting else None
+    rows = [run_compression(run_dir, file, each, size, threads or THREADS, progress=progress, log=typer.echo)
+            for size in block_size or [BLOCK_SIZE] for each in [None] + ([settings] if adapting else [])]
     write_report({"command": command_line(), "rows": rows}, out)
     typer.echo(markdown_table(rows))
     typer.echo(f"written to {out}")

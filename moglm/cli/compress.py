@@ -40,6 +40,11 @@ def compress(
     rule: Optional[UpdateRule] = typer.Option(None, help="Update rule of the adaptation (default: as --dynamic)."),
     adapt_learning_rate: Optional[float] = typer.Option(
         None, help="Learning rate of the adaptation (default: the rule's; implies --dynamic)."),
+    block_size: Optional[int] = typer.Option(
+        None, min=0, help="Bytes per block, about: the blocks are coded side by side as one batch of streams "
+        "(default 4096; 0: the whole file as one block)."),
+    threads: Optional[int] = typer.Option(None, min=1, help="Torch threads of the compression, and of its "
+                                          "decompression: the header records them (default 1)."),
     checkpoint: Checkpoint = typer.Option("best", help="The best or the last checkpoint."),
     report: Optional[Path] = typer.Option(None, help="Also write the sizes, code lengths and speed as JSON."),
     force: bool = typer.Option(False, "--force", "-f", help="Replace an existing output file."),
@@ -61,8 +66,9 @@ def compress(
     if dynamic or rule is not None or adapt_learning_rate is not None:
         settings = dynamic_settings(run_dir, rule, adapt_learning_rate)
         adapter = adapter_from_settings(run_dir, run.model, checkpoint, run.temperature, settings)
+    options = {k: v for k, v in (("block_size", block_size), ("threads", threads)) if v is not None}
     blob, result = container.compress(data, run.model, run.vocab, factor=run.temperature, adapter=adapter,
-                                      settings=settings, progress=progress)
+                                      settings=settings, progress=progress, **options)
     _write(target, blob, force)
     typer.echo(f"{file} -> {target}: {result.summary()}")
     if report is not None:
@@ -70,16 +76,22 @@ def compress(
 
         write_result(report, {"run": str(run_dir), "file": str(file), "dynamic": settings, **result.as_dict()})
 
+
 def decompress(
     run_dir: Path = typer.Argument(..., help="The run that compressed the file."),
     file: Path = typer.Argument(..., help="A file made by `moglm compress`."),
     output: Optional[Path] = typer.Option(None, "--output", "-o",
                                           help="Where to write (default: FILE without .moglm)."),
     checkpoint: Checkpoint = typer.Option("best", help="The checkpoint that compressed it."),
+    dynamic: Optional[bool] = typer.Option(
+        None, help="Only checked: the header decides how the file decodes, and a file compressed otherwise is "
+        "refused."),
+    block_size: Optional[int] = typer.Option(None, min=0, help="Only checked, as --dynamic."),
     force: bool = typer.Option(False, "--force", "-f", help="Replace an existing output file."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
 ) -> None:
-    """Restore a file made by `moglm compress` (checked against its SHA-256 before it is written)."""
+    """Restore a file made by `moglm compress` (checked against its SHA-256 before it is written); the file's
+    header says how it was coded (run, blocks, adaptation, threads)."""
     import time
 
     from ..compression import container
@@ -88,7 +100,8 @@ def decompress(
     blob = _read(file)
     target = container.output_path(file, output, compressing=False)
     check_free(target, force)
-    container.read_header(blob, str(file))  # a damaged file fails before the model loads
+    header, _ = container.read_header(blob, str(file))  # a damaged file fails before the model loads
+    container.check_settings(header, str(file), dynamic=dynamic, block_size=block_size)
     run = _load(run_dir, checkpoint)
     start = time.perf_counter()
     data = container.decompress(

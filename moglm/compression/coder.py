@@ -1,18 +1,27 @@
-"""Range coding of a file with a language model's predictions (Krause thesis 2.1.2: a model's cross-entropy
-is a compression rate), optionally adapting the model as it codes (dynamic evaluation, thesis ch. 4).
+"""Range coding of a file's blocks with a language model's predictions (Krause thesis 2.1.2: a model's
+cross-entropy is a compression rate), optionally adapting the model as it codes (dynamic evaluation, thesis ch. 4).
 
-The entropy coder is ``constriction``'s range coder (a maintained library; no coder is written here). The
-encoder and the decoder run the *same* loop, :class:`Predictor`, so they compute bit-identical
-probabilities: the model reads one token at a time (``[1, 1]``, whatever the encoder could batch, since the
-decoder cannot), in float32 on the CPU with a fixed number of threads, and adapts exactly as
-``moglm sample --adapt-output`` does: after each segment of n tokens, one update on that segment, with the
-state carried in from before it. Before each token the gap of characters that are not tokens
-(:mod:`.layout`) is coded with :class:`GapModel`, an adaptive frequency table of the gaps seen so far.
+The entropy coder is ``constriction``'s range coder (a maintained library; no coder is written here). The file
+is cut into B blocks (:mod:`.container`), read side by side as one batch of B streams: every step, the model
+reads one token of every block (``[1, B]``) and gives every block's next-token distribution at once, and each
+block's symbols go through that block's own range coder. The encoder and the decoder run the *same* model loop,
+:class:`Predictor`, on the same batch, so they compute bit-identical probabilities (float32 on the CPU with the
+header's number of threads). With adaptation the batch shares one set of weights (as ``moglm dyneval
+--streams`` does): after each segment of n steps, one update on the segment's ``[n, B]`` tokens, with the state
+carried in from before it. Before each token the gap of characters that are not tokens (:mod:`.layout`) is
+coded with :class:`GapModel`, an adaptive frequency table of the gaps seen so far (one per block); a layout in
+which every character is a token (a byte-level run) has no gaps and codes none.
+
+A block stored raw (:mod:`.container`: its model code was longer than its bytes) is not decoded: its tokens are
+known, and its row of the batch reads them as the encoder's did, so the other rows and the shared adaptation
+see exactly what they saw when encoding. A block that has run out of tokens reads ``start`` tokens until the
+longest block ends (their predictions are never coded).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -24,6 +33,7 @@ from ..progress import progress_bar
 LITERAL_END = 256  # a new gap is spelled as bytes 0-255, then this symbol
 MAX_GAPS = 1024  # distinct gaps the table keeps
 TINY = np.finfo(np.float64).tiny  # the ideal code length of a probability that underflowed is counted from here
+CHUNK = 64  # steps whose token probabilities the encoder of a gapless layout codes in one call per block
 
 
 def _constriction():
@@ -35,42 +45,50 @@ def _constriction():
 
 
 class Predictor:
-    """The model's next-token probabilities, one token at a time, optionally adapting after every segment.
+    """The model's next-token probabilities for ``rows`` streams read side by side, one step at a time,
+    optionally adapting after every segment.
 
-    ``model``: a language model in eval mode; ``start``: the token read before the first; ``factor``: the
-    logit factor (the run's tuned softmax temperature); ``adapter``: a
-    :class:`~moglm.dynamic_evaluation.DynamicEvaluator` (its private copy of the model is the one read)."""
+    ``model``: a language model in eval mode; ``start``: the token every stream reads before its first;
+    ``factor``: the logit factor (the run's tuned softmax temperature); ``adapter``: a
+    :class:`~moglm.dynamic_evaluation.DynamicEvaluator` (its private copy of the model is the one read; its
+    weights are shared by the streams)."""
 
-    def __init__(self, model, start: int, factor: float = 1.0, adapter=None) -> None:
+    def __init__(self, model, start: int, rows: int = 1, factor: float = 1.0, adapter=None) -> None:
         self.net = model if adapter is None else adapter.model
         self.factor, self.adapter = factor, adapter
-        self.segment, self.before = [start], None  # the segment's inputs, the state before its first
-        self.log_p, self.state = self._read(start, None)
+        first = torch.full((rows,), start, dtype=torch.long)  # [B]
+        self.segment, self.before = [first], None  # the segment's inputs (each [B]), the state before its first
+        self.log_p, self.state = self._read(first, None)
 
-    def _read(self, token: int, state):
+    def _read(self, tokens: torch.Tensor, state):
         with torch.no_grad():
-            log_p, state = self.net.log_probs(torch.tensor([[token]]), state, self.factor)  # [1, 1, V]
-        return log_p[0, 0], state
+            log_p, state = self.net.log_probs(tokens.view(1, -1), state, self.factor)  # [1, B, V]
+        return log_p[0], state  # [B, V]
 
     def probabilities(self) -> np.ndarray:
-        """``[V]`` float64: the distribution of the next token (uniform where the model's is not finite: an
-        adaptation that diverged is rolled back after its segment, and both sides see the same)."""
-        p = self.log_p.double().exp().numpy()
-        return p if np.isfinite(p).all() and p.sum() > 0 else np.ones_like(p)
+        """``[B, V]`` float64: every stream's distribution of its next token (uniform in a row where the model's
+        is not finite: an adaptation that diverged is rolled back after its segment, and both sides see the same)."""
+        p = self.log_p.double().exp().numpy()  # [B, V]
+        bad = ~(np.isfinite(p).all(axis=1) & (p.sum(axis=1) > 0))  # [B]
+        if bad.any():
+            p[bad] = 1.0
+        return p
 
-    def advance(self, token: int) -> None:
-        """Read ``token``: update on the segment it completes (with an adapter), then predict the next."""
+    def advance(self, tokens) -> None:
+        """Read ``tokens`` (``[B]``, one per stream): update on the segment they complete (with an adapter),
+        then predict the next."""
+        tokens = torch.tensor(np.asarray(tokens, dtype=np.int64))  # [B], a copy: the segment keeps it
         adapter = self.adapter
         if adapter is not None:
             if len(self.segment) == adapter.hp.segment_length:
-                inputs = torch.tensor(self.segment).view(-1, 1)  # [n, 1]
-                targets = torch.tensor(self.segment[1:] + [token]).view(-1, 1)  # [n, 1]
+                inputs = torch.stack(self.segment)  # [n, B]
+                targets = torch.stack(self.segment[1:] + [tokens])  # [n, B]
                 # the state the update's own pass ends in (rescored with the restored weights after a rollback,
                 # so a diverged update cannot carry a non-finite state on): both sides compute the same
                 _, self.state = adapter.step(inputs, targets, self.before)
                 self.segment, self.before = [], self.state
-            self.segment.append(token)
-        self.log_p, self.state = self._read(token, self.state)
+            self.segment.append(tokens)
+        self.log_p, self.state = self._read(tokens, self.state)
 
 
 class GapModel:
@@ -123,8 +141,8 @@ class GapModel:
 
 
 class Coder:
-    """One symbol at a time through constriction's range coder, with a categorical model given as
-    probabilities (rescaled and quantised identically on both sides)."""
+    """One block's symbols through constriction's range coder, with categorical models given as probabilities
+    (rescaled and quantised identically on both sides, one symbol at a time or many in one call)."""
 
     uniform = np.ones(LITERAL_END + 1)
 
@@ -140,6 +158,11 @@ class Coder:
         """Code ``symbol``; returns its ideal code length in bits (-log2 of its probability)."""
         self.encoder.encode(np.array([symbol], dtype=np.int32), self.family, probabilities[None])
         return -math.log2(max(probabilities[symbol] / probabilities.sum(), TINY))
+
+    def encode_all(self, symbols: np.ndarray, probabilities: np.ndarray) -> None:
+        """Code ``symbols`` ``[K]`` in order, each with its row of ``probabilities`` ``[K, V]`` (the same
+        code as K calls of :meth:`encode`)."""
+        self.encoder.encode(symbols.astype(np.int32), self.family, np.ascontiguousarray(probabilities))
 
     def decode(self, probabilities: np.ndarray) -> int:
         try:
@@ -163,36 +186,103 @@ class Coder:
         return self.encoder.get_compressed()  # uint32 words
 
 
-def encode(predictor: Predictor, gaps: GapModel, tokens: list[int], gap_list: list[str],
-           progress: bool = True) -> tuple[np.ndarray, float]:
-    """The range-coded words of ``gap_list[0] tokens[0] ... gap_list[N]`` and the model's ideal code length
-    of the tokens in bits (its cross-entropy on them, with the probabilities the coder used)."""
-    coder, bits = Coder(), 0.0
-    bar = progress_bar(len(tokens), "compress", 1, progress)
-    for i, token in enumerate(tokens):
-        gaps.encode(coder, gap_list[i])
-        bits += coder.encode(token, predictor.probabilities())
-        predictor.advance(token)
-        if i % 256 == 255:
-            bar.update(256)
-    gaps.encode(coder, gap_list[-1])
-    bar.close()
-    return coder.compressed(), bits
+@dataclass
+class Block:
+    """One block as the coder sees it: ``gaps[0] tokens[0] ... tokens[n-1] gaps[n]``, its range-coded words
+    (``None`` for a block stored raw, whose tokens are known to the decoder) and the ideal code lengths of
+    what was coded, in bits."""
+
+    tokens: list[int] = field(default_factory=list)
+    gaps: list[str] = field(default_factory=list)
+    words: np.ndarray | None = None
+    model_bits: float = 0.0
+    gap_bits: float = 0.0
 
 
-def decode(predictor: Predictor, gaps: GapModel, compressed: np.ndarray, count: int,
-           progress: bool = True) -> tuple[list[int], list[str]]:
-    """The ``count`` tokens and ``count + 1`` gaps that :func:`encode` coded into ``compressed``."""
-    coder, tokens, gap_list = Coder(compressed), [], []
-    bar = progress_bar(count, "decompress", 1, progress)
-    for i in range(count):
-        gap_list.append(gaps.decode(coder))
-        token = coder.decode(predictor.probabilities())
-        tokens.append(token)
-        predictor.advance(token)
-        coder.check_payload()
-        if i % 256 == 255:
-            bar.update(256)
-    gap_list.append(gaps.decode(coder))
+def _ideal_bits(p: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """``[R]``: -log2 of each row's probability of its token (``p`` ``[R, V]``, ``tokens`` ``[R]``)."""
+    chosen = p[np.arange(len(tokens)), tokens] / p.sum(axis=1)  # [R]
+    return -np.log2(np.maximum(chosen, TINY))
+
+
+def _token_matrix(blocks: list[Block], start: int, length: int) -> np.ndarray:
+    """``[L, B]``: block b's (known) tokens in column b, ``start`` after them."""
+    matrix = np.full((length, len(blocks)), start, dtype=np.int64)  # [L, B]
+    for b, block in enumerate(blocks):
+        matrix[: len(block.tokens), b] = block.tokens
+    return matrix
+
+
+def encode(predictor: Predictor, blocks: list[Block], gap_model: Callable[[], GapModel] | None, start: int,
+           progress: bool = True) -> None:
+    """Code every block (each ``tokens`` and ``gaps``) side by side, setting each block's ``words`` and ideal
+    code lengths. ``gap_model``: makes each block's gap table (``None``: a gapless layout, nothing but tokens)."""
+    coders = [Coder() for _ in blocks]
+    gaps = [gap_model() for _ in blocks] if gap_model is not None else None
+    counts = np.array([len(b.tokens) for b in blocks])  # [B]
+    matrix = _token_matrix(blocks, start, int(counts.max(initial=0)))  # [L, B]
+    model_bits = np.zeros(len(blocks))  # [B]
+    pending: list[np.ndarray] = []  # gapless: the steps' probabilities [B, V] not yet coded
+    bar = progress_bar(int(counts.sum()), "compress", 1, progress)
+    for t in range(matrix.shape[0]):
+        p = predictor.probabilities()  # [B, V]
+        rows = np.flatnonzero(counts > t)  # [R]: the blocks that have a token t
+        model_bits[rows] += _ideal_bits(p[rows], matrix[t, rows])
+        if gaps is None:
+            pending.append(p)
+            if len(pending) == CHUNK or t == matrix.shape[0] - 1:
+                _encode_chunk(coders, matrix, counts, pending, t + 1 - len(pending))
+                pending = []
+        else:
+            for b in rows:
+                gaps[b].encode(coders[b], blocks[b].gaps[t])
+                coders[b].encode(int(matrix[t, b]), p[b])
+        predictor.advance(matrix[t])
+        bar.update(len(rows))
     bar.close()
-    return tokens, gap_list
+    for b, block in enumerate(blocks):
+        if gaps is not None:
+            gaps[b].encode(coders[b], block.gaps[-1])
+            block.gap_bits = gaps[b].bits
+        block.model_bits, block.words = float(model_bits[b]), coders[b].compressed()
+
+
+def _encode_chunk(coders: list[Coder], matrix: np.ndarray, counts: np.ndarray, pending: list[np.ndarray],
+                  first: int) -> None:
+    """Code steps ``first, first + 1 ...`` of every block from their probabilities, one call per block."""
+    stacked = np.stack(pending, axis=1)  # [B, K, V]
+    for b, coder in enumerate(coders):
+        k = min(len(pending), max(0, int(counts[b]) - first))
+        if k:
+            coder.encode_all(matrix[first : first + k, b], stacked[b, :k])
+
+
+def decode(predictor: Predictor, blocks: list[Block], payloads: list[np.ndarray | None], counts: list[int],
+           gap_model: Callable[[], GapModel] | None, start: int, progress: bool = True) -> None:
+    """Fill in the ``tokens`` and ``gaps`` of every block whose payload (uint32 words) is given, ``counts[b]``
+    tokens each, reading the blocks side by side exactly as :func:`encode` did; a block whose payload is
+    ``None`` is raw: its ``tokens`` (already set) are read as they are."""
+    coders = [None if words is None else Coder(words) for words in payloads]
+    coded = [b for b, c in enumerate(coders) if c is not None]
+    gaps = {b: gap_model() for b in coded} if gap_model is not None else {}
+    counts_ = np.array(counts)  # [B]
+    matrix = _token_matrix(blocks, start, max(counts, default=0))  # [L, B]: raw blocks' tokens, start elsewhere
+    bar = progress_bar(sum(counts), "decompress", 1, progress)
+    for t in range(matrix.shape[0]):
+        p = predictor.probabilities()  # [B, V]
+        for b in coded:
+            if t < counts[b]:
+                coder, block = coders[b], blocks[b]
+                if gaps:
+                    block.gaps.append(gaps[b].decode(coder))
+                matrix[t, b] = token = coder.decode(p[b])
+                block.tokens.append(token)
+                coder.check_payload()
+        predictor.advance(matrix[t])
+        bar.update(int((counts_ > t).sum()))
+    bar.close()
+    for b in coded:  # the gap after the last token
+        if gaps:
+            blocks[b].gaps.append(gaps[b].decode(coders[b]))
+        else:
+            blocks[b].gaps = [""] * (counts[b] + 1)

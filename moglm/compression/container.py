@@ -1,27 +1,39 @@
 """``moglm compress`` / ``moglm decompress``: a file coded with a trained run's predictions, in a container
 that says what it needs to be decoded, and refuses anything else with a one-line error.
 
-Container (little-endian)::
+The file is cut into B blocks of about ``block_size`` bytes (its tokens shared out evenly, so the blocks are
+read in step), coded side by side as one batch of B streams (:mod:`.coder`), one range-coder state per block.
+A block whose model code is no shorter than its bytes is stored raw and flagged, so no file grows by more than
+the header. Container, version 2 (little-endian)::
 
     b"MOGLMZ" | version (1 byte) | header length (4 bytes) | header (compact JSON, UTF-8)
-    | payload (the range coder's uint32 words) | CRC-32 of everything before it (4 bytes)
+    | block table: per block, stored length (4 bytes), flags (1 byte: 1 = raw), CRC-32 of its stored bytes (4)
+    | CRC-32 of everything before it (4 bytes) | the blocks' stored bytes, in order
 
-The header records the run's digest (its vocabulary and every weight), the architecture, the dtype, the
-logit factor, the dynamic-evaluation settings and a digest of their statistics (or none), the number of
-tokens, the original length and the original's SHA-256, the threads and the library versions. Decoding
-checks the CRC (a damaged or truncated file), the run's digest (another run, or a changed one) and, at the
-end, the output's SHA-256 and length before anything is written: a wrong output is never produced.
+A coded block's stored bytes are its range coder's uint32 words, big-endian, with trailing zero bytes dropped
+(the decoder reads zeros past them); a raw block's are its bytes. The header records the run's digest (its
+vocabulary and every weight), the architecture, the dtype, the logit factor, the dynamic-evaluation settings
+and a digest of their statistics (or none), the number of tokens, blocks and the block size, whether gaps are
+coded, the original length and its SHA-256, the threads and the library versions. Decoding checks the
+header's CRC, that the block table stays inside the file, every block's CRC (a damaged or truncated file, named
+by its block), the run's digest (another run, or a changed one) and, at the end, the output's SHA-256 and
+length before anything is written: a wrong output is never produced. Version 1 (one stream, no table, a CRC-32
+after the little-endian payload) still decodes, as one block.
 
-Determinism (docs/method.md, "Compression"): both sides run one loop (:mod:`.coder`) on the CPU in
-float32 with ``THREADS`` torch thread(s), one token at a time, so the same machine decodes what it encoded.
-Another CPU, another torch or another build of the compiled recurrence may round differently; the header
-names the versions, and a mismatch surfaces as an SHA-256 error, not as wrong output.
+Determinism (docs/method.md, "Compression"): both sides run one loop (:mod:`.coder`) on the CPU in float32 with
+the header's number of torch threads, on the same ``[1, B]`` batch every step, so the same machine decodes what
+it encoded, whatever its own thread setting. Another CPU, another torch or another build of the compiled
+recurrence may round differently; the header names the versions, and a mismatch surfaces as an SHA-256 error,
+not as wrong output. Every block has its own coder state, bytes and CRC: without adaptation the rows of the
+batch do not mix, so a block's tokens depend on its own bytes only; with ``--dynamic`` the blocks share the
+adapted weights (as ``moglm dyneval --streams`` does), so they decode together.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
 import time
 import zlib
@@ -34,14 +46,19 @@ import numpy as np
 import torch
 
 from ..errors import MoglmError
-from .coder import GapModel, Predictor, decode, encode
+from .coder import Block, GapModel, Predictor, decode, encode
 from .layout import Layout
 
 MAGIC = b"MOGLMZ"
-VERSION = 1
-THREADS = 1
+VERSION = 2
+BLOCK_SIZE = 4_096  # bytes per block, about (0: the whole file in one block); measured in docs/guides/compression.md
+THREADS = 1  # torch threads of both sides, unless compress is told otherwise (the header records it)
+MAX_THREADS = 256
 SUFFIX = ".moglm"
+RAW = 1  # a block table flag: the block's bytes are stored as they are
 _PREFIX = struct.Struct("<6sBI")  # magic, version, header length
+_ENTRY = struct.Struct("<IBI")  # a block: stored length, flags, CRC-32 of its stored bytes
+_CRC = struct.Struct("<I")
 
 
 def run_digest(model: torch.nn.Module, vocab) -> str:
@@ -75,17 +92,35 @@ def fixed_threads(threads: int = THREADS):
         torch.set_num_threads(saved)
 
 
+def block_count(size: int, tokens: int, block_size: int) -> int:
+    """How many blocks a file of ``size`` bytes and ``tokens`` tokens is cut into: one per ``block_size``
+    bytes (0: one in all), at least one, and no more than its tokens."""
+    wanted = 1 if block_size == 0 else math.ceil(size / block_size)
+    return max(1, min(wanted, tokens))
+
+
+def block_tokens(tokens: int, blocks: int) -> list[int]:
+    """How many tokens each block holds: the file's shared out evenly, the first ones taking one more."""
+    return [tokens // blocks + (b < tokens % blocks) for b in range(blocks)]
+
+
 @dataclass
 class Report:
     """What a compression did: sizes in bytes, ideal code lengths in bits, wall seconds."""
 
     original_bytes: int
     compressed_bytes: int
-    header_bytes: int
+    header_bytes: int  # prefix, header, block table and CRC: everything but the blocks' stored bytes
     tokens: int
-    model_bits: float  # the model's cross-entropy on the tokens, with the probabilities the coder used
-    gap_bits: float  # the ideal code length of the gaps
+    model_bits: float  # the model's cross-entropy on all the tokens, with the probabilities the coder used
+    gap_bits: float  # the ideal code length of all the gaps
     seconds: float
+    blocks: int = 1
+    raw_blocks: int = 0
+    threads: int = THREADS
+    coded_bytes: int = 0  # the stored bytes of the blocks kept coded
+    coded_ideal_bits: float = 0.0  # the ideal code length of what those blocks coded
+    cpu_seconds: float = 0.0  # this process's CPU time (all its threads): the cost on a machine other jobs share
 
     @property
     def payload_bits(self) -> int:
@@ -93,9 +128,9 @@ class Report:
 
     @property
     def coding_overhead(self) -> float:
-        """Payload against the ideal code length of everything coded (0.001 = 0.1% more)."""
-        ideal = self.model_bits + self.gap_bits
-        return self.payload_bits / ideal - 1 if ideal else 0.0
+        """The coded blocks' bytes against the ideal code length of what they coded (0.001 = 0.1% more; below 0
+        where the model gave tokens less than the coder's floor of about 2^-24, which caps a token's cost)."""
+        return 8 * self.coded_bytes / self.coded_ideal_bits - 1 if self.coded_ideal_bits else 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {**vars(self), "payload_bits": self.payload_bits, "coding_overhead": self.coding_overhead,
@@ -105,16 +140,19 @@ class Report:
 
     def summary(self) -> str:
         d = self.as_dict()
+        blocks = (f"{self.blocks} block{'s' if self.blocks > 1 else ''}"
+                  + (f", {self.raw_blocks} stored raw" if self.raw_blocks else "") + f", {self.threads} thread"
+                  + ("s" if self.threads > 1 else ""))
         if not self.original_bytes:  # nothing to code: no rate or overhead to speak of
             return (f"an empty file -> {self.compressed_bytes:,} bytes (the header, {self.header_bytes} bytes, and "
                     f"{self.compressed_bytes - self.header_bytes} bytes of coder state) in {self.seconds:.1f}s")
         return (f"{self.original_bytes:,} -> {self.compressed_bytes:,} bytes ({d['bits_per_byte']:.4f} bits per byte; "
                 f"{self.tokens:,} tokens at {d['model_bits_per_token']:.4f} bits each by the model's cross-entropy; "
-                f"payload {100 * self.coding_overhead:+.4f}% against the ideal code length; header "
-                f"{self.header_bytes} bytes) in {self.seconds:.1f}s, {d['kilobytes_per_second']:.2f} KB/s")
+                f"coded blocks {100 * self.coding_overhead:+.4f}% against the ideal code length; header "
+                f"{self.header_bytes} bytes; {blocks}) in {self.seconds:.1f}s, {d['kilobytes_per_second']:.2f} KB/s")
 
 
-def _environment() -> dict[str, Any]:
+def _environment(threads: int) -> dict[str, Any]:
     """What the probabilities' rounding depends on besides the weights (named in a mismatch's error)."""
     from importlib.metadata import version
 
@@ -122,65 +160,177 @@ def _environment() -> dict[str, Any]:
     from ..recurrence import compiled
 
     return {"moglm": __version__, "torch": torch.__version__, "constriction": version("constriction"),
-            "threads": THREADS, "recurrence": compiled.info().get("gemm_route") if compiled.available() else "python"}
+            "threads": threads, "recurrence": compiled.info().get("gemm_route") if compiled.available() else "python"}
+
+
+def _gap_model(layout: Layout, gaps: bool, limit: int | None = None) -> Callable[[], GapModel] | None:
+    return (lambda: GapModel(layout.gap_bytes, layout.gap_text, limit)) if gaps else None
+
+
+def _cut(layout: Layout, data: bytes, block_size: int) -> list[Block]:
+    """The file as blocks: block b holds its share of the tokens and the gaps before them; the last one also
+    the gap after the file's last token (the others end on a token: their last gap is empty)."""
+    tokens, gaps = layout.split(data)
+    blocks, first = [], 0
+    counts = block_tokens(len(tokens), block_count(len(data), len(tokens), block_size))
+    for b, n in enumerate(counts):
+        end = first + n
+        last_gap = gaps[-1] if b == len(counts) - 1 else ""
+        blocks.append(Block(tokens[first:end], gaps[first:end] + [last_gap]))
+        first = end
+    return blocks
+
+
+def _stored(layout: Layout, block: Block) -> tuple[int, bytes]:
+    """A coded block's flags and stored bytes: raw if its code is no shorter than its bytes (and the raw bytes
+    read back as the same tokens, which the decoder needs to replay its row; never seen otherwise)."""
+    code = block.words.astype(">u4").tobytes().rstrip(b"\0")
+    raw = layout.join(block.tokens, block.gaps)
+    if len(code) >= len(raw) and layout.split(raw) == (block.tokens, block.gaps):
+        return RAW, raw
+    return 0, code
 
 
 def compress(data: bytes, model, vocab, *, factor: float = 1.0, adapter=None, settings: dict | None = None,
-             progress: bool = True) -> tuple[bytes, Report]:
+             block_size: int = BLOCK_SIZE, threads: int = THREADS, progress: bool = True) -> tuple[bytes, Report]:
     """``data`` coded with ``model`` (eval mode, CPU, float32); returns the container and its report.
-    ``adapter``: adapt while coding; ``settings``: what rebuilds it for decoding (recorded in the header)."""
+    ``adapter``: adapt while coding; ``settings``: what rebuilds it for decoding (recorded in the header);
+    ``block_size``: bytes per block, about (0: one block); ``threads``: torch threads of both sides."""
     if (adapter is None) != (settings is None):
         raise ValueError("an adapter and the settings that rebuild it come together")
+    _check_options(block_size, threads)
     layout = Layout.of(vocab)
     _check_model(model)
-    start = time.perf_counter()
-    tokens, gap_list = layout.split(data)
-    gaps = GapModel(layout.gap_bytes, layout.gap_text)
-    with fixed_threads():
-        predictor = Predictor(model, layout.start, factor, adapter)
-        words, model_bits = encode(predictor, gaps, tokens, gap_list, progress)
+    start, cpu = time.perf_counter(), time.process_time()
+    blocks = _cut(layout, data, block_size)
+    gaps = not layout.gapless
+    with fixed_threads(threads):
+        predictor = Predictor(model, layout.start, len(blocks), factor, adapter)
+        encode(predictor, blocks, _gap_model(layout, gaps), layout.start, progress)
+    stored = [_stored(layout, block) for block in blocks]
+    tokens = sum(len(b.tokens) for b in blocks)
     header = {"run": run_digest(model, vocab), "architecture": model.architecture, "dtype": "float32",
-              "factor": factor, "adapt": settings,
-              "adapt_digest": adapter_digest(adapter), "tokens": len(tokens), "bytes": len(data),
-              "sha256": hashlib.sha256(data).hexdigest(), **_environment()}
+              "factor": factor, "adapt": settings, "adapt_digest": adapter_digest(adapter), "tokens": tokens,
+              "bytes": len(data), "blocks": len(blocks), "block_size": block_size, "gaps": gaps,
+              "sha256": hashlib.sha256(data).hexdigest(), **_environment(threads)}
     encoded = json.dumps(header, separators=(",", ":")).encode()
-    body = _PREFIX.pack(MAGIC, VERSION, len(encoded)) + encoded + words.astype("<u4").tobytes()
-    blob = body + struct.pack("<I", zlib.crc32(body))
-    report = Report(len(data), len(blob), _PREFIX.size + len(encoded) + 4, len(tokens), model_bits, gaps.bits,
-                    time.perf_counter() - start)
+    head = _PREFIX.pack(MAGIC, VERSION, len(encoded)) + encoded + b"".join(
+        _ENTRY.pack(len(content), flags, zlib.crc32(content)) for flags, content in stored)
+    head += _CRC.pack(zlib.crc32(head))
+    blob = head + b"".join(content for _, content in stored)
+    coded = [(block, content) for block, (flags, content) in zip(blocks, stored) if not flags & RAW]
+    report = Report(len(data), len(blob), len(head), tokens, sum(b.model_bits for b in blocks),
+                    sum(b.gap_bits for b in blocks), time.perf_counter() - start, len(blocks),
+                    len(blocks) - len(coded), threads, sum(len(c) for _, c in coded),
+                    sum(b.model_bits + b.gap_bits for b, _ in coded), time.process_time() - cpu)
     return blob, report
 
 
-def read_header(blob: bytes, name: str = "the file") -> tuple[dict[str, Any], np.ndarray]:
-    """The header and the payload words of a container, or a one-line error saying what is wrong with it."""
+def _check_options(block_size: int, threads: int) -> None:
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 0:
+        raise MoglmError(f"the block size is a number of bytes >= 0 (0: one block), not {block_size!r}")
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS:
+        raise MoglmError(f"threads must be an integer from 1 to {MAX_THREADS}, not {threads!r}")
+
+
+_TYPES = {"run": str, "factor": (int, float), "adapt": (dict, type(None)), "adapt_digest": (str, type(None)),
+          "tokens": int, "bytes": int, "sha256": str, "blocks": int, "block_size": int, "threads": int, "gaps": bool}
+
+
+def read_header(blob: bytes, name: str = "the file") -> tuple[dict[str, Any], list[np.ndarray | bytes]]:
+    """The header and the blocks of a container (a coded block as its range coder's uint32 words, a raw one
+    as its bytes), or a one-line error saying what is wrong with it."""
     if len(blob) < _PREFIX.size or not blob.startswith(MAGIC):
         raise MoglmError(f"{name} is not a moglm-compressed file")
     magic, version, length = _PREFIX.unpack_from(blob)
+    if version == 1:
+        return _read_version_1(blob, length, name)
     if version != VERSION:
-        raise MoglmError(f"{name} is a version {version} moglm-compressed file; this moglm reads version {VERSION}")
-    payload_end = len(blob) - 4
+        raise MoglmError(f"{name} is a version {version} moglm-compressed file; this moglm reads versions 1 and "
+                         f"{VERSION} (a newer moglm made it)")
+    table = _PREFIX.size + length
+    if len(blob) < table:
+        raise MoglmError(f"{name} is damaged or truncated (shorter than its header says)")
+    header = _parse_header(blob[_PREFIX.size : table], name)
+    end = table + header["blocks"] * _ENTRY.size
+    if len(blob) < end + _CRC.size:
+        raise MoglmError(f"{name} is damaged or truncated (shorter than its header and block table)")
+    if zlib.crc32(blob[:end]) != _CRC.unpack_from(blob, end)[0]:
+        raise MoglmError(f"{name} is damaged (the CRC-32 of its header and block table does not match)")
+    blocks, offset = [], end + _CRC.size
+    for b in range(header["blocks"]):
+        size, flags, crc = _ENTRY.unpack_from(blob, table + b * _ENTRY.size)
+        where = f"block {b + 1} of {header['blocks']}"
+        if offset + size > len(blob):
+            raise MoglmError(f"{name} is damaged or truncated: its block table points outside the file ({where} "
+                             f"ends at byte {offset + size:,} of {len(blob):,})")
+        content = blob[offset : offset + size]
+        if flags & ~RAW:
+            raise MoglmError(f"{name} is damaged: {where} has unknown flags {flags:#x}")
+        if zlib.crc32(content) != crc:
+            raise MoglmError(f"{name} is damaged: {where} does not match its CRC-32 (altered or truncated)")
+        blocks.append(content if flags & RAW else _words(content + b"\0" * (-size % 4), ">u4"))
+        offset += size
+    if offset != len(blob):
+        raise MoglmError(f"{name} is damaged: {len(blob) - offset:,} bytes follow its last block")
+    return header, blocks
+
+
+def _words(content: bytes, dtype: str) -> np.ndarray:
+    return np.frombuffer(content, dtype=dtype).astype(np.uint32)
+
+
+def _parse_header(encoded: bytes, name: str) -> dict[str, Any]:
+    """The header's fields, type-checked and consistent with each other, or a one-line error."""
+    try:
+        header = json.loads(encoded)
+    except ValueError:
+        header = None
+    if not isinstance(header, dict) or any(not isinstance(header.get(k, ...), t) for k, t in _TYPES.items()) \
+            or not 0 <= header["tokens"] <= header["bytes"] \
+            or not 1 <= header["threads"] <= MAX_THREADS or header["block_size"] < 0:  # a token spells >= 1 byte
+        raise MoglmError(f"{name} has a damaged header")
+    expected = block_count(header["bytes"], header["tokens"], header["block_size"])
+    if header["blocks"] != expected:
+        raise MoglmError(f"{name} has a damaged header: {header['blocks']} blocks, where its block size of "
+                         f"{header['block_size']:,} bytes cuts its {header['bytes']:,} bytes into {expected}")
+    return header
+
+
+def _read_version_1(blob: bytes, length: int, name: str) -> tuple[dict[str, Any], list[np.ndarray | bytes]]:
+    """A version 1 file (before blocks: one stream, one thread, gaps coded, a CRC-32 over all before it) as
+    version 2's header and one coded block."""
+    payload_end = len(blob) - _CRC.size
     if payload_end < _PREFIX.size + length or (payload_end - _PREFIX.size - length) % 4:
         raise MoglmError(f"{name} is damaged or truncated (shorter than its header says)")
-    if zlib.crc32(blob[:payload_end]) != struct.unpack_from("<I", blob, payload_end)[0]:
+    if zlib.crc32(blob[:payload_end]) != _CRC.unpack_from(blob, payload_end)[0]:
         raise MoglmError(f"{name} is damaged or truncated (its CRC-32 does not match)")
     try:
         header = json.loads(blob[_PREFIX.size : _PREFIX.size + length])
-    except ValueError:
+        header = {**header, "blocks": 1, "block_size": 0, "threads": 1, "gaps": True}
+    except (ValueError, TypeError):
         header = None
-    types = {"run": str, "factor": (int, float), "adapt": (dict, type(None)), "adapt_digest": (str, type(None)),
-             "tokens": int, "bytes": int, "sha256": str}
-    if not isinstance(header, dict) or any(not isinstance(header.get(k, ...), t) for k, t in types.items()) \
-            or not 0 <= header["tokens"] <= header["bytes"]:  # every token spells at least one byte
-        raise MoglmError(f"{name} has a damaged header")
-    words = np.frombuffer(blob[_PREFIX.size + length : payload_end], dtype="<u4").astype(np.uint32)
-    return header, words
+    header = _parse_header(json.dumps(header).encode(), name)
+    return header, [_words(blob[_PREFIX.size + length : payload_end], "<u4")]
+
+
+def check_settings(header: dict[str, Any], name: str = "the file", *, dynamic: bool | None = None,
+                   block_size: int | None = None) -> None:
+    """What a decoder was told, against the header, which decides: a file made otherwise is a one-line error."""
+    made = header["adapt"] is not None
+    if dynamic is not None and dynamic != made:
+        raise MoglmError(f"{name} was compressed {'with' if made else 'without'} --dynamic: its header decides how "
+                         f"it decodes (drop --{'no-' if dynamic is False else ''}dynamic)")
+    if block_size is not None and block_size != header["block_size"]:
+        raise MoglmError(f"{name} was compressed with --block-size {header['block_size']}, not {block_size}: its "
+                         "header decides how it decodes (drop --block-size)")
 
 
 def decompress(blob: bytes, model, vocab, *, adapter_for: Callable[[dict], Any] | None = None,
                name: str = "the file", progress: bool = True) -> bytes:
     """The original bytes of a container made by :func:`compress` with this ``model``. ``adapter_for``:
     builds the adapter from the header's settings (needed when the file was coded with adaptation)."""
-    header, words = read_header(blob, name)
+    header, stored = read_header(blob, name)
     layout = Layout.of(vocab)
     _check_model(model)
     digest = run_digest(model, vocab)
@@ -195,20 +345,36 @@ def decompress(blob: bytes, model, vocab, *, adapter_for: Callable[[dict], Any] 
         if adapter_digest(adapter) != header["adapt_digest"]:
             raise MoglmError(f"{name} was compressed with other RMS statistics than this run's "
                              "(dyneval/rms-*.safetensors changed or was recollected)")
-    gaps = GapModel(layout.gap_bytes, layout.gap_text, limit=header["bytes"])
-    with fixed_threads():
-        predictor = Predictor(model, layout.start, float(header["factor"]), adapter)
-        tokens, gap_list = decode(predictor, gaps, words, int(header["tokens"]), progress)
+    counts = block_tokens(header["tokens"], header["blocks"])
+    blocks = [_raw_block(layout, content, n, b, len(counts), name) if isinstance(content, bytes) else Block()
+              for b, (content, n) in enumerate(zip(stored, counts))]
+    payloads = [None if isinstance(content, bytes) else content for content in stored]
+    with fixed_threads(header["threads"]):
+        predictor = Predictor(model, layout.start, len(blocks), float(header["factor"]), adapter)
+        decode(predictor, blocks, payloads, counts, _gap_model(layout, header["gaps"], header["bytes"]),
+               layout.start, progress)
     try:
-        data = layout.join(tokens, gap_list)
+        data = b"".join(c if isinstance(c, bytes) else layout.join(b.tokens, b.gaps) for b, c in zip(blocks, stored))
     except (KeyError, UnicodeError):
         data = None
     if data is None or len(data) != header["bytes"] or hashlib.sha256(data).hexdigest() != header["sha256"]:
-        env = {k: header.get(k) for k in _environment()}
+        env = {k: header.get(k) for k in _environment(header["threads"])}
         raise MoglmError(f"{name}: the decoded output does not match the original's SHA-256, so nothing was "
-                         f"written (compressed with {env}, decoded with {_environment()}: another CPU or library "
-                         "can round the model's probabilities differently)")
+                         f"written (compressed with {env}, decoded with {_environment(header['threads'])}: another "
+                         "CPU or library can round the model's probabilities differently)")
     return data
+
+
+def _raw_block(layout: Layout, content: bytes, count: int, b: int, blocks: int, name: str) -> Block:
+    """A raw block's tokens, which its row of the batch reads as the encoder's did."""
+    try:
+        tokens, gaps = layout.split(content)
+    except UnicodeError:
+        tokens = None
+    if tokens is None or len(tokens) != count:
+        raise MoglmError(f"{name} is damaged: raw block {b + 1} of {blocks} does not hold the {count:,} tokens "
+                         "its header gives it")
+    return Block(tokens, gaps)
 
 
 def _check_model(model) -> None:

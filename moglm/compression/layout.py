@@ -11,7 +11,8 @@ adaptive model (:mod:`.coder`). So::
 
 For ``ptb_char`` runs (Mikolov's format: symbols separated by spaces, ``_`` between words) the newline is
 the ``<eos>`` token and the separating spaces are the gaps; for plain ``char`` runs the gaps are almost
-always empty. Word-level runs are refused: a word's spelling is not recoverable from its id.
+always empty, and a byte-level run has none (:attr:`Layout.gapless`). Word-level runs are refused: a word's
+spelling is not recoverable from its id.
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ class Layout:
         start = vocab.stoi.get(vocab.eos) if vocab.eos is not None else ids.get("\n", 0)
         return cls(ids, {i: c for c, i in ids.items()}, start,
                    "latin-1" if vocab.level == "byte" else "utf-8")
+
+    @property
+    def gapless(self) -> bool:
+        """Every byte is a token (a byte-level run): no file has a gap, and none is coded."""
+        return self.encoding == "latin-1" and len(self.ids) == 256
 
     def text(self, data: bytes) -> str:
         return data.decode(self.encoding, errors="surrogateescape" if self.encoding == "utf-8" else "strict")

@@ -1,6 +1,7 @@
 """Lossless compression with a trained run (moglm.compression): any file round-trips bit for bit, with and
 without dynamic evaluation; the payload is within 0.1% of the model's cross-entropy; a damaged file or
-another run is a one-line error, never a wrong output."""
+another run is a one-line error, never a wrong output. Blocks, raw blocks, threads and every bad input of
+the block format: test_compression_blocks.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 pytest.importorskip("constriction", reason="the compress extra (constriction) is not installed")
 
-from conftest import tiny_config, write_tiny_corpus  # noqa: E402
+from conftest import tiny_format_run  # noqa: E402
 from moglm.cli import main  # noqa: E402
 from moglm.compression import Layout, compress, decompress, read_header  # noqa: E402
 from moglm.data.vocabulary import Vocabulary  # noqa: E402
@@ -22,41 +23,24 @@ from moglm.errors import MoglmError  # noqa: E402
 from moglm.runs.language_model import load_run  # noqa: E402
 
 
-def _train(root, fmt, **model):
-    from moglm.train import Trainer
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MOGLM_CACHE_DIR", str(root / "cache"))
-        corpus = write_tiny_corpus(root / "tiny")
-        if fmt == "ptb_char":  # Mikolov's format: symbols separated by spaces, _ between words
-            for split in ("train", "valid", "test"):
-                path = corpus / f"{split}.txt"
-                lines = path.read_text().splitlines()
-                path.write_text("".join(" " + " ".join(line.replace(" ", "_")) + " \n" for line in lines))
-        cfg = tiny_config(corpus, data={"format": fmt}, model=model, train={"max_steps": 40, "eval_every": 20},
-                          sample={"num_tokens": 0})
-        Trainer(cfg, root / "run", progress=False, log=lambda s: None).train()
-    return root / "run"
-
-
 @pytest.fixture(scope="module")
 def char_run(tmp_path_factory):
-    return _train(tmp_path_factory.mktemp("char"), "char")
+    return tiny_format_run(tmp_path_factory.mktemp("char"), "char")
 
 
 @pytest.fixture(scope="module")
 def ptb_char_run(tmp_path_factory):
-    return _train(tmp_path_factory.mktemp("ptb-char"), "ptb_char", architecture="lstm", cell={})
+    return tiny_format_run(tmp_path_factory.mktemp("ptb-char"), "ptb_char", architecture="lstm", cell={})
 
 
 TEXT = b"the cat sees the dog .\nthe owl hears the cow .\nthe fish likes the bird .\n" * 6
 
 
-def _round_trip(run, data, adapter=None):
+def _round_trip(run, data, adapter=None, **options):
     trained = load_run(run)
     settings = None if adapter is None else {"hyperparameters": adapter.hp.as_dict()}
     blob, report = compress(data, trained.model, trained.vocab, factor=trained.temperature, adapter=adapter,
-                            settings=settings, progress=False)
+                            settings=settings, progress=False, **options)
     fresh = None if adapter is None else DynamicEvaluator(trained.model, adapter.hp, factor=trained.temperature)
     restored = decompress(blob, trained.model, trained.vocab, adapter_for=lambda header: fresh, progress=False)
     return blob, report, restored
@@ -76,14 +60,18 @@ def test_any_file_round_trips_exactly(char_run, data):
 
 @pytest.mark.slow
 def test_text_compresses_to_the_models_cross_entropy(char_run):
-    """The payload is the range coder's output: within 0.1% of the ideal code length (the model's cross-entropy
-    on the tokens plus the gaps' code length), and text the model knows is far smaller than the file."""
+    """One stream's payload is the range coder's output: within 0.1% of the ideal code length (the model's
+    cross-entropy on the tokens plus the gaps' code length), and text the model knows is far smaller than the
+    file. In blocks, each block's coder adds at most a flush of two words."""
     long = TEXT * 20
-    _, report, restored = _round_trip(char_run, long)
+    _, report, restored = _round_trip(char_run, long, block_size=0)
     assert restored == long
     assert report.tokens == len(long) and report.gap_bits < 64  # every character is a token; gaps stay empty
     assert abs(report.coding_overhead) < 1e-3, report.as_dict()
     assert report.compressed_bytes < 0.35 * len(long)
+    _, blocks, restored = _round_trip(char_run, long, block_size=1024)
+    assert restored == long and blocks.blocks == 9 and blocks.raw_blocks == 0
+    assert 8 * blocks.coded_bytes - blocks.coded_ideal_bits < blocks.blocks * 64, blocks.as_dict()
 
 
 @pytest.mark.slow
@@ -225,14 +213,18 @@ def test_bench_compress_puts_the_model_beside_gzip_bzip2_and_xz(char_run, tmp_pa
     source.write_bytes(TEXT * 4)
     out = tmp_path / "compression.json"
     assert main(["bench", "compress", str(char_run), str(source), "--rule", "sgd", "--adapt-learning-rate", "0.3",
-                 "--no-progress", "--out", str(out)]) == 0
+                 "--block-size", "0", "256", "--threads", "2", "--no-progress", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [r["dynamic"] is None for r in rows] == [True, False]
+    assert [r["dynamic"] is None for r in rows] == [True, False, True, False]
+    blocks = -(-len(TEXT) * 4 // 256)  # one per 256 bytes
+    assert [r["blocks"] for r in rows] == [1, 1, blocks, blocks] and {r["threads"] for r in rows} == {2}
     for r in rows:
         assert set(r["baselines"]) == {"gzip -9", "bzip2 -9", "xz -9"} and r["original_bytes"] == len(TEXT) * 4
         assert r["against"]["xz -9"] == pytest.approx(r["compressed_bytes"] / r["baselines"]["xz -9"] - 1)
         assert r["kilobytes_per_second"] > 0 and r["decompress_kilobytes_per_second"] > 0
-    assert "| xz -9 |" in capsys.readouterr().out
+        assert r["cpu_seconds"] > 0 and r["decompress_cpu_seconds"] > 0
+    table = capsys.readouterr().out
+    assert "| xz -9 |" in table and f"| moglm compress --block-size 256 --dynamic (sgd) | {blocks} (0) |" in table
 
 
 def test_an_empty_file_round_trips_and_reports_no_rate(char_run, tmp_path, capsys):
@@ -248,24 +240,18 @@ def test_an_empty_file_round_trips_and_reports_no_rate(char_run, tmp_path, capsy
 
 def test_a_forged_header_claiming_a_billion_tokens_stops_in_seconds_not_at_a_kill(char_run, tmp_path, capsys):
     """The header's token count is bounded by the payload: decoding past it is stopped as soon as the symbols
-    decoded would have needed more bits than the payload holds (the CRC is recomputed, so only that catches it)."""
-    import json as _json
-    import struct
+    decoded would have needed more bits than the block holds (the CRC is recomputed, so only that catches it)."""
     import time
-    import zlib
 
-    from moglm.compression.container import _PREFIX
+    from moglm.compression.container import read_header
 
     source = tmp_path / "text.txt"
     source.write_bytes(TEXT)
-    assert main(["compress", str(char_run), str(source), "-o", str(tmp_path / "t.moglm"), "--no-progress"]) == 0
+    assert main(["compress", str(char_run), str(source), "-o", str(tmp_path / "t.moglm"), "--block-size", "0",
+                 "--no-progress"]) == 0
     blob = (tmp_path / "t.moglm").read_bytes()
-    magic, version, length = _PREFIX.unpack_from(blob)
-    header = _json.loads(blob[_PREFIX.size : _PREFIX.size + length])
-    header["tokens"], header["bytes"] = 10**9, 10**9
-    encoded = _json.dumps(header, separators=(",", ":")).encode()
-    body = _PREFIX.pack(magic, version, len(encoded)) + encoded + blob[_PREFIX.size + length : -4]
-    (tmp_path / "forged.moglm").write_bytes(body + struct.pack("<I", zlib.crc32(body)))
+    assert read_header(blob)[0]["blocks"] == 1
+    (tmp_path / "forged.moglm").write_bytes(forged(blob, tokens=10**9, bytes=10**9))
     started = time.monotonic()
     err = _error(capsys, ["decompress", str(char_run), str(tmp_path / "forged.moglm"), "-o", str(tmp_path / "f.txt"),
                           "--no-progress"])
@@ -273,3 +259,23 @@ def test_a_forged_header_claiming_a_billion_tokens_stops_in_seconds_not_at_a_kil
     assert main(["decompress", str(char_run), str(tmp_path / "t.moglm"), "-o", str(tmp_path / "t.txt"),
                  "--no-progress"]) == 0  # an honest file still decodes
     assert (tmp_path / "t.txt").read_bytes() == TEXT
+
+
+def forged(blob: bytes, table=None, **fields) -> bytes:
+    """A version 2 container with header ``fields`` replaced (and its block table, a list of
+    ``(stored length, flags, CRC)``, if given), its header CRC recomputed so that only the other checks see it."""
+    import json
+    import zlib
+
+    from moglm.compression.container import _CRC, _ENTRY, _PREFIX
+
+    magic, version, length = _PREFIX.unpack_from(blob)
+    header = json.loads(blob[_PREFIX.size : _PREFIX.size + length])
+    start = _PREFIX.size + length
+    end = start + header["blocks"] * _ENTRY.size
+    entries = table if table is not None else [_ENTRY.unpack_from(blob, start + i * _ENTRY.size)
+                                               for i in range(header["blocks"])]
+    header.update(fields)
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    head = _PREFIX.pack(magic, version, len(encoded)) + encoded + b"".join(_ENTRY.pack(*e) for e in entries)
+    return head + _CRC.pack(zlib.crc32(head)) + blob[end + _CRC.size :]

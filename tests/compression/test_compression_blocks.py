@@ -1,0 +1,300 @@
+"""The block format of moglm.compression: a file cut into blocks coded side by side as one batch of streams
+(character runs with gaps, byte runs without), blocks stored raw when their code is no shorter (random bytes
+grow by the header at most), decoding exact across thread counts and a pure function of the file (an
+interrupted decode writes nothing, the next one is exact), rows of the batch that do not mix without
+adaptation, and every bad input a one-line error that touches no file."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("constriction", reason="the compress extra (constriction) is not installed")
+
+from conftest import tiny_format_run  # noqa: E402
+from moglm.cli import main  # noqa: E402
+from moglm.compression import Layout, compress, decompress, read_header  # noqa: E402
+from moglm.compression import coder, container  # noqa: E402
+from moglm.dynamic_evaluation import DynamicEvaluator, Hyperparameters  # noqa: E402
+from moglm.errors import MoglmError  # noqa: E402
+from moglm.runs.language_model import load_run  # noqa: E402
+from test_compression import forged  # noqa: E402
+
+TEXT = b"the cat sees the dog .\nthe owl hears the cow .\nthe fish likes the bird .\n" * 12  # 864 bytes
+RANDOM = bytes(np.random.default_rng(1).integers(0, 256, 1000, dtype=np.uint8))
+SGD = Hyperparameters(rule="sgd", lr=0.3, segment_length=5)
+
+
+@pytest.fixture(scope="module")
+def char_run(tmp_path_factory):
+    return tiny_format_run(tmp_path_factory.mktemp("char"), "char")
+
+
+@pytest.fixture(scope="module")
+def byte_run(tmp_path_factory):
+    return tiny_format_run(tmp_path_factory.mktemp("byte"), "byte", hidden_size=16)
+
+
+def _adapter(trained, hp=SGD):
+    return DynamicEvaluator(trained.model, hp, factor=trained.temperature)
+
+
+def _round_trip(run, data, block_size, *, hp=None, threads=1):
+    """The container, its report and the decoded bytes (a fresh adapter on the decoding side)."""
+    trained = load_run(run)
+    adapter = None if hp is None else _adapter(trained, hp)
+    settings = None if hp is None else {"hyperparameters": hp.as_dict()}
+    blob, report = compress(data, trained.model, trained.vocab, factor=trained.temperature, adapter=adapter,
+                            settings=settings, block_size=block_size, threads=threads, progress=False)
+    restored = decompress(blob, trained.model, trained.vocab, progress=False,
+                          adapter_for=lambda header: _adapter(trained, hp))
+    return blob, report, restored
+
+
+def _flags(blob):
+    header, blocks = read_header(blob)
+    return [isinstance(b, bytes) for b in blocks]
+
+
+@pytest.mark.parametrize("run_name", ["char_run", "byte_run"])
+@pytest.mark.parametrize("hp", [None, SGD], ids=["static", "dynamic"])
+def test_blocks_coded_side_by_side_round_trip_with_and_without_adaptation(run_name, hp, request):
+    """A character run (gaps coded: the unseen capitals and the UTF-8) and a byte run (gapless) at one block
+    and at many; with adaptation the blocks share the adapted weights."""
+    run = request.getfixturevalue(run_name)
+    data = TEXT + "Naïve Capitals ☃\n".encode() + TEXT[:301]
+    for block_size in (0, 100):
+        blob, report, restored = _round_trip(run, data, block_size, hp=hp)
+        header, blocks = read_header(blob)
+        assert restored == data
+        assert header["blocks"] == report.blocks == len(blocks) == (1 if block_size == 0 else -(-len(data) // 100))
+        assert header["gaps"] is (run_name == "char_run") and header["block_size"] == block_size
+        assert report.raw_blocks == sum(_flags(blob)) == 0  # text the model knows is never stored raw
+        assert len(blob) == report.compressed_bytes and report.header_bytes < len(blob)
+
+
+def test_blocks_share_the_tokens_out_evenly_and_cover_the_file():
+    """Block b holds N // B tokens, one more for the first N % B; never more blocks than tokens, never none."""
+    assert container.block_tokens(10, 4) == [3, 3, 2, 2] and container.block_tokens(0, 1) == [0]
+    assert container.block_count(1000, 900, 100) == 10 and container.block_count(1000, 3, 100) == 3
+    assert container.block_count(0, 0, 100) == 1 and container.block_count(5000, 4000, 0) == 1
+    layout = Layout.of(load_vocab_of_bytes())
+    data = bytes(range(256)) * 3
+    blocks = container._cut(layout, data, 100)
+    assert [len(b.tokens) for b in blocks] == container.block_tokens(len(data), 8)
+    assert b"".join(layout.join(b.tokens, b.gaps) for b in blocks) == data
+
+
+def load_vocab_of_bytes():
+    from moglm.data.vocabulary import Vocabulary
+
+    return Vocabulary.bytes()
+
+
+@pytest.mark.parametrize("run_name", ["char_run", "byte_run"])
+def test_random_bytes_grow_by_the_header_at_most_and_an_empty_file_is_the_header(run_name, request):
+    run = request.getfixturevalue(run_name)
+    for block_size in (0, 256):
+        blob, report, restored = _round_trip(run, RANDOM, block_size)
+        assert restored == RANDOM and report.raw_blocks == report.blocks >= 1 and all(_flags(blob))
+        assert len(blob) - report.header_bytes <= len(RANDOM), report.as_dict()
+    blob, report, restored = _round_trip(run, b"", 256)
+    assert restored == b"" and len(blob) == report.header_bytes and report.blocks == 1
+
+
+@pytest.mark.parametrize("hp", [None, SGD], ids=["static", "dynamic"])
+def test_raw_and_coded_blocks_in_one_file_round_trip(char_run, hp):
+    """Text, random bytes, text: the random block is stored raw, and its row of the batch still reads its
+    tokens, so the coded blocks beside it (and the shared adaptation) decode exactly."""
+    noise = bytes(np.random.default_rng(2).integers(0, 256, 4000, dtype=np.uint8))  # a few blocks' worth of tokens
+    data = TEXT + noise + TEXT
+    blob, report, restored = _round_trip(char_run, data, 300, hp=hp)
+    flags = _flags(blob)
+    assert restored == data and any(flags) and not all(flags), flags
+    assert report.raw_blocks == sum(flags) and len(blob) - report.header_bytes < len(data)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("hp", [None, SGD], ids=["static", "dynamic"])
+def test_decoding_is_exact_at_the_headers_thread_count_whatever_the_callers(char_run, threads, hp):
+    trained = load_run(char_run)
+    data = TEXT * 2
+    adapter = None if hp is None else _adapter(trained, hp)
+    blob, _ = compress(data, trained.model, trained.vocab, factor=trained.temperature, adapter=adapter,
+                       settings=None if hp is None else {"hyperparameters": hp.as_dict()}, block_size=200,
+                       threads=threads, progress=False)
+    assert read_header(blob)[0]["threads"] == threads
+    saved = torch.get_num_threads()
+    try:
+        for caller in (1, 2, 3):  # the caller's own setting, restored afterwards
+            torch.set_num_threads(caller)
+            assert decompress(blob, trained.model, trained.vocab, progress=False,
+                              adapter_for=lambda header: _adapter(trained, hp)) == data
+            assert torch.get_num_threads() == caller
+    finally:
+        torch.set_num_threads(saved)
+
+
+def test_decoding_is_a_pure_function_of_the_file_and_an_interrupted_decode_writes_nothing(
+        char_run, tmp_path, capsys, monkeypatch):
+    """The format keeps no decoder state to resume from, so a decode starts from the file alone: one interrupted
+    half-way (Ctrl-C) leaves no output, and the next, like any other, gives the original exactly."""
+    source = tmp_path / "text.txt"
+    source.write_bytes(TEXT * 2)
+    assert main(["compress", str(char_run), str(source), "-o", str(tmp_path / "t.moglm"), "--block-size", "300",
+                 "--rule", "sgd", "--adapt-learning-rate", "0.3", "--no-progress"]) == 0
+    calls = {"n": 0}
+    advance = coder.Predictor.advance
+
+    def interrupted(self, tokens):
+        calls["n"] += 1
+        if calls["n"] == 100:
+            raise KeyboardInterrupt
+        advance(self, tokens)
+
+    with monkeypatch.context() as m:
+        m.setattr(coder.Predictor, "advance", interrupted)
+        assert main(["decompress", str(char_run), str(tmp_path / "t.moglm"), "-o", str(tmp_path / "out"),
+                     "--no-progress"]) == 130
+    assert not (tmp_path / "out").exists() and calls["n"] == 100
+    outputs = []
+    for name in ("first", "second"):
+        assert main(["decompress", str(char_run), str(tmp_path / "t.moglm"), "-o", str(tmp_path / name),
+                     "--no-progress"]) == 0
+        outputs.append((tmp_path / name).read_bytes())
+    assert outputs == [TEXT * 2] * 2
+
+
+def test_without_adaptation_a_blocks_tokens_depend_on_its_own_bytes_only(char_run):
+    """The rows of the batch do not mix: with another block read in row 0 (other text, as a raw block), every
+    other block still decodes to its own tokens from its own bytes."""
+    trained = load_run(char_run)
+    layout = Layout.of(trained.vocab)
+    data = TEXT * 2
+    blob, _ = compress(data, trained.model, trained.vocab, factor=trained.temperature, block_size=300,
+                       progress=False)
+    header, stored = read_header(blob)
+    counts = container.block_tokens(header["tokens"], header["blocks"])
+    expected = container._cut(layout, data, 300)
+    other = layout.split(b"fish " * 200)[0][: counts[0]]  # another text in row 0
+    blocks = [coder.Block(other, [])] + [coder.Block() for _ in stored[1:]]
+    with container.fixed_threads(1):
+        predictor = coder.Predictor(trained.model, layout.start, len(blocks), trained.temperature)
+        coder.decode(predictor, blocks, [None] + stored[1:], counts,
+                     container._gap_model(layout, True, header["bytes"]), layout.start, progress=False)
+    assert len(blocks) > 2
+    for block, original in zip(blocks[1:], expected[1:]):
+        assert (block.tokens, block.gaps) == (original.tokens, original.gaps)
+
+
+def test_a_version_1_file_still_decodes_as_one_block(char_run):
+    """Version 1 (before blocks): a little-endian payload of one stream, one thread, then a CRC-32 of it all."""
+    import json
+    import struct
+    import zlib
+
+    trained = load_run(char_run)
+    blob, _ = compress(TEXT, trained.model, trained.vocab, factor=trained.temperature, block_size=0, progress=False)
+    header, (words,) = read_header(blob)
+    old = {k: v for k, v in header.items() if k not in ("blocks", "block_size", "gaps")}
+    encoded = json.dumps(old).encode()
+    body = container._PREFIX.pack(container.MAGIC, 1, len(encoded)) + encoded + words.astype("<u4").tobytes()
+    version_1 = body + struct.pack("<I", zlib.crc32(body))
+    assert read_header(version_1)[0]["blocks"] == 1
+    assert decompress(version_1, trained.model, trained.vocab, progress=False) == TEXT
+
+
+def _error(capsys, args):
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def test_every_bad_input_is_a_one_line_error_that_touches_no_file(char_run, tmp_path, capsys):
+    """Truncated or altered blocks (coded and raw), a block table that points outside the file, a damaged header,
+    trailing bytes, another block size, another --dynamic setting, a raw block that does not hold its tokens and
+    a newer version: each refused in one line, and the output, an existing file kept by --force, is untouched."""
+    import json
+    from moglm.compression.container import _ENTRY, _PREFIX
+
+    source = tmp_path / "text.txt"
+    source.write_bytes(TEXT + bytes(np.random.default_rng(2).integers(0, 256, 4000, dtype=np.uint8)) + TEXT)
+    good = tmp_path / "good.moglm"
+    assert main(["compress", str(char_run), str(source), "-o", str(good), "--block-size", "300", "--no-progress"]) == 0
+    blob = good.read_bytes()
+    header, stored = read_header(blob)
+    table = _PREFIX.size + len(json.dumps(header, separators=(",", ":")).encode())
+    entries = [_ENTRY.unpack_from(blob, table + i * _ENTRY.size) for i in range(header["blocks"])]
+    raw = next(i for i, b in enumerate(stored) if isinstance(b, bytes))
+    first = len(blob) - sum(e[0] for e in entries)  # where block 1's bytes start
+    second = first + entries[0][0]
+
+    def flip(position):
+        return blob[:position] + bytes([blob[position] ^ 1]) + blob[position + 1:]
+
+    outside = [list(e) for e in entries]
+    outside[-1][0] += 50
+    cases = {
+        "truncated.moglm": (blob[:-7], "damaged or truncated: its block table points outside the file"),
+        "cut-in-the-header.moglm": (blob[: table // 2], "damaged or truncated"),
+        "altered-block.moglm": (flip(second + 2), f"block 2 of {header['blocks']} does not match its CRC-32"),
+        "altered-raw-block.moglm": (flip(first + sum(e[0] for e in entries[:raw]) + 5),
+                                    f"block {raw + 1} of {header['blocks']} does not match its CRC-32"),
+        "altered-header.moglm": (flip(_PREFIX.size + 3), "damaged"),
+        "table-outside.moglm": (forged(blob, [tuple(e) for e in outside]), "points outside the file"),
+        "trailing.moglm": (blob + b"\0" * 3, "3 bytes follow its last block"),
+        "other-block-size.moglm": (forged(blob, block_size=100), f"damaged header: {header['blocks']} blocks, where "
+                                                                 "its block size of 100 bytes cuts"),
+        "raw-tokens.moglm": (forged(blob, tokens=header["tokens"] - header["blocks"]),
+                             f"raw block {raw + 1} of {header['blocks']} does not hold the"),
+        "version-3.moglm": (blob[:6] + b"\x03" + blob[7:], "a version 3 moglm-compressed file; this moglm reads"),
+    }
+    out = tmp_path / "out.txt"
+    out.write_bytes(b"keep me")
+    for name, (content, message) in cases.items():
+        (tmp_path / name).write_bytes(content)
+        err = _error(capsys, ["decompress", str(char_run), str(tmp_path / name), "-o", str(out), "--force",
+                              "--no-progress"])
+        assert message in err, (name, err)
+        assert out.read_bytes() == b"keep me"
+    flags = {("--block-size", "100"): "was compressed with --block-size 300, not 100",
+             ("--dynamic",): "was compressed without --dynamic: its header decides"}
+    for args, message in flags.items():
+        assert message in _error(capsys, ["decompress", str(char_run), str(good), "-o", str(out), "--force", *args])
+        assert out.read_bytes() == b"keep me"
+    adapted = tmp_path / "adapted.moglm"
+    assert main(["compress", str(char_run), str(source), "-o", str(adapted), "--rule", "sgd",
+                 "--adapt-learning-rate", "0.3", "--no-progress"]) == 0
+    assert "was compressed with --dynamic" in _error(capsys, ["decompress", str(char_run), str(adapted), "-o",
+                                                              str(out), "--force", "--no-dynamic"])
+    assert out.read_bytes() == b"keep me"
+    # the header decides: the same flags as the header's, or none, decode
+    assert main(["decompress", str(char_run), str(good), "-o", str(out), "--force", "--block-size", "300",
+                 "--no-dynamic", "--no-progress"]) == 0
+    assert out.read_bytes() == source.read_bytes()
+
+
+def test_a_file_compressed_by_another_run_is_refused_before_decoding(char_run, byte_run, tmp_path, capsys):
+    source = tmp_path / "text.txt"
+    source.write_bytes(TEXT)
+    assert main(["compress", str(char_run), str(source), "-o", str(tmp_path / "t.moglm"), "--block-size", "100",
+                 "--no-progress"]) == 0
+    err = _error(capsys, ["decompress", str(byte_run), str(tmp_path / "t.moglm"), "-o", str(tmp_path / "out"),
+                          "--no-progress"])
+    assert "compressed with another run" in err and not (tmp_path / "out").exists()
+
+
+def test_bad_block_options_are_one_line_errors(char_run, tmp_path, capsys):
+    trained = load_run(char_run)
+    for options in ({"block_size": -1}, {"threads": 0}, {"threads": True}):
+        with pytest.raises(MoglmError, match="block size|threads"):
+            compress(TEXT, trained.model, trained.vocab, progress=False, **options)
+    source = tmp_path / "text.txt"
+    source.write_bytes(TEXT)
+    for option in ("--threads", "--block-size"):
+        assert main(["compress", str(char_run), str(source), option, "-1"]) == 2  # a usage error, in one line
+        err = capsys.readouterr().err.strip()
+        assert option in err and len(err.splitlines()) == 1
+        assert not (tmp_path / "text.txt.moglm").exists()
