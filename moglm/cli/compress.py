@@ -52,7 +52,7 @@ def compress(
 ) -> None:
     """Compress a file losslessly with a trained run's predictions (range coding; thesis 2.1.2)."""
     from ..compression import container
-    from ..compression.layout import Layout
+    from ..compression.layout import Layout, coverage_warning
     from ..compression.run import adapter_from_settings, dynamic_settings
 
     data = _read(file)
@@ -61,7 +61,10 @@ def compress(
     if report is not None:
         check_free(report, True)  # a folder, or a path through a file, is refused before the work
     run = _load(run_dir, checkpoint)
-    Layout.of(run.vocab)  # a word-level run is refused before any statistics are collected
+    layout = Layout.of(run.vocab)  # a word-level run is refused before any statistics are collected
+    warning = coverage_warning(layout, data, str(file))
+    if warning:
+        typer.echo(warning, err=True)
     adapter = settings = None
     if dynamic or rule is not None or adapt_learning_rate is not None:
         settings = dynamic_settings(run_dir, rule, adapt_learning_rate)

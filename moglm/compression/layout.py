@@ -17,6 +17,7 @@ spelling is not recoverable from its id.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from ..data.vocabulary import Vocabulary
@@ -33,6 +34,7 @@ class Layout:
     chars: dict[int, str]  # token id -> character
     start: int  # the token the model reads before the first one (the line separator training lines end with)
     encoding: str  # how bytes read as characters: utf-8 with surrogateescape, or latin-1 (byte runs)
+    separator: str = ""  # a character that is a gap by design (ptb_char's separating space), not a missing token
 
     @classmethod
     def of(cls, vocab: Vocabulary) -> "Layout":
@@ -46,7 +48,7 @@ class Layout:
             ids.pop(" ", None)  # never a token of that format: spaces only separate symbols
         start = vocab.stoi.get(vocab.eos) if vocab.eos is not None else ids.get("\n", 0)
         return cls(ids, {i: c for c, i in ids.items()}, start,
-                   "latin-1" if vocab.level == "byte" else "utf-8")
+                   "latin-1" if vocab.level == "byte" else "utf-8", " " if vocab.level == "ptb_char" else "")
 
     @property
     def gapless(self) -> bool:
@@ -88,3 +90,22 @@ class Layout:
             parts.append(self.chars[token])
             parts.append(gap)
         return self.data("".join(parts))
+
+    def uncovered(self, data: bytes) -> Counter[str]:
+        """The characters of a file that the vocabulary has no token for (a format's separator aside), with their
+        counts: the model cannot predict them, and the gap table codes each at about a byte or more."""
+        return Counter(c for c in self.text(data) if c not in self.ids and c != self.separator)
+
+
+def coverage_warning(layout: Layout, data: bytes, name: str) -> str | None:
+    """One line when the run's vocabulary misses characters of the file: how many, how often, the commonest."""
+    missing = layout.uncovered(data)
+    if not missing:
+        return None
+    count, total = sum(missing.values()), max(1, len(layout.text(data)))
+    shown = ", ".join(repr(c) for c, _ in missing.most_common(5))
+    return (f"warning: the run's vocabulary has no token for {len(missing)} distinct character"
+            f"{'s' * (len(missing) > 1)} of {name} ({count:,} of its {total:,} characters, "
+            f"{100 * count / total:.2g}%; commonest {shown}): the model cannot predict them and they are coded "
+            f"outside it at a byte or more each; a byte-level run covers every file")
+

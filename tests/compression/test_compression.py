@@ -147,6 +147,26 @@ def test_command_line_round_trip_with_and_without_adaptation(char_run, tmp_path,
             "rms-rmsdecay" if name == "rms" else "sgd")
 
 
+def test_a_file_the_vocabulary_does_not_cover_is_warned_of_in_one_line_and_still_round_trips(char_run, ptb_char_run,
+                                                                                            tmp_path, capsys):
+    covered, uncovered = tmp_path / "covered.txt", tmp_path / "uncovered.txt"
+    covered.write_bytes(TEXT)
+    uncovered.write_bytes(TEXT + "Zürich ZZ\t!\n".encode())  # Z, ü, tab and ! never occur in the tiny corpus
+    assert main(["compress", str(char_run), str(covered), "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
+    assert main(["compress", str(char_run), str(uncovered), "--no-progress"]) == 0
+    [warning] = capsys.readouterr().err.splitlines()
+    assert warning.startswith("warning: the run's vocabulary has no token for 4 distinct characters of ")
+    assert "(6 of its " in warning and "commonest 'Z'" in warning
+    os.replace(uncovered, tmp_path / "original.txt")
+    assert main(["decompress", str(char_run), str(tmp_path / "uncovered.txt.moglm"), "--no-progress"]) == 0
+    assert uncovered.read_bytes() == (tmp_path / "original.txt").read_bytes()
+    # PTB char's separating spaces are gaps by design, not characters the vocabulary lacks
+    ptb = tmp_path / "ptb.txt"
+    ptb.write_bytes(b" t h e _ c a t \n")
+    assert Layout.of(load_run(ptb_char_run).vocab).uncovered(ptb.read_bytes()) == {}
+
+
 def _error(capsys, args):
     assert main(args) == 1
     err = capsys.readouterr().err.strip()
