@@ -37,7 +37,8 @@ from ..errors import MoglmError, TrainingInterrupted
 from ..registry import for_experiment
 from .spec import Experiment, RunSpec, Scale, load_experiment, runs, scale_of
 
-EVALUATION_FILES = {"static": "static.json", "mc_dropout": "mc_dropout.json", "dynamic": "dynamic.json",
+EVALUATION_FILES = {"static": "static.json", "mc_dropout": "mc_dropout.json",
+                    "mc_dropout_searched": "mc_dropout_searched.json", "dynamic": "dynamic.json",
                     "mc_dynamic": "mc_dynamic.json", "token_losses": "token_losses.safetensors",
                     "cache": "cache.json", "dynamic_cache": "dynamic_cache.json", "out_of_domain": "out_of_domain.json",
                     "optimisers": "optimisers.json", "dynamic_sgd": "dynamic_sgd.json",

@@ -31,7 +31,7 @@ else:  # pragma: no cover - Python 3.10
 FORMAT_VERSION = 1
 SHIPPED = Path(__file__).resolve().parent / "definitions"
 SCALES = ("smoke", "cpu", "paper")
-EVALUATIONS = ("static", "mc_dropout", "dynamic", "mc_dynamic", "token_losses", "cache", "dynamic_cache",
+EVALUATIONS = ("static", "mc_dropout", "mc_dropout_searched", "dynamic", "mc_dynamic", "token_losses", "cache", "dynamic_cache",
                "out_of_domain", "optimisers", "dynamic_sgd", "dynamic_rms")
 #: the evaluations of a music experiment (thesis table 4.6): static, and dynamic with SGD or global RMS
 ANALYSIS = "analysis"  # the kind of an experiment that adds evaluations to another's runs

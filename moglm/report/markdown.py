@@ -19,7 +19,7 @@ from ..provenance import portable
 from .seeds import several_seeds, spread_lines
 
 #: evaluations that may score a prefix of each split, each beside the static score of the same tokens
-PREFIX_EVALUATIONS = ("mc_dropout", "dynamic", "mc_dynamic", "cache", "dynamic_cache")
+PREFIX_EVALUATIONS = ("mc_dropout", "mc_dropout_searched", "dynamic", "mc_dynamic", "cache", "dynamic_cache")
 
 
 def write_report(paths: list[Path], out: Path | None = None, bundle: bool = False) -> Path:

@@ -20,7 +20,8 @@ else:  # pragma: no cover - Python 3.10
 
 #: evaluations an analysis writes beside the score tables' (read into ``Run.evaluations`` too)
 ANALYSIS_FILES = ("out_of_domain", "optimisers")
-EVALUATION_LABELS = {"static": "static", "mc_dropout": "MC dropout", "dynamic": "dynamic evaluation",
+EVALUATION_LABELS = {"static": "static", "mc_dropout": "MC dropout",
+                     "mc_dropout_searched": "MC dropout (searched multiplier)", "dynamic": "dynamic evaluation",
                      "mc_dynamic": "MC dropout + dynamic", "cache": "neural cache",
                      "dynamic_cache": "dynamic + cache", "dynamic_sgd": "dynamic (SGD)",
                      "dynamic_rms": "dynamic (global RMS)"}
@@ -136,7 +137,7 @@ def score(run: Run, evaluation: str, split: str, same_tokens: bool = False,
         file = next((f for f in files if (run.path / f).is_file()), "results.json")
         return (float(block["log_likelihood_per_frame"]), file) if block else None
     if same_tokens:
-        block = found.get("static", {}).get(split) if evaluation == "mc_dropout" else \
+        block = found.get("static", {}).get(split) if evaluation.startswith("mc_dropout") else \
             found.get("splits", {}).get(split, {}).get("static")
     elif evaluation in ("dynamic", "mc_dynamic"):
         block = found.get("splits", {}).get(split, {}).get("dynamic")

@@ -68,9 +68,10 @@ def _evaluate(name: str, run, scale: Scale, folder: Path, path: Path, progress: 
               log: Callable[[str], None], seed: int | None = None) -> None:
     """One evaluation, written to ``path`` with its provenance (and, for the dynamic pass over test, the token
     losses)."""
-    if name == "mc_dropout":
+    if name in ("mc_dropout", "mc_dropout_searched"):  # the latter: the paper's scaled rates (section 3.3)
+        searched = name == "mc_dropout_searched" or scale.mc_multiplier_search
         report = mc_dropout(run, scale.mc_samples, scale.eval_tokens, progress, log,
-                            scale.search_tokens if scale.mc_multiplier_search else None)
+                            scale.search_tokens if searched else None)
         write_result(path, report, seed)
     elif name == "mc_dynamic":
         report = _dynamic(run, scale, scale.mc_dynamic_samples, ("valid", "test"), progress, log)
