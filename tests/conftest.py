@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import random
+
 import pytest
 import torch
 
@@ -171,3 +174,34 @@ def dyneval_report(run, tag):
     found = [p for p in (run / "dyneval" / f"{tag}.json", run / "dyneval" / f"{tag}-rejected.json") if p.is_file()]
     assert len(found) == 1, f"expected one of {tag}.json and {tag}-rejected.json, found {found}"
     return json.loads(found[0].read_text())
+
+
+def write_music_corpus(path, songs_per_split=(12, 4, 4), seed=0):
+    """Songs that repeat a short random chord progression (so adapting to a song pays), C3-C5 chords."""
+    rng = random.Random(seed)
+    data = {}
+    for split, count in zip(("train", "valid", "test"), songs_per_split):
+        songs = []
+        for _ in range(count):
+            motif = [tuple(sorted(rng.sample(range(48, 72), 3))) for _ in range(rng.randint(2, 4))]
+            length = rng.randint(10, 24)
+            songs.append([list(motif[t % len(motif)]) for t in range(length)])
+        data[split] = songs
+    path.write_text(json.dumps(data))
+    return path
+
+
+def tiny_music_config(corpus, **train):
+    """A tiny RNN-NADE config over :func:`write_music_corpus`'s songs."""
+    from moglm.music.config import validate_music
+
+    return validate_music({
+        "kind": "music", "name": "tiny",
+        "data": {"path": str(corpus)},
+        "model": {"architecture": "lstm", "hidden_size": 12, "num_layers": 1, "nade_hidden": 8,
+                  "nade_dropout": 0.1, "output_dropout": 0.1},
+        "train": {"optimizer": "adam", "learning_rate": 0.01, "batch_size": 4, "max_steps": 12, "eval_every": 4,
+                  "threads": 1} | train,
+        "evaluation": {"batch_size": 4},
+        "sample": {"num_frames": 0},
+    })

@@ -469,7 +469,7 @@ def test_restart_still_discards_a_real_run_and_its_interrupted_writes(config_fil
 
 def test_a_music_sample_never_replaces_a_users_file_without_force(tmp_path, capsys):
     pytest.importorskip("pretty_midi")
-    from test_music_training import tiny_config as music_config, write_corpus
+    from conftest import tiny_music_config as music_config, write_music_corpus as write_corpus
 
     config = tmp_path / "tiny.toml"
     config.write_text(music_config(write_corpus(tmp_path / "songs.json")).to_toml())
@@ -579,7 +579,7 @@ def test_trained_run_refuses_a_bad_temperature_or_token_count(trained):
 
 
 def test_music_a_deep_json_and_a_corpus_changed_since_training_are_one_line(tmp_path, capsys):
-    from test_music_training import tiny_config as music_config, write_corpus
+    from conftest import tiny_music_config as music_config, write_music_corpus as write_corpus
 
     deep = tmp_path / "deep.json"
     deep.write_text('{"train": ' + "[" * 100_000 + "]" * 100_000 + "}")

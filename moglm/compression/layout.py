@@ -103,7 +103,8 @@ def coverage_warning(layout: Layout, data: bytes, name: str) -> str | None:
     if not missing:
         return None
     count, total = sum(missing.values()), max(1, len(layout.text(data)))
-    shown = ", ".join(repr(c) for c, _ in missing.most_common(5))
+    shown = ", ".join(f"byte 0x{ord(c) - 0xDC00:02x}" if 0xDC80 <= ord(c) <= 0xDCFF else repr(c)  # not UTF-8
+                      for c, _ in missing.most_common(5))
     return (f"warning: the run's vocabulary has no token for {len(missing)} distinct character"
             f"{'s' * (len(missing) > 1)} of {name} ({count:,} of its {total:,} characters, "
             f"{100 * count / total:.2g}%; commonest {shown}): the model cannot predict them and they are coded "

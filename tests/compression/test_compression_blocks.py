@@ -223,6 +223,7 @@ def test_every_bad_input_is_a_one_line_error_that_touches_no_file(char_run, tmp_
     source.write_bytes(TEXT + bytes(np.random.default_rng(2).integers(0, 256, 4000, dtype=np.uint8)) + TEXT)
     good = tmp_path / "good.moglm"
     assert main(["compress", str(char_run), str(source), "-o", str(good), "--block-size", "300", "--no-progress"]) == 0
+    assert capsys.readouterr().err.startswith("warning: the run's vocabulary has no token for ")  # random bytes
     blob = good.read_bytes()
     header, stored = read_header(blob)
     table = _PREFIX.size + len(json.dumps(header, separators=(",", ":")).encode())
@@ -267,6 +268,7 @@ def test_every_bad_input_is_a_one_line_error_that_touches_no_file(char_run, tmp_
     adapted = tmp_path / "adapted.moglm"
     assert main(["compress", str(char_run), str(source), "-o", str(adapted), "--rule", "sgd",
                  "--adapt-learning-rate", "0.3", "--no-progress"]) == 0
+    capsys.readouterr()  # the coverage warning of the random bytes
     assert "was compressed with --dynamic" in _error(capsys, ["decompress", str(char_run), str(adapted), "-o",
                                                               str(out), "--force", "--no-dynamic"])
     assert out.read_bytes() == b"keep me"

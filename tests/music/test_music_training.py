@@ -5,7 +5,6 @@ MIDI. Also every shipped music config loads."""
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import torch
@@ -13,39 +12,13 @@ import torch
 from moglm.cli import main
 from moglm.dynamic_evaluation import Hyperparameters
 from moglm.errors import MoglmError
-from moglm.music.config import MusicConfig, load_music_config, shipped_music_configs, validate_music
+from moglm.music.config import load_music_config, shipped_music_configs, validate_music
 from moglm.music.dynamic_evaluation import dynamic_evaluate_songs, song_gradient_rms
 from moglm.music.evaluation import evaluate_songs
 from moglm.music.training import MusicRun, build_music_model, pieces, train_music
 from moglm.runs import RunDirectory
 
-
-def write_corpus(path, songs_per_split=(12, 4, 4), seed=0):
-    """Songs that repeat a short random chord progression (so adapting to a song pays), C3-C5 chords."""
-    rng = random.Random(seed)
-    data = {}
-    for split, count in zip(("train", "valid", "test"), songs_per_split):
-        songs = []
-        for _ in range(count):
-            motif = [tuple(sorted(rng.sample(range(48, 72), 3))) for _ in range(rng.randint(2, 4))]
-            length = rng.randint(10, 24)
-            songs.append([list(motif[t % len(motif)]) for t in range(length)])
-        data[split] = songs
-    path.write_text(json.dumps(data))
-    return path
-
-
-def tiny_config(corpus, **train) -> MusicConfig:
-    return validate_music({
-        "kind": "music", "name": "tiny",
-        "data": {"path": str(corpus)},
-        "model": {"architecture": "lstm", "hidden_size": 12, "num_layers": 1, "nade_hidden": 8,
-                  "nade_dropout": 0.1, "output_dropout": 0.1},
-        "train": {"optimizer": "adam", "learning_rate": 0.01, "batch_size": 4, "max_steps": 12, "eval_every": 4,
-                  "threads": 1} | train,
-        "evaluation": {"batch_size": 4},
-        "sample": {"num_frames": 0},
-    })
+from conftest import tiny_music_config as tiny_config, write_music_corpus as write_corpus  # noqa: E402
 
 
 class Killed(Exception):
