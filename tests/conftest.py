@@ -205,3 +205,12 @@ def tiny_music_config(corpus, **train):
         "evaluation": {"batch_size": 4},
         "sample": {"num_frames": 0},
     })
+
+
+def tiny_text_file(path):
+    """600 lines of random words from a 13-word vocabulary (the experiments' tiny corpus)."""
+    rng = random.Random(0)
+    words = "the cat sat on a mat and dog ran far away from home".split()
+    path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(600))
+                    + "\n")
+    return path

@@ -16,7 +16,7 @@ from .out_of_domain import out_of_domain_lines
 from ..evaluation.scores import unit
 from .runs import EVALUATION_LABELS, Run, read_experiment, read_run, score
 from ..provenance import portable
-from .seeds import several_seeds, spread_lines
+from .seeds import seed_label, spread_lines
 
 #: evaluations that may score a prefix of each split, each beside the static score of the same tokens
 PREFIX_EVALUATIONS = ("mc_dropout", "mc_dropout_searched", "dynamic", "mc_dynamic", "cache", "dynamic_cache")
@@ -138,7 +138,7 @@ def table_lines(table: dict, runs: list[Run], corpus_label: str, reference: dict
     lines = [f"### {table['title']}: {corpus_label}, {unit(level)}", "", "| " + " | ".join(head) + " |",
              "|" + " --- |" * len(head)]
     for r in runs:
-        cells = [_label(r, runs)] + [_cell(r, e, s, out, command, key=key) for e in evaluations for s in splits]
+        cells = [seed_label(r, runs)] + [_cell(r, e, s, out, command, key=key) for e in evaluations for s in splits]
         if ordering:
             cells.append(ordering_cell(r, ordering))
         if has_reference:
@@ -146,11 +146,6 @@ def table_lines(table: dict, runs: list[Run], corpus_label: str, reference: dict
             cells += [" / ".join(_fmt(v, level) for v in ref.get(e, [None] * len(splits))) for e in evaluations]
         lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
-
-
-def _label(run: Run, runs: list[Run]) -> str:
-    """The run's row label: its variant's, and its seed where the variants were trained with several."""
-    return f"{run.label} (seed {run.seed})" if run.seed is not None and several_seeds(runs) else run.label
 
 
 def ordering_cell(run: Run, ordering: list[str], split: str = "test") -> str:
@@ -189,7 +184,7 @@ def same_tokens_lines(table: dict, runs: list[Run], out: Path, command: str) -> 
              "|" + " --- |" * (1 + len(splits))]
     for r in runs:
         cells = [" / ".join(_cell(r, e, s, out, command, True) for e in others) for s in splits]
-        lines.append(f"| {_label(r, runs)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {seed_label(r, runs)} | " + " | ".join(cells) + " |")
     return lines + [""]
 
 

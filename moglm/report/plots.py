@@ -13,6 +13,7 @@ from ..atomic import atomic_write_text
 from ..figures import new_figure, save_figure
 from ..evaluation.scores import unit
 from .runs import Run, score
+from .seeds import seed_label
 from . import optimisers, unseen_words
 from .surprise import analyse
 
@@ -48,7 +49,7 @@ def _valid_curve(run: Run) -> tuple[list[float], list[float]]:
 
 
 def learning_curves(runs: list[Run], path: Path, corpus_label: str) -> Path | None:
-    curves = {r.label: _valid_curve(r) for r in runs}
+    curves = {seed_label(r, runs): _valid_curve(r) for r in runs}
     if not any(xs for xs, _ in curves.values()):
         return None
     fig = new_figure((7, 4.2))
@@ -100,7 +101,7 @@ def sweep(runs: list[Run], path: Path, corpus_label: str, evaluation: str, split
 def surprise(runs: list[Run], path: Path, corpus_label: str) -> Path | None:
     """Recovery curves, static (solid) and dynamic (dashed), with each model's average (dotted); the
     analysis itself goes to a JSON file beside the PNG."""
-    losses = {r.label: r.token_losses() for r in runs}
+    losses = {seed_label(r, runs): r.token_losses() for r in runs}  # every seed: the surprises are all models''
     losses = {k: v for k, v in losses.items() if v is not None}
     if len(losses) < 1:
         return None

@@ -23,6 +23,12 @@ def several_seeds(runs: list[Run]) -> bool:
     return any(len({r.seed for r in group}) > 1 for group in by_variant(runs).values())
 
 
+def seed_label(run: Run, runs: list[Run]) -> str:
+    """The run's label in a table or legend: its variant's, and its seed where the variants were trained with
+    several (so that the seeds of one variant stay apart)."""
+    return f"{run.label} (seed {run.seed})" if run.seed is not None and several_seeds(runs) else run.label
+
+
 def mean_std(values: list[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for one value)."""
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)

@@ -14,6 +14,7 @@ import torch
 pytest.importorskip("optuna")
 from typer.testing import CliRunner  # noqa: E402
 
+from conftest import tiny_text_file as _tiny_text  # noqa: E402
 from moglm.cli.app import build_app  # noqa: E402
 from moglm.errors import MoglmError  # noqa: E402
 from moglm.experiments import load_experiment, runs, shipped  # noqa: E402
@@ -23,16 +24,6 @@ from moglm.report import write_report  # noqa: E402
 
 EXPECTED = {"ablation", "rounds", "headline", "reverse-copy", "surprise", "budget", "transformer-dyneval",
             "unseen-words", "optimisers", "mlstm-size", "music"}
-
-
-def _tiny_text(path: Path) -> Path:
-    import random
-
-    rng = random.Random(0)
-    words = "the cat sat on a mat and dog ran far away from home".split()
-    path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(600))
-                    + "\n")
-    return path
 
 
 @pytest.fixture(scope="module")

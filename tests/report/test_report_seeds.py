@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("optuna")
 
-from test_experiments import _tiny_text  # noqa: E402
+from conftest import tiny_text_file as _tiny_text  # noqa: E402
 from moglm.experiments.runner import run_experiment  # noqa: E402
 from moglm.report import write_report  # noqa: E402
 from moglm.report.runs import read_experiment  # noqa: E402
