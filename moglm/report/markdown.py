@@ -229,5 +229,26 @@ def surprise_lines(path: Path) -> list[str]:
         for name, m in result["models"].items():
             lines.append(f"| {name} | {m['average']:.3f} | {m['at_surprise']:.3f} | "
                          + " | ".join(f"{v:.3f}" for v in m["after"][:k]) + " |")
-        lines.append("")
+        lines += [""] + _recovery_spread(result["models"], k)
     return lines
+
+
+def _recovery_spread(models: dict, k: int) -> list[str]:
+    """With several seeds a variant: the loss k tokens after a surprise above each model's own average (lower: a
+    faster recovery), mean ± std over the seeds, and whether the variants' order at +1 exceeds the spread."""
+    from .seeds import mean_std, stands
+
+    excess: dict[str, list[list[float]]] = {}
+    for name, m in models.items():
+        excess.setdefault(name.rsplit(" (seed ", 1)[0], []).append([a - m["average"] for a in m["after"][:k]])
+    if not any(len(v) > 1 for v in excess.values()):
+        return []
+    summary = {v: [(*mean_std([row[i] for row in rows]), len(rows)) for i in range(k)] for v, rows in excess.items()}
+    lines = ["Loss after the surprise above each model's own average (lower: a faster recovery), mean ± std over "
+             "seeds:", "", "| model | " + " | ".join(f"+{i}" for i in range(1, k + 1)) + " |", "|" + " --- |" * (1 + k)]
+    lines += [f"| {v} (n = {cells[0][2]}) | " + " | ".join(f"{m:.3f} ± {sd:.3f}" for m, sd, _ in cells) + " |"
+              for v, cells in summary.items()]
+    order = sorted(summary, key=lambda v: summary[v][0][0])
+    text = order[0] + "".join((" < " if stands(summary[a][0], summary[b][0]) else " ≈ ") + b
+                              for a, b in zip(order, order[1:]))
+    return lines + ["", f"Fastest recovery first at +1 (`<` where the gap exceeds the spread): {text}", ""]

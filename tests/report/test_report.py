@@ -88,3 +88,32 @@ def test_analyse_reports_each_models_average_and_curve():
     assert result["models"]["slow"]["average"] == pytest.approx(2.4)
     with pytest.raises(ValueError, match="different numbers"):
         analyse({"a": fast, "b": fast[:5]})
+
+
+def test_recovery_over_seeds_is_the_excess_over_each_models_average_with_its_spread(tmp_path):
+    """Every seed is a model of its own; the summary groups them by variant, subtracts each model's average loss,
+    and calls the faster recovery at +1 only where the gap exceeds the two spreads."""
+    import json
+
+    from moglm.report.markdown import surprise_lines
+
+    def model(average, first):
+        return {"average": average, "at_surprise": 9.0, "after": [first, average]}
+
+    models = {"LSTM (seed 1)": model(5.0, 5.40), "LSTM (seed 2)": model(5.2, 5.58),
+              "Mogrifier (seed 1)": model(4.8, 5.30), "Mogrifier (seed 2)": model(4.9, 5.42)}
+    path = tmp_path / "surprise.json"
+    path.write_text(json.dumps({"static": {"surprising": 1, "tokens": 10, "threshold": 9.0, "horizon": 2,
+                                           "models": models}}))
+    text = "\n".join(surprise_lines(path))
+    assert "| LSTM (n = 2) | 0.390 ± 0.014 | 0.000 ± 0.000 |" in text  # 0.40 and 0.38 above their averages
+    assert "| Mogrifier (n = 2) | 0.510 ± 0.014 | 0.000 ± 0.000 |" in text
+    assert "Fastest recovery first at +1 (`<` where the gap exceeds the spread): LSTM < Mogrifier" in text
+    models["Mogrifier (seed 2)"] = model(4.9, 5.30)  # 0.50 and 0.40: a spread of 0.07 swallows the gap
+    path.write_text(json.dumps({"static": {"surprising": 1, "tokens": 10, "threshold": 9.0, "horizon": 2,
+                                           "models": models}}))
+    assert "LSTM ≈ Mogrifier" in "\n".join(surprise_lines(path))
+    one_seed = {k.split(" (")[0]: v for k, v in list(models.items())[::2]}
+    path.write_text(json.dumps({"static": {"surprising": 1, "tokens": 10, "threshold": 9.0, "horizon": 2,
+                                           "models": one_seed}}))
+    assert "mean ± std over" not in "\n".join(surprise_lines(path))
