@@ -16,7 +16,7 @@ from .out_of_domain import out_of_domain_lines
 from ..evaluation.scores import unit
 from .runs import EVALUATION_LABELS, Run, read_experiment, read_run, score
 from ..provenance import portable
-from .seeds import seed_label, spread_lines
+from .seeds import score_key, seed_label, spread_lines
 
 #: evaluations that may score a prefix of each split, each beside the static score of the same tokens
 PREFIX_EVALUATIONS = ("mc_dropout", "mc_dropout_searched", "dynamic", "mc_dynamic", "cache", "dynamic_cache")
@@ -125,7 +125,7 @@ def _cell(run: Run, evaluation: str, split: str, out: Path, command: str, same_t
 def table_lines(table: dict, runs: list[Run], corpus_label: str, reference: dict, out: Path,
                 command: str) -> list[str]:
     evaluations, splits = table["evaluations"], table.get("splits", ["valid", "test"])
-    key = "bits_per_byte" if table.get("unit") == "bits_per_byte" else None  # runs of different tokenizations
+    key = score_key(table)
     level = "byte" if key else runs[0].level
     has_reference = any(reference.get(r.variant) for r in runs)
     head = ["model"] + [f"{EVALUATION_LABELS[e]} {s}" for e in evaluations for s in splits]

@@ -23,6 +23,12 @@ def several_seeds(runs: list[Run]) -> bool:
     return any(len({r.seed for r in group}) > 1 for group in by_variant(runs).values())
 
 
+def score_key(table: dict) -> str | None:
+    """The field a table's scores are read from: ``bits_per_byte`` for a table in bits per byte (runs of different
+    tokenizations), else ``None``, each corpus's own unit."""
+    return "bits_per_byte" if table.get("unit") == "bits_per_byte" else None
+
+
 def seed_label(run: Run, runs: list[Run]) -> str:
     """The run's label in a table or legend: its variant's, and its seed where the variants were trained with
     several (so that the seeds of one variant stay apart)."""
@@ -59,7 +65,7 @@ def spread_lines(table: dict, runs: list[Run], corpus_label: str) -> list[str]:
     adjacent gap against the spread."""
     if not several_seeds(runs):
         return []
-    key = "bits_per_byte" if table.get("unit") == "bits_per_byte" else None
+    key = score_key(table)
     level = "byte" if key else runs[0].level
     higher_is_better = level == "music"
     labels = {v: group[0].label for v, group in by_variant(runs).items()}
@@ -92,7 +98,7 @@ def ordering_record(table: dict, runs: list[Run]) -> list[dict]:
     out = []
     for e in table["evaluations"]:
         for s in table.get("splits", ["valid", "test"]):
-            found = summary(runs, e, s, "bits_per_byte" if table.get("unit") == "bits_per_byte" else None)
+            found = summary(runs, e, s, score_key(table))
             order = sorted(found, key=lambda v: found[v][0], reverse=runs[0].level == "music")
             for a, b in zip(order, order[1:]):
                 out.append({"evaluation": e, "split": s, "better": a, "worse": b, "gap": abs(found[a][0] - found[b][0]),
