@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# The GPU path's checks in one go, for a CUDA machine that is lent for minutes: the CUDA tests (Triton
-# kernels compiled for the device, CUDA graphs, autocast), the torch.profiler profile, `moglm bench
-# throughput --device cuda` over precisions and batch sizes, an epoch of the paper's PTB Mogrifier, and
-# dynamic evaluation's cost on CUDA. Every stage has its own time limit, so that one stuck stage leaves the
-# others' results; each writes its log and JSON under $RESULTS (default /tmp/gpu_results), and all of them
-# are packed into $OUT/gpu_results.tgz (default OUT: benchmarks/results) after each stage.
+# The GPU path's checks in one go, for a CUDA machine that is lent for minutes (about 8 minutes of an H200
+# for everything): the CUDA tests (Triton kernels compiled for the device, CUDA graphs, autocast), the
+# round kernels timed per step, `moglm bench throughput --device cuda` over precisions and batch sizes,
+# the torch.profiler profile, dynamic evaluation's cost, and an epoch of the paper's PTB Mogrifier with the
+# default settings. Every stage has its own time limit, so that one stuck stage leaves the others' results;
+# each writes its log and JSON under $RESULTS (default /tmp/gpu_results), and all of them are packed into
+# $OUT/gpu_results.tgz (default OUT: benchmarks/results) after each stage.
 #
-#   bash benchmarks/gpu_checks.sh                        # everything; about 6 minutes on an H200
-#   STAGES="tests profile" bash benchmarks/gpu_checks.sh # some stages only
+#   bash benchmarks/gpu_checks.sh                          # everything
+#   STAGES="tests round_kernels" bash benchmarks/gpu_checks.sh   # some stages only
+#   HIDDEN="650" BATCH="64" PRECISION="fp32 tf32" STAGES=throughput bash benchmarks/gpu_checks.sh  # a smaller grid
 #
 # Needs: a CUDA build of torch with Triton, and moglm's dependencies importable (pip install -e '.[cli,gpu]',
 # or wheels in .whl/ that this installs with --no-index where nothing can be fetched). PTB (for the epoch
@@ -17,7 +19,10 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
 R=${RESULTS:-/tmp/gpu_results}
 mkdir -p "$R" "$OUT"
-STAGES=${STAGES:-"setup tests profile profile_fused_rounds round_kernels epoch epoch_graphs dyneval throughput"}
+STAGES=${STAGES:-"setup tests round_kernels throughput profile dyneval epoch"}
+HIDDEN=${HIDDEN:-"650 1500"}
+BATCH=${BATCH:-"64 128"}
+PRECISION=${PRECISION:-"fp32 tf32 bf16"}
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 [ -d .devdata ] && export MOGLM_DATA=${MOGLM_DATA:-$PWD/.devdata}
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -34,25 +39,24 @@ stage() {  # stage NAME SECONDS COMMAND...: run if asked for, log to $R/NAME.log
   timeout -k 5 "$limit" "$@" >"$R/$name.log" 2>&1
   local rc=$?
   echo "== $name: rc=$rc in $((SECONDS - start))s"
-  tail -n 25 "$R/$name.log"
+  tail -n 30 "$R/$name.log"
   pack
 }
+flags() { local f=$1; shift; for v in "$@"; do printf ' %s %s' "$f" "$v"; done; }
 
 stage setup 30 bash -c 'nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, triton.__version__,
   torch.version.cuda, torch.cuda.get_device_name(), torch.backends.cudnn.version())"; python3 -c "import moglm.cli"'
-stage tests 110 python3 -m pytest -q -p no:cacheprovider --timeout 100 tests/recurrence/test_recurrence_cuda.py \
+stage tests 150 python3 -m pytest -q -p no:cacheprovider --timeout 140 tests/recurrence/test_recurrence_cuda.py \
   tests/recurrence/test_recurrence_cuda_graphs.py
-stage profile 50 python3 benchmarks/profile_fused.py --device cuda --hidden-size 650 --batch-size 64 --passes 3 \
+stage round_kernels 90 python3 benchmarks/round_kernels.py --out "$R/round_kernels_cuda.json"
+# shellcheck disable=SC2046
+stage throughput 240 python3 -m moglm bench throughput --device cuda $(flags --hidden-size $HIDDEN) \
+  $(flags --batch-size $BATCH) $(flags --precision $PRECISION) --repeats 5 --epoch-steps 0 \
+  --out "$R/throughput_cuda.json"
+stage profile 60 python3 benchmarks/profile_fused.py --device cuda --hidden-size 650 --batch-size 64 --passes 3 \
+  --models "torch.nn.LSTM" "Mogrifier, CUDA graphs" "Mogrifier, CUDA graphs, step kernels" \
   --out "$R/profile_fused_cuda.json"
-stage profile_fused_rounds 40 env MOGLM_TRITON_ROUNDS=1 python3 benchmarks/profile_fused.py --device cuda \
-  --hidden-size 650 --batch-size 64 --passes 3 --models "moglm Mogrifier r=5 k=64" "Mogrifier, CUDA graphs" \
-  --out "$R/profile_fused_cuda_fused_rounds.json"
-stage round_kernels 60 python3 benchmarks/round_kernels.py --out "$R/round_kernels_cuda.json"
-stage epoch 50 python3 -m moglm bench epoch ptb-word-mogrifier-paper --device cuda --steps 30 \
-  --out "$R/epoch_cuda.json"
-stage epoch_graphs 50 python3 -m moglm bench epoch ptb-word-mogrifier-paper --device cuda --steps 30 --cuda-graphs \
-  --out "$R/epoch_cuda_graphs.json"
 stage dyneval 100 python3 benchmarks/dyneval_cost.py --device cuda --tokens 5000 --out "$R/dyneval_cost_cuda.json"
-stage throughput 170 python3 -m moglm bench throughput --device cuda --hidden-size 650 --hidden-size 1500 \
-  --batch-size 64 --batch-size 128 --repeats 5 --epoch-steps 0 --out "$R/throughput_cuda.json"
+stage epoch 60 python3 -m moglm bench epoch ptb-word-mogrifier-paper --device cuda --steps 30 \
+  --out "$R/epoch_cuda.json"
 echo "== done"

@@ -38,7 +38,7 @@ from moglm.bench.throughput import PRECISIONS, build, precision
 HERE = Path(__file__).resolve().parent
 MODELS = ("torch.nn.LSTM", "LSTM, Python fused", "Mogrifier, Python fused")
 CUDA_MODELS = ("torch.nn.LSTM", "moglm LSTM", "moglm Mogrifier r=5 k=64", "moglm multiplicative LSTM",
-               "Mogrifier, CUDA graphs")
+               "Mogrifier, CUDA graphs", "Mogrifier, CUDA graphs, step kernels")
 
 GEMM = ("mkldnn", "mm", "addmm", "bmm", "matmul", "linear", "_linear_pointwise", "mkldnn_rnn_layer",
         "mkldnn_rnn_layer_backward")

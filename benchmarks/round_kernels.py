@@ -1,6 +1,7 @@
-"""Microseconds per launch of one low-rank Mogrifier round on CUDA, each way: the default path (two cuBLAS
-products and a Triton pointwise kernel) against the one-kernel rounds of ``moglm.recurrence.triton_rounds``
-at several block shapes, and split-K forms of the narrow product ``[B, in] x [in, k]``.
+"""Microseconds per step of the Mogrifier's five low-rank rounds on CUDA, each way: two cuBLAS products and
+a Triton pointwise kernel per round; one kernel per round (``moglm.recurrence.triton_rounds``); and one
+kernel for all the rounds of the step (``moglm.recurrence.triton_step_rounds``) at several launch shapes,
+in fp32, TF32 and (the step kernel) bf16 products.
 
     python benchmarks/round_kernels.py                 # B=64, in=out=650, k=64; under a minute on an H100/H200
 
@@ -23,11 +24,10 @@ from moglm.recurrence import triton_rounds
 from moglm.recurrence.triton_pointwise import TritonPointwise
 
 HERE = Path(__file__).resolve().parent
-CONFIGS = [
-    {"BLOCK_B": 16, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4},
-    {"BLOCK_B": 16, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4},
-    {"BLOCK_B": 32, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4},
-    {"BLOCK_B": 64, "BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4},
+#: launch shapes of the one-kernel step (moglm.recurrence.triton_step_rounds.CONFIG is the first)
+STEP_CONFIGS = [
+    {"BLOCK_B": 16, "BLOCK_C": 32, "num_warps": 8, "num_stages": 2},
+    {"BLOCK_B": 16, "BLOCK_C": 64, "num_warps": 8, "num_stages": 1},
 ]
 
 
@@ -54,46 +54,74 @@ def graph_us(fn, steps: int = 70, replays: int = 20) -> float:
     return statistics.median(times)
 
 
-def measure(B: int, n: int, k: int) -> list[dict]:
+def measure(B: int, n: int, k: int, rounds: int = 5, precisions=("fp32", "tf32", "bf16")) -> list[dict]:
+    """Microseconds per step (all ``rounds`` rounds of one step, forward and backward) of each path."""
+    from moglm.recurrence import triton_step_rounds
+    from moglm.recurrence.gemm import low_precision_products
+    from moglm.recurrence.triton_step_rounds import StepChains, TritonStepRounds, step_weights
+
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(0)
-    src, old, dnew, add = (torch.randn(B, n, device=dev, generator=gen) for _ in range(4))
-    right = torch.randn(k, n, device=dev, generator=gen) / n**0.5  # [k, in]
-    left = torch.randn(n, k, device=dev, generator=gen) / k**0.5  # [out, k]
-    bias = torch.randn(n, device=dev, generator=gen)
-    sg, new, dp = (torch.empty(B, n, device=dev) for _ in range(3))
-    right_t = right.t().contiguous()  # [in, k]
+    nq, nr = (rounds + 1) // 2, rounds // 2
 
-    def cublas_forward():
-        low = src @ right.t()  # [B, k]
-        TritonPointwise.round_forward(torch.addmm(bias, low, left.t()), old, sg, new)
+    def randn(*shape, scale=1.0):
+        return torch.randn(*shape, device=dev, generator=gen) * scale
+
+    p = {"mogrifier_q_left": randn(nq, n, k, scale=k**-0.5), "mogrifier_q_right": randn(nq, k, n, scale=n**-0.5),
+         "mogrifier_r_left": randn(nr, n, k, scale=k**-0.5), "mogrifier_r_right": randn(nr, k, n, scale=n**-0.5),
+         "mogrifier_q_bias": randn(nq, n), "mogrifier_r_bias": randn(nr, n)}
+    w = step_weights(p, n, n, zigzag=True)
+    ch = StepChains(randn(B, n), randn(B, n), randn(nq - 1, B, n), randn(nr - 1, B, n), randn(B, 2 * n),
+                    randn(nq, B, n), randn(nr, B, n))
+    low, dlow = randn(rounds, B, k), randn(rounds, B, k)
+    dxh, dpx, dph, dx, dh = randn(B, 2 * n), randn(nq, B, n), randn(nr, B, n), randn(B, n), randn(B, n)
+    plan = [w.round(i) for i in range(1, rounds + 1)]
+    chain = {"x": [ch.x0, *ch.xc, ch.xh[:, :n]], "h": [ch.h0, *ch.hc, ch.xh[:, n:]]}
+
+    def cublas_forward():  # the per-round path: two cuBLAS products and a pointwise kernel per round
+        for i, (target, j, right, left, bias) in enumerate(plan, 1):
+            src = chain["h" if target == "x" else "x"][w.source_index(i)]
+            TritonPointwise.round_forward(torch.addmm(bias, src @ right.t(), left.t()), chain[target][j],
+                                          ch.gate(target, j), chain[target][j + 1])
 
     def cublas_backward():
-        TritonPointwise.round_backward(dnew, old, sg, dp)
-        torch.addmm(add, dp @ left, right)
+        grad = {"x": dxh[:, :n], "h": dxh[:, n:]}
+        for i, (target, j, right, left, _) in reversed(list(enumerate(plan, 1))):
+            dp = (dpx if target == "x" else dph)[j]
+            grad[target] = TritonPointwise.round_backward(grad[target], chain[target][j], ch.gate(target, j), dp)
+            source = "h" if target == "x" else "x"
+            grad[source] = torch.addmm(grad[source], dp @ left, right)
+
+    def round_kernels_forward():
+        for i, (target, j, right, left, bias) in enumerate(plan, 1):
+            src = chain["h" if target == "x" else "x"][w.source_index(i)]
+            triton_rounds.TritonRounds.forward(src, right, left, bias, chain[target][j], ch.gate(target, j),
+                                               chain[target][j + 1])
+
+    def round_kernels_backward():
+        grad = {"x": dxh[:, :n], "h": dxh[:, n:]}
+        for i, (target, j, right, left, _) in reversed(list(enumerate(plan, 1))):
+            source = "h" if target == "x" else "x"
+            grad[target], _, grad[source] = triton_rounds.TritonRounds.backward(
+                grad[target], chain[target][j], ch.gate(target, j), (dpx if target == "x" else dph)[j], left,
+                right, grad[source])
 
     rows = []
-    for tf32 in (False, True):
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        precision = "tf32" if tf32 else "fp32"
-        cublas_forward()
-        rows.append({"variant": "cuBLAS products + pointwise kernel", "precision": precision,
-                     "forward_us": graph_us(cublas_forward), "backward_us": graph_us(cublas_backward)})
-        rows.append({"variant": "cuBLAS [B,in]x[in,k] alone", "precision": precision,
-                     "forward_us": graph_us(lambda: src @ right.t()), "backward_us": None})
-        for splits in (5, 10, 13, 25):
-            if n % splits:
-                continue
-            a = src.view(B, splits, n // splits)
-            w = right_t.view(splits, n // splits, k)
-            rows.append({"variant": f"split-K x{splits}: bmm + sum", "precision": precision,
-                         "forward_us": graph_us(lambda: torch.bmm(a.transpose(0, 1), w).sum(0)), "backward_us": None})
-        for config in CONFIGS:
-            triton_rounds.CONFIG = dict(config)
-            fwd = graph_us(lambda: triton_rounds.TritonRounds.forward(src, right, left, bias, old, sg, new))
-            bwd = graph_us(lambda: triton_rounds.TritonRounds.backward(dnew, old, sg, dp, left, right, add))
-            rows.append({"variant": f"one-kernel round {config}", "precision": precision, "forward_us": fwd,
-                         "backward_us": bwd})
+    for precision in precisions:
+        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+        with low_precision_products(torch.bfloat16 if precision == "bf16" else None):
+            if precision != "bf16":
+                rows.append({"variant": "cuBLAS products + pointwise kernel, per round", "precision": precision,
+                             "forward_us": graph_us(cublas_forward), "backward_us": graph_us(cublas_backward)})
+                rows.append({"variant": "one kernel per round", "precision": precision,
+                             "forward_us": graph_us(round_kernels_forward),
+                             "backward_us": graph_us(round_kernels_backward)})
+            for config in STEP_CONFIGS:
+                triton_step_rounds.CONFIG = dict(config)
+                fwd = graph_us(lambda: TritonStepRounds.forward(w, ch, low))
+                bwd = graph_us(lambda: TritonStepRounds.backward(w, ch, dxh, dpx, dph, dlow, dx, dh, None))
+                rows.append({"variant": f"one kernel per step {config}", "precision": precision,
+                             "forward_us": fwd, "backward_us": bwd})
     torch.backends.cuda.matmul.allow_tf32 = False
     return rows
 
@@ -103,14 +131,16 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--hidden-size", type=int, default=650)
     parser.add_argument("--rank", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--precision", nargs="+", default=["fp32", "tf32", "bf16"], choices=["fp32", "tf32", "bf16"])
     parser.add_argument("--out", default=str(HERE / "results" / "round_kernels_cuda.json"))
     args = parser.parse_args(argv)
-    rows = measure(args.batch_size, args.hidden_size, args.rank)
+    rows = measure(args.batch_size, args.hidden_size, args.rank, args.rounds, args.precision)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"config": vars(args), "gpu": torch.cuda.get_device_name(),
                                "torch": torch.__version__, "results": rows}, indent=1))
-    print("| variant | precision | forward us | backward us |\n| --- | --- | ---: | ---: |")
+    print("| variant | precision | forward us per step | backward us per step |\n| --- | --- | ---: | ---: |")
     for r in rows:
         bwd = "-" if r["backward_us"] is None else f"{r['backward_us']:.1f}"
         print(f"| {r['variant']} | {r['precision']} | {r['forward_us']:.1f} | {bwd} |")

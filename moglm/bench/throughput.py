@@ -54,7 +54,8 @@ MODELS = (
 )
 
 #: the same windows replayed as CUDA graphs (moglm.recurrence.cuda_graphs); CUDA only
-GRAPHED = ("LSTM, CUDA graphs", "Mogrifier, CUDA graphs", "multiplicative LSTM, CUDA graphs")
+GRAPHED = ("LSTM, CUDA graphs", "Mogrifier, CUDA graphs", "multiplicative LSTM, CUDA graphs",
+           "Mogrifier, CUDA graphs, step kernels")
 
 #: what ``--device cuda`` compares by default (the GPU path's issue: cuDNN against moglm's windows)
 CUDA_MODELS = ("torch.nn.LSTM", "moglm LSTM", "moglm Mogrifier r=5 k=64", "moglm multiplicative LSTM", *GRAPHED)
@@ -85,17 +86,35 @@ def precision(name: str, device: str = "cpu"):
 
 
 class Graphed(torch.nn.Module):
-    """A layer whose fused windows run as CUDA graphs while it runs (captured once per shape)."""
+    """A layer whose fused windows run as CUDA graphs while it runs (captured once per shape). ``rounds``:
+    the Mogrifier rounds' path, as ``MOGLM_TRITON_ROUNDS`` names it, while a window is captured (a graph
+    keeps the kernels it captured, its backward included)."""
 
-    def __init__(self, inner: torch.nn.Module) -> None:
+    def __init__(self, inner: torch.nn.Module, rounds: str | None = None) -> None:
         super().__init__()
-        self.inner = inner
+        self.inner, self.rounds = inner, rounds
 
     def forward(self, *args, **kwargs):
         from ..recurrence import cuda_graphs
 
-        with cuda_graphs.graphs():
+        with _environment("MOGLM_TRITON_ROUNDS", self.rounds), cuda_graphs.graphs():
             return self.inner(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str | None):
+    """``os.environ[name] = value`` inside the block (``None``: unchanged)."""
+    before = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if value is not None:
+            if before is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = before
 
 
 def build(name: str, hidden: int, device: str = "cpu") -> torch.nn.Module:
@@ -114,6 +133,8 @@ def build(name: str, hidden: int, device: str = "cpu") -> torch.nn.Module:
         "LSTM, CUDA graphs": lambda: Graphed(moglm.LSTM(hidden, hidden)),
         "Mogrifier, CUDA graphs": lambda: Graphed(moglm.MogrifierLSTM(hidden, hidden, rounds=5, rank=64)),
         "multiplicative LSTM, CUDA graphs": lambda: Graphed(moglm.MultiplicativeLSTM(hidden, hidden)),
+        "Mogrifier, CUDA graphs, step kernels": lambda: Graphed(
+            moglm.MogrifierLSTM(hidden, hidden, rounds=5, rank=64), rounds="step"),
     }
     if name in GRAPHED and not str(device).startswith("cuda"):
         raise ValueError(f"{name!r} runs on CUDA only")

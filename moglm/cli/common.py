@@ -33,7 +33,7 @@ ThroughputModel = enum.Enum("ThroughputModel", {name: name for name in (  # benc
     "torch.nn.LSTM", "moglm LSTM", "moglm LSTM + state dropout", "moglm Mogrifier r=5 k=64",
     "moglm multiplicative LSTM", "LSTM, Python fused", "Mogrifier, Python fused",
     "multiplicative LSTM, Python fused", "Mogrifier, reference loop", "LSTM, CUDA graphs", "Mogrifier, CUDA graphs",
-    "multiplicative LSTM, CUDA graphs")}, type=str)
+    "multiplicative LSTM, CUDA graphs", "Mogrifier, CUDA graphs, step kernels")}, type=str)
 
 
 class Split(str, enum.Enum):

@@ -42,6 +42,7 @@ from .fused_cell import (
 from .gemm import CHUNK_ROWS, Linear, low_precision_products, matmul_tn, product_dtype
 from .triton_pointwise import pointwise_for
 from .triton_rounds import TritonRounds, rounds_for
+from .triton_step_rounds import StepChains, TritonStepRounds, step_rounds_for, step_weights
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,23 @@ def _chains(xs_t, h_first_t, xc, hc, xh, m: int, nr: int, views) -> dict[str, li
     return {"x": x, "h": h}
 
 
+def _per_round(sgx: Tensor, sgh: Tensor, r: int) -> list[Tensor]:
+    """Per-round buffers stacked per chain (``[nq, ...]`` for the x rounds, ``[nr, ...]`` for the h rounds)
+    as one list in round order."""
+    return [sgx[(i - 1) // 2] if i % 2 else sgh[i // 2 - 1] for i in range(1, r + 1)]
+
+
+def _unstack(stacked: dict[str, Tensor], r: int) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+    """The stacked chain buffers as per-index lists: ``(xc, hc, per-round gates in round order)``."""
+    return list(stacked["xc"]), list(stacked["hc"]), _per_round(stacked["sgx"], stacked["sgh"], r)
+
+
+def _step_chains(stacked: dict[str, Tensor], slot: int, x0: Tensor, h0: Tensor, xh: Tensor) -> StepChains:
+    """Step ``slot``'s view of the stacked chain buffers, for the step-round kernels."""
+    return StepChains(x0, h0, stacked["xc"][:, slot], stacked["hc"][:, slot], xh, stacked["sgx"][:, slot],
+                      stacked["sgh"][:, slot])
+
+
 def fused_forward(spec: LayerSpec, xs: Tensor, h0: Tensor, c0: Tensor, mask: Tensor | None, p: Params, save: bool):
     """Run the window. Returns ``(ys [T, B, n], h_T, c_T, saved)``; ``saved`` (the buffers backward needs)
     is ``None`` unless ``save``. Without ``save`` the per-step buffers are reused."""
@@ -152,11 +170,16 @@ def fused_forward(spec: LayerSpec, xs: Tensor, h0: Tensor, c0: Tensor, mask: Ten
         rd.forward_ops(B)
     gates = Linear(torch.cat([w_ih * 2.0**nq, w_hh * 2.0**nr], 1), bias, B)  # [x^_up; h^_up] -> gates
     xh = xs.new_empty(S, B, m + n)  # [x^_up; h^_up] [S, B, m+n]
-    xc = [xs.new_empty(S, B, m) for _ in range(nq - 1)]  # x^1 .. x^{nq-1}, each [S, B, m]
-    hc = [xs.new_empty(S, B, n) for _ in range(nr - 1)]  # h^1 .. h^{nr-1}, each [S, B, n]
-    sgs = [xs.new_empty(S, B, m if rd.target == "x" else n) for rd in rounds]  # sigmoid(p) per round
-    lows: list[list[Tensor]] = [[] for _ in rounds]  # low rank: T x [B, k] per round
-    saved.update(xh=xh, xc=xc, hc=hc, sgs=sgs, lows=lows)
+    stacked = {"xc": xs.new_empty(nq - 1, S, B, m),  # x^1 .. x^{nq-1}
+               "hc": xs.new_empty(max(nr - 1, 0), S, B, n),  # h^1 .. h^{nr-1}
+               "sgx": xs.new_empty(nq, S, B, m), "sgh": xs.new_empty(nr, S, B, n)}  # sigmoid(p) per round
+    xc, hc, sgs = _unstack(stacked, r)
+    step = step_rounds_for(xs, spec)  # all rounds of a step in one kernel (GPU), or None
+    lows: list[list[Tensor]] | Tensor = [[] for _ in rounds]  # low rank: T x [B, k] per round
+    if step is not None:
+        lows = xs.new_empty(r, T, B, spec.rank) if save else None  # [r, T, B, k]
+        weights = step_weights(p, m, n, spec.zigzag)
+    saved.update(xh=xh, lows=lows, **stacked)
     h_first_t = views(xh[:, :, m:]) if nr == 0 else (views(hm) if mask is not None else h_prev_t)
     chains = _chains(xs_t, h_first_t, xc, hc, xh, m, nr, views)
     plan = [  # per round: old, new, source, gate (per-step views), GEMMs, where its lows go
@@ -172,7 +195,14 @@ def fused_forward(spec: LayerSpec, xs: Tensor, h0: Tensor, c0: Tensor, mask: Ten
             torch.mul(h_prev_t[t], mask, out=h_first_t[t]) if mask is not None else h_first_t[t].copy_(h_prev_t[t])
         elif mask is not None:
             torch.mul(h_prev_t[t], mask, out=h_first_t[t])  # h~ [B, n]
-        for k, (old, new, src, sg, low_op, pre_op, low_list) in enumerate(plan):
+        if step is not None:
+            slot = t if save else 0
+            step.forward(weights, _step_chains(stacked, slot, xs_t[t], h_first_t[t], xh_t[t]),
+                         lows[:, t] if save else None)
+            plan_now = ()
+        else:
+            plan_now = plan
+        for k, (old, new, src, sg, low_op, pre_op, low_list) in enumerate(plan_now):
             if fused_rounds:
                 low = TritonRounds.forward(src[t], *factors[k], old[t], sg[t], new[t])  # [B, k]
                 if low_list is not None:
@@ -225,21 +255,34 @@ def fused_backward(spec: LayerSpec, needs, xs, h0, c0, mask, p: Params, ys, save
             grads["weight_ih"], grads["weight_hh"] = matmul_tn(dG2, xs.reshape(T * B, m), hh.reshape(T * B, n))
         return _finish(spec, needs, p, dx, dh_next, dc_next, dG2, grads)
 
-    xh, xc, hc, sgs, lows = (saved[k] for k in ("xh", "xc", "hc", "sgs", "lows"))
+    xh, lows = saved["xh"], saved["lows"]
+    stacked = {name: saved[name] for name in ("xc", "hc", "sgx", "sgh")}
+    xc, hc, sgs = _unstack(stacked, r)
     rounds = [_Round(spec, p, i) for i in range(1, r + 1)]
     for rd in rounds:
         rd.backward_ops(B)
     d_xh = Linear(torch.cat([w_ih * 2.0**nq, w_hh * 2.0**nr], 1).t(), None, B)  # dG -> [dx^_up; dh^_up]
-    dps = [torch.empty_like(sg) for sg in sgs]  # dL/dp per round, [T, B, out]
-    dlows: list[list] = [[None] * T for _ in rounds]  # low rank: dL/d(low) per round and step
     dx_all = xs.new_empty(T, B, m) if needs[0] else None
     dx_t = dx_all.unbind(0) if dx_all is not None else None
+    step = TritonStepRounds if isinstance(lows, Tensor) else None  # as the forward ran (lows stacked)
+    if step is not None:  # dL/dp per round, stacked per chain as the kernel writes them
+        d_stacked = {"sgx": torch.empty_like(stacked["sgx"]), "sgh": torch.empty_like(stacked["sgh"])}
+        dps = _per_round(d_stacked["sgx"], d_stacked["sgh"], r)  # [T, B, out] each
+        dlows = xs.new_empty(r, T, B, spec.rank)  # [r, T, B, k]
+        weights = step_weights(p, m, n, spec.zigzag)
+        dh_step = xs.new_empty(B, n)  # dL/dh~ of the step (consumed before the next one)
+        dx_scratch = xs.new_empty(B, m) if dx_t is None else None
+        step_mask = mask.contiguous() if mask is not None else None
+    else:
+        dps = [torch.empty_like(sg) for sg in sgs]  # dL/dp per round, [T, B, out]
+        dlows = [[None] * T for _ in rounds]  # low rank: dL/d(low) per round and step
 
     def views(buf: Tensor) -> list[Tensor]:
         return list(buf.unbind(0))
 
     h_first_t = views(xh[:, :, m:]) if nr == 0 else (views(hm) if mask is not None else [h0, *ys.unbind(0)[:-1]])
-    chains = _chains(xs.unbind(0), h_first_t, xc, hc, xh, m, nr, views)
+    xs_t = xs.unbind(0)
+    chains = _chains(xs_t, h_first_t, xc, hc, xh, m, nr, views)
     plan = [  # per round, in reverse: old value, gate, dp (per-step views), GEMMs, where its dlows go
         (k, rd.target, rd.source, chains[rd.target][rd.j], views(sgs[k]), views(dps[k]), getattr(rd, "d_low", None),
          rd.d_src, dlows[k])
@@ -254,6 +297,12 @@ def fused_backward(spec: LayerSpec, needs, xs, h0, c0, mask, p: Params, ys, save
         dc_next = pointwise.cell_backward(dh, dc_next, acts[t], c_prev_t[t], cs_t[t], da, dg_ifo_t[t], dg_j_t[t],
                                           spec.capped)
         dxh = d_xh(dG_t[t])  # [B, m+n]
+        if step is not None:  # every round of the step in one kernel, which writes dL/dx^0 and dL/dh~
+            step.backward(weights, _step_chains(stacked, t, xs_t[t], h_first_t[t], xh[t]), dxh,
+                          d_stacked["sgx"][:, t], d_stacked["sgh"][:, t], dlows[:, t],
+                          dx_t[t] if dx_t is not None else dx_scratch, dh_step, step_mask)
+            dh_next = dh_step
+            continue
         grad = {"x": dxh[:, :m], "h": dxh[:, m:]}  # gradient of each chain's current end
         extra = {"x": None, "h": None}  # no zigzag: gradient reaching x^0 / h^0 as round sources
         for k, target, source, old, sg, dp_t, d_low, d_src, dlow_list in plan:
@@ -290,8 +339,10 @@ def fused_backward(spec: LayerSpec, needs, xs, h0, c0, mask, p: Params, ys, save
             dp = dps[k].view(T * B, -1)  # [TB, out]
             g = {"bias": dp.sum(0)}
             if rd.low_rank:
-                g["left"] = matmul_tn(dp, torch.stack(lows[k]).view(T * B, -1))  # [out, k]
-                g["right"] = matmul_tn(torch.stack(dlows[k]).view(T * B, -1), src).mul_(rd.scale)  # [k, in]
+                low = lows[k] if isinstance(lows, Tensor) else torch.stack(lows[k])  # [T, B, k]
+                dlow = dlows[k] if isinstance(dlows, Tensor) else torch.stack(dlows[k])  # [T, B, k]
+                g["left"] = matmul_tn(dp, low.view(T * B, -1))  # [out, k]
+                g["right"] = matmul_tn(dlow.view(T * B, -1), src).mul_(rd.scale)  # [k, in]
             else:
                 g["weight"] = matmul_tn(dp, src).mul_(rd.scale)  # [out, in]
             per_round[rd.kind, rd.j] = g

@@ -75,7 +75,7 @@ class TorchRounds:
 def rounds_for(t: Tensor):
     """The kernels when ``MOGLM_TRITON_ROUNDS=1``, for a float32 window on CUDA (or anywhere under
     ``TRITON_INTERPRET=1``) with Triton installed and products in float32; else :class:`TorchRounds`."""
-    if (os.environ.get("MOGLM_TRITON_ROUNDS", "0") == "1" and t.dtype == torch.float32
+    if (os.environ.get("MOGLM_TRITON_ROUNDS", "0") in ("1", "round") and t.dtype == torch.float32
             and (t.is_cuda or interpreting()) and triton_missing() is None and product_dtype() is None):
         return TritonRounds
     return TorchRounds

@@ -145,6 +145,41 @@ def test_float32_mogrifier_on_the_round_kernels_matches_the_float64_reference(zi
         assert_parity(model, 2, dtype=torch.float32, device=CUDA, reference=reference, rtol=1e-4, atol=1e-5)
 
 
+@triton_needed
+@pytest.mark.parametrize("precision, bound", [("fp32", 1e-5), ("tf32", 5e-3), ("bf16", 3e-2)])
+@pytest.mark.parametrize("zigzag", [True, False], ids=["zigzag", "no_zigzag"])
+def test_the_step_kernels_at_the_papers_sizes_are_near_their_float64_twin(precision, bound, zigzag):
+    """All five rounds of a step in one kernel each way, B = 70, H = 650, k = 64, against the torch twin in
+    float64: every output within ``bound`` in relative norm (IEEE float32 products; TF32's 10-bit mantissa;
+    bf16 products with float32 accumulation)."""
+    from moglm.recurrence.gemm import low_precision_products
+    from moglm.recurrence.triton_step_rounds import TorchStepRounds, TritonStepRounds
+    from test_recurrence_triton import step_kernel_outputs
+
+    sizes = dict(B=70, m=650, n=650, k=64, device=CUDA)
+    with tf32(precision == "tf32"), low_precision_products(torch.bfloat16 if precision == "bf16" else None):
+        got = step_kernel_outputs(TritonStepRounds, 5, zigzag, True, True, **sizes)
+    want = step_kernel_outputs(TorchStepRounds, 5, zigzag, True, True, dtype=torch.float64, **sizes)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert torch.isfinite(a).all(), f"output {i}: an element was not written"
+        error = ((a.double() - b).norm() / b.norm()).item()
+        assert error < bound, f"output {i}: relative error {error:.2e}"
+
+
+@triton_needed
+def test_a_float32_mogrifier_training_window_on_the_step_kernels_matches_the_reference_loop(monkeypatch):
+    """Training mode, state dropout on (the same masks on both paths), every gradient."""
+    from moglm.recurrence import triton_step_rounds
+    from test_recurrence_triton import record_calls
+
+    monkeypatch.setenv("MOGLM_TRITON_ROUNDS", "step")
+    calls = record_calls(monkeypatch, triton_step_rounds.TritonStepRounds)
+    model = moglm.MogrifierLSTM(M, H, 2, rounds=5, rank=3, state_dropout=0.3, device=CUDA).train()
+    with tf32(False):
+        assert_parity(model, 2, dtype=torch.float32, device=CUDA, rtol=1e-4, atol=1e-5)
+    assert {"forward", "backward"} <= set(calls)
+
+
 def _graph_parity(make, windows: int = 3, dtype=torch.float64):
     """Graphed windows against plain ones: several windows in a row (replays with new inputs, and an
     optimizer step between them, which a replay must see), outputs, states and every gradient."""

@@ -36,6 +36,15 @@ def _randn(*shape, dtype, gen):
     return torch.randn(*shape, dtype=dtype, generator=gen)
 
 
+def record_calls(monkeypatch, kernels) -> list[str]:
+    """Record each call of ``kernels.forward`` / ``kernels.backward`` (still run) by name in the returned list."""
+    calls: list[str] = []
+    for name in ("forward", "backward"):
+        original = getattr(kernels, name)
+        monkeypatch.setattr(kernels, name, staticmethod(lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a)))
+    return calls
+
+
 def _both(fn):
     """Run ``fn(pointwise, tensors)`` on twin copies of the same tensors; returns both results and copies."""
     results = []
@@ -197,11 +206,7 @@ def test_float32_mogrifier_windows_on_the_round_kernels_match_the_reference_loop
     from moglm.recurrence import triton_rounds
 
     monkeypatch.setenv("MOGLM_TRITON_ROUNDS", "1")
-    calls = []
-    for name in ("forward", "backward"):
-        original = getattr(triton_rounds.TritonRounds, name)
-        monkeypatch.setattr(triton_rounds.TritonRounds, name,
-                            staticmethod(lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a)))
+    calls = record_calls(monkeypatch, triton_rounds.TritonRounds)
     for layers, bias in ((1, True), (2, False)):
         model = getattr(moglm.MogrifierLSTM(7, 5, layers, rounds=5, rank=3, zigzag=zigzag, bias=bias,
                                             state_dropout=0.2), mode)()
@@ -222,3 +227,107 @@ def test_the_round_kernels_are_opt_in_and_skip_other_dtypes(monkeypatch):
         assert rounds_for(torch.zeros(1)) is TorchRounds
     monkeypatch.setenv("MOGLM_TRITON_ROUNDS", "0")
     assert rounds_for(torch.zeros(1)) is TorchRounds
+
+
+# -- all the rounds of a step in one kernel (moglm.recurrence.triton_step_rounds) ------------------------------
+
+
+def step_kernel_outputs(step, rounds: int, zigzag: bool, bias: bool, masked: bool, B=37, m=70, n=83, k=5,
+                        device="cpu", dtype=torch.float32):
+    """Forward and backward of one step's rounds through ``step`` on fresh random buffers (seed 0, drawn in
+    float32 on the CPU, then moved to ``device`` and ``dtype``): more rows than one program takes (16), more
+    columns than one block (64), input and hidden widths that differ, a rank that is no power of two, and h~
+    read through a column slice as the window passes it."""
+    from moglm.recurrence.triton_step_rounds import StepChains, step_weights
+
+    gen = torch.Generator().manual_seed(0)
+    nq, nr = (rounds + 1) // 2, rounds // 2
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen) * scale).to(device, dtype)
+
+    def nan(*shape):
+        return torch.full(shape, float("nan"), device=device, dtype=dtype)
+
+    p = {"mogrifier_q_left": randn(nq, m, k, scale=k**-0.5), "mogrifier_q_right": randn(nq, k, n, scale=n**-0.5),
+         "mogrifier_r_left": randn(nr, n, k, scale=k**-0.5), "mogrifier_r_right": randn(nr, k, m, scale=m**-0.5)}
+    if bias:
+        p.update(mogrifier_q_bias=randn(nq, m), mogrifier_r_bias=randn(nr, n))
+    w = step_weights(p, m, n, zigzag)
+    xh = nan(B, m + n)
+    h0 = xh[:, m:] if nr == 0 else randn(B, n + 3)[:, 3:]
+    if nr == 0:
+        h0.copy_(randn(B, n))
+    ch = StepChains(randn(B, m), h0, nan(nq - 1, B, m), nan(max(nr - 1, 0), B, n), xh, nan(nq, B, m), nan(nr, B, n))
+    low = nan(rounds, B, k)
+    step.forward(w, ch, low)
+    forward = [low, ch.xc, ch.hc, xh.clone(), ch.sgx, ch.sgh]
+    dxh = randn(B, m + n)
+    dpx, dph, dlow, dx, dh = nan(nq, B, m), nan(nr, B, n), nan(rounds, B, k), nan(B, m), nan(B, n)
+    mask = ((torch.rand(B, n, generator=gen) > 0.3).float() / 0.7).to(device, dtype) if masked else None
+    step.backward(w, ch, dxh, dpx, dph, dlow, dx, dh, mask)
+    return forward + [dpx, dph, dlow, dx, dh]
+
+
+@pytest.mark.parametrize("rounds, zigzag, bias, masked", [(5, True, True, True), (6, True, False, False),
+                                                          (5, False, True, False), (4, False, False, True),
+                                                          (1, True, True, True), (2, True, True, False)])
+def test_the_step_kernels_equal_their_torch_twin(rounds, zigzag, bias, masked, monkeypatch):
+    from moglm.recurrence import triton_step_rounds
+    from moglm.recurrence.triton_step_rounds import TorchStepRounds, TritonStepRounds
+
+    names = ["low", "x chain", "h chain", "[x_up; h_up]", "x gates", "h gates", "dp x", "dp h", "dlow", "dx",
+             "dh"]
+    for config in ({}, {"BLOCK_B": 32, "BLOCK_C": 32}):  # the default and another block shape
+        monkeypatch.setattr(triton_step_rounds, "CONFIG", {**triton_step_rounds.CONFIG, **config})
+        got = step_kernel_outputs(TritonStepRounds, rounds, zigzag, bias, masked)
+        want = step_kernel_outputs(TorchStepRounds, rounds, zigzag, bias, masked)
+        assert_round_outputs_close(names, got, want)
+
+
+@pytest.mark.parametrize("zigzag", [True, False], ids=["zigzag", "no_zigzag"])
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_float32_mogrifier_windows_on_the_step_kernels_match_the_float64_reference_loop(zigzag, mode, monkeypatch):
+    """``MOGLM_TRITON_ROUNDS=step``: every round of a step in one kernel each way. A float32 model against its
+    float64 copy's reference loop (outputs, final states, every gradient), 1 and 2 layers, odd rounds and
+    even, with and without biases, state dropout in training."""
+    import copy
+
+    from moglm.recurrence import triton_step_rounds
+
+    monkeypatch.setenv("MOGLM_TRITON_ROUNDS", "step")
+    calls = record_calls(monkeypatch, triton_step_rounds.TritonStepRounds)
+    for layers, rounds, bias in ((1, 5, True), (2, 4, False)):
+        model = getattr(moglm.MogrifierLSTM(7, 5, layers, rounds=rounds, rank=3, zigzag=zigzag, bias=bias,
+                                            state_dropout=0.2), mode)()
+        reference = copy.deepcopy(model).double()
+        assert_parity(model, layers, dtype=torch.float32, reference=reference, rtol=1e-4, atol=1e-5)
+    assert {"forward", "backward"} <= set(calls)
+
+
+def test_the_step_kernels_are_opt_in_and_skip_what_they_cannot_run(monkeypatch):
+    """Off by default: on an H200 the step kernel was slower than the per-round cuBLAS path it replaces
+    (docs/performance/nvidia-h200.md)."""
+    from moglm.recurrence.gemm import low_precision_products
+    from moglm.recurrence.triton_step_rounds import TritonStepRounds, step_rounds_for
+
+    spec = _spec(rounds=5, rank=3)
+    monkeypatch.delenv("MOGLM_TRITON_ROUNDS", raising=False)
+    assert step_rounds_for(torch.zeros(1), spec) is None
+    monkeypatch.setenv("MOGLM_TRITON_ROUNDS", "step")
+    assert step_rounds_for(torch.zeros(1), spec) is TritonStepRounds
+    assert step_rounds_for(torch.zeros(1, dtype=torch.float64), spec) is None  # float32 kernels only
+    assert step_rounds_for(torch.zeros(1), _spec(rounds=5, rank=0)) is None  # full rank: cuBLAS products
+    with low_precision_products(torch.bfloat16):
+        assert step_rounds_for(torch.zeros(1), spec) is TritonStepRounds  # bf16 products inside the kernel
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert step_rounds_for(torch.zeros(1), spec) is None  # a CPU tensor runs the CPU path
+    for other in ("round", "1", "0"):
+        monkeypatch.setenv("MOGLM_TRITON_ROUNDS", other)
+        assert step_rounds_for(torch.zeros(1), spec) is None
+
+
+def _spec(rounds: int, rank: int):
+    from moglm.recurrence.fused_lstm import LayerSpec
+
+    return LayerSpec(7, 5, rounds, rank, True, False, ())
