@@ -57,7 +57,7 @@ def measure(config: str, device: str, tokens: int, segment_length: int = 20) -> 
               "hyperparameters": hp.as_dict(), "parameters": sum(p.numel() for p in model.parameters()),
               **_timed(model, ids, hp, rms, where, graphs=False)}
     if where.type == "cuda":
-        with cuda_graphs.graphs():
+        with cuda_graphs.graphs(strict=True):  # a failed capture is an error here, not plain windows timed
             report["graphs"] = _timed(model, ids, hp, rms, where, graphs=True)
     return report
 

@@ -214,3 +214,42 @@ def tiny_text_file(path):
     path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(600))
                     + "\n")
     return path
+
+
+class FakeCuda:
+    """What a CUDA-graph capture touches of torch.cuda, faked so that the graph path runs on CPU tensors: every
+    window applies while graphs are on (even after a failed capture: the graph path itself must then run it
+    plain), the stream calls are recorded in ``calls``, and ``capture(window)`` stands in for
+    ``torch.cuda.make_graphed_callables`` (counted in ``captures``)."""
+
+    def __init__(self, monkeypatch, capture):
+        from moglm.recurrence import cuda_graphs
+
+        self.calls: list[str] = []
+        self.captures = 0
+        monkeypatch.setattr(cuda_graphs, "unavailable", lambda: None)
+        monkeypatch.setattr(cuda_graphs, "applies", lambda xs: cuda_graphs.enabled())
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: "the stream")
+        monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: self.calls.append(f"set_stream({stream})"))
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: self.calls.append("synchronize"))
+
+        def make_graphed_callables(window, sample_args):
+            self.captures += 1
+            return capture(window)
+
+        monkeypatch.setattr(torch.cuda, "make_graphed_callables", make_graphed_callables)
+
+
+def refuse_capture(window):
+    """A capture that fails as a CUDA graph capture does."""
+    raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nCUDA kernel errors might be "
+                       "asynchronously reported")
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """``fake_cuda(capture)``: a :class:`FakeCuda`; afterwards the graphs' state is forgotten (cache, failure)."""
+    from moglm.recurrence import cuda_graphs
+
+    yield lambda capture: FakeCuda(monkeypatch, capture)
+    cuda_graphs.enable(False)

@@ -88,7 +88,8 @@ def precision(name: str, device: str = "cpu"):
 class Graphed(torch.nn.Module):
     """A layer whose fused windows run as CUDA graphs while it runs (captured once per shape). ``rounds``:
     the Mogrifier rounds' path, as ``MOGLM_TRITON_ROUNDS`` names it, while a window is captured (a graph
-    keeps the kernels it captured, its backward included)."""
+    keeps the kernels it captured, its backward included). A window that would run ungraphed (a failed
+    capture) is an error, which the bench records, rather than a plain window timed under a graphed name."""
 
     def __init__(self, inner: torch.nn.Module, rounds: str | None = None) -> None:
         super().__init__()
@@ -97,7 +98,7 @@ class Graphed(torch.nn.Module):
     def forward(self, *args, **kwargs):
         from ..recurrence import cuda_graphs
 
-        with _environment("MOGLM_TRITON_ROUNDS", self.rounds), cuda_graphs.graphs():
+        with _environment("MOGLM_TRITON_ROUNDS", self.rounds), cuda_graphs.graphs(strict=True):
             return self.inner(*args, **kwargs)
 
 
