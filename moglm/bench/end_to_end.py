@@ -30,14 +30,14 @@ BACKENDS = ("fused", "auto")
 
 
 def _tokens_per_s(config: str, backend: str, steps: int, run_dir: Path,
-                  device: str | None = None, cuda_graphs: bool = False) -> dict[str, Any]:
+                  device: str | None = None, cuda_graphs: bool | None = None) -> dict[str, Any]:
     from ..runs.config import load_config
     from ..runs import RunDirectory
     from ..train.trainer import Trainer
 
     cfg = load_config(config, [f"train.max_steps={steps}", f"train.eval_every={steps + 1}",
                                f"model.backend={backend}", *([f"train.device={device}"] if device else []),
-                               *(["train.cuda_graphs=true"] if cuda_graphs else [])])
+                               *([] if cuda_graphs is None else [f"train.cuda_graphs={str(cuda_graphs).lower()}"])])
     start = time.perf_counter()
     Trainer(cfg, run_dir, progress=False, log=lambda s: None).train()
     seconds = time.perf_counter() - start
@@ -124,20 +124,24 @@ def markdown_table(report: dict[str, Any]) -> str:
 
 def epoch_seconds(config: str = "ptb-word-mogrifier-paper", device: str = "cpu", steps: int = 30,
                   out_path: str | Path | None = None, log: Callable[[str], None] = print,
-                  cuda_graphs: bool = False) -> dict[str, Any]:
+                  cuda_graphs: bool | None = None) -> dict[str, Any]:
     """Training tokens/s of ``config`` on ``device`` (the median of the trainer's records after the first,
     over ``steps`` optimizer steps) and the seconds one epoch of its training split takes at that rate;
-    written as JSON to ``out_path`` (if given) and returned. ``cuda_graphs``: train with
-    ``train.cuda_graphs`` on."""
+    written as JSON to ``out_path`` (if given) and returned. ``cuda_graphs``: ``train.cuda_graphs`` set to it
+    (``None``: the config's); the report's ``cuda_graphs`` says whether the steps ran graphed."""
     import torch
 
     from ..device import resolve_device, usable_cores
+    from ..recurrence.cuda_graphs import resolve
     from ..runs.build import load_data
     from ..runs.config import load_config
 
     where = resolve_device(device)
-    train_tokens = len(load_data(load_config(config, []).data)["train"])
-    log(f"{config} on {device}{' with CUDA graphs' if cuda_graphs else ''}: {steps} steps ...")
+    cfg = load_config(config, [])
+    setting = cfg.train.cuda_graphs if cuda_graphs is None else cuda_graphs
+    graphed = resolve(setting, where, name="train.cuda_graphs")[0]
+    train_tokens = len(load_data(cfg.data)["train"])
+    log(f"{config} on {device}{' with CUDA graphs' if graphed else ''}: {steps} steps ...")
     with tempfile.TemporaryDirectory(prefix="moglm-epoch-") as tmp:
         measured = _tokens_per_s(config, "auto", steps, Path(tmp) / "run", device=device, cuda_graphs=cuda_graphs)
     rate = measured["tokens_per_s"]
@@ -145,7 +149,7 @@ def epoch_seconds(config: str = "ptb-word-mogrifier-paper", device: str = "cpu",
                    threads=torch.get_num_threads(), usable_cores=usable_cores())
     if where.type == "cuda":
         machine["gpu"] = torch.cuda.get_device_name(where)
-    report = {"command": command_line(), "config": config, "device": device, "cuda_graphs": cuda_graphs,
+    report = {"command": command_line(), "config": config, "device": device, "cuda_graphs": graphed,
               "machine": machine, "steps": steps,
               "train_tokens": train_tokens, **measured, "epoch_seconds": train_tokens / rate if rate else None}
     log(f"  {rate:,.0f} tokens/s: an epoch of {train_tokens:,} tokens takes {report['epoch_seconds'] / 60:.1f} min"

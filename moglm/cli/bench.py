@@ -98,7 +98,9 @@ def epoch(
     config: str = typer.Argument("ptb-word-mogrifier-paper", help="A shipped config name or file."),
     device: str = typer.Option("cpu", help=DEVICE_HELP),
     steps: int = typer.Option(30, help="Optimizer steps timed (the first 10 are warm-up)."),
-    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="Train with train.cuda_graphs on (CUDA)."),
+    cuda_graphs: Optional[bool] = typer.Option(
+        None, "--cuda-graphs/--no-cuda-graphs", help="Train with train.cuda_graphs true or false (default: the "
+        "config's, auto: graphs on CUDA)."),
     out: Optional[Path] = typer.Option(None, help=OUT_HELP),
 ) -> None:
     """Training tokens/s of a config on a device, and the time one epoch takes at that rate."""

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import Any, Optional
 
@@ -62,8 +61,8 @@ MARGIN = O(None, help="Divergence guard: nats/token over static, > 0 (default: 3
 CHECKPOINT = O(None, help="The best or the last checkpoint (default: best).")
 DEVICE = O(None, help=f"{DEVICE_HELP} (default: the run's).")
 THREADS = O(None, min=1, help="CPU threads for torch.")
-CUDA_GRAPHS = O(False, "--cuda-graphs", help="CUDA: replay the recurrent layers' fused windows as CUDA graphs (on "
-                "an H200, 1.7x static instead of 2.3-3.1x).")
+CUDA_GRAPHS = O(None, "--cuda-graphs/--no-cuda-graphs", help="Replay the recurrent layers' fused windows as CUDA "
+                "graphs (default: on a CUDA device; on an H200 5-6x faster). --cuda-graphs on CPU is an error.")
 PROGRESS = O(True, help="Show progress bars.")
 
 
@@ -83,7 +82,7 @@ def dyneval(
     eval_tokens: Optional[int] = EVAL_TOKENS, max_tokens: Optional[int] = deprecated("--max-tokens", min=1),
     logit_factor: Optional[float] = LOGIT_FACTOR, temperature: Optional[float] = deprecated("--temperature"),
     margin: Optional[float] = MARGIN, checkpoint: Optional[Checkpoint] = CHECKPOINT, device: Optional[str] = DEVICE,
-    threads: Optional[int] = THREADS, cuda_graphs: bool = CUDA_GRAPHS, progress: bool = PROGRESS,
+    threads: Optional[int] = THREADS, cuda_graphs: Optional[bool] = CUDA_GRAPHS, progress: bool = PROGRESS,
 ) -> None:
     """Dynamic evaluation: adapt the weights to the text while scoring it (Krause thesis ch. 4-6), of a run or
     of a Hugging Face causal LM (--hf)."""
@@ -110,7 +109,8 @@ def dyneval(
         refuse_run_options({"--search-tokens": search_tokens, "--sparse": sparse or None, "--sparse-units":
                             sparse_units, "--sparse-layer": sparse_layer or None, "--streams": streams, "--split":
                             split or None, "--mc-samples": mc_samples or None, "--episodic/--stream": episodic,
-                            "--boundary": boundary, "--checkpoint": checkpoint, "--cuda-graphs": cuda_graphs or None})
+                            "--boundary": boundary, "--checkpoint": checkpoint,
+                            "--cuda-graphs/--no-cuda-graphs": cuda_graphs})
         _dyneval_hf(hf, text, stats_text, search_text, context, out, Hyperparameters.for_hf(**given),
                     ParameterSelection.for_hf(tuple(adapt) or ("*",), tuple(freeze), **embeddings),
                     StatisticsSettings.for_hf(**stats), factor, device, common)
@@ -118,19 +118,15 @@ def dyneval(
     if any(v is not None for v in (text, stats_text, search_text, context, out)):
         raise MoglmError("--text, --stats-text, --search-text, --context and --out go with --hf")
     from ..dynamic_evaluation.run import dyneval_run
-    from ..recurrence import cuda_graphs as graphs
     from ..runs.language_model import LanguageModelRun
 
-    if cuda_graphs and (why := graphs.unavailable()) is not None:
-        raise MoglmError(f"--cuda-graphs: {why}")
-    with graphs.graphs() if cuda_graphs else contextlib.nullcontext():
-        dyneval_run(LanguageModelRun(run_dir), tuple(values(split)) or ("test",), Hyperparameters(**given),
-                    search_tokens=search_tokens or 10_000, streams=streams or 1, episodic=episodic,
-                    sparse=SparseSpec(sparse_units or 100, tuple(sparse_layer) or None) if sparse else None,
-                    boundary=boundary, statistics=StatisticsSettings(**stats), temperature=factor,
-                    mc_samples=mc_samples, selection=ParameterSelection(tuple(adapt) or ("*",), tuple(freeze),
-                                                                        **embeddings),
-                    which=checkpoint or "best", device=device, **common)
+    dyneval_run(LanguageModelRun(run_dir), tuple(values(split)) or ("test",), Hyperparameters(**given),
+                search_tokens=search_tokens or 10_000, streams=streams or 1, episodic=episodic,
+                sparse=SparseSpec(sparse_units or 100, tuple(sparse_layer) or None) if sparse else None,
+                boundary=boundary, statistics=StatisticsSettings(**stats), temperature=factor,
+                mc_samples=mc_samples, selection=ParameterSelection(tuple(adapt) or ("*",), tuple(freeze),
+                                                                    **embeddings),
+                which=checkpoint or "best", device=device, cuda_graphs=cuda_graphs, **common)
 
 
 def refuse_run_options(run_only: dict[str, Any]) -> None:

@@ -22,6 +22,9 @@ def evaluate(
     mc_dropout_multiplier: Optional[float] = typer.Option(None, help="MC dropout: rates are multiplied by this."),
     checkpoint: Checkpoint = typer.Option("best", help="The best or the last checkpoint."),
     device: Optional[str] = typer.Option(None, help=f"{DEVICE_HELP} (default: the run's)."),
+    cuda_graphs: Optional[bool] = typer.Option(
+        None, "--cuda-graphs/--no-cuda-graphs", help="Replay the recurrent layers' fused windows as CUDA graphs "
+        "(default: on a CUDA device). --cuda-graphs on CPU is an error."),
     progress: bool = typer.Option(True, help="Show progress bars."),
 ) -> None:
     """Evaluate a trained run (perplexity, bits per character/word) and write results.json."""
@@ -32,4 +35,4 @@ def evaluate(
     logit_factor = renamed(logit_factor, temperature, "--temperature", "--logit-factor")
     evaluate_run(LanguageModelRun(run_dir), split or None, batch_size, logit_factor, mc_samples,
                  mc_dropout_multiplier, checkpoint, device, progress, typer.echo,
-                 write=(not split and checkpoint == "best"))
+                 write=(not split and checkpoint == "best"), cuda_graphs=cuda_graphs)

@@ -22,7 +22,9 @@ import numpy as np
 
 from ..errors import MoglmError
 from ..runs.build import load_data
+from ..progress import above_bars
 from ..provenance import write_result
+from ..recurrence import cuda_graphs as graphs
 from ..runs.language_model import LanguageModelRun
 from ..device import resolve_device
 from .. import distributed
@@ -133,6 +135,7 @@ def dyneval_run(
     progress: bool = True,
     log: Callable[[str], None] = print,
     write: bool = True,
+    cuda_graphs: bool | None = None,
 ) -> dict[str, Any]:
     """Dynamic evaluation of a run's checkpoint on ``splits`` (optionally after a search on the first
     ``search_tokens`` validation tokens, among settings that take at most ``max_cost`` times the CPU
@@ -144,7 +147,9 @@ def dyneval_run(
     ``selection``: which parameters adapt (full dynamic evaluation; :class:`~.adapted.ParameterSelection`).
     ``cache``: also score static + neural cache and dynamic + cache (:mod:`.with_cache`), theta and lambda
     searched on the first ``search_tokens`` validation tokens for each, with ``cache_size`` positions.
-    ``on_result(split, result)``: receives each split's :class:`DynamicResult` (its per-token losses)."""
+    ``on_result(split, result)``: receives each split's :class:`DynamicResult` (its per-token losses).
+    ``cuda_graphs``: the recurrent windows as CUDA graphs as ``--cuda-graphs/--no-cuda-graphs`` say (``None``,
+    auto: on a CUDA device, each process of a torchrun its own; :func:`moglm.recurrence.cuda_graphs.resolve`)."""
     for split in splits:
         if split not in ("train", "valid", "test"):
             raise MoglmError(f"split must be train, valid or test, got {split!r}")
@@ -157,88 +162,89 @@ def dyneval_run(
     group = distributed.process_group(resolve_device(device or cfg.train.device))  # torchrun: streams over ranks
     if not group.is_main:
         log, write, progress = (lambda message: None), False, False
-    model, _, vocab = run.load_model(which, distributed.rank_device(resolve_device(device or cfg.train.device),
-                                                                      group))
-    corpus = load_corpus_for(run, "dynamic evaluation")
-    factor = temperature if temperature is not None else run.logit_factor()
-    boundary_id = None
-    if episodic:
-        if boundary is None:
-            boundary_id = corpus.separator_id()
-        elif boundary in vocab.stoi:
-            boundary_id = vocab.stoi[boundary]
-        else:
-            raise MoglmError(f"boundary token {boundary!r} is not in the vocabulary")
-        hp = hp.with_(decay=0.0)
-        log("episodic: weights and state reset at every boundary, decay 0")
-    rms = None
-    if uses_rms(hp.rule):
-        rms = group.on_main(lambda: run_statistics(run, which, model, corpus["train"], sparse, statistics, progress,
-                                                   log, selection))
-    report: dict[str, Any] = {
-        "checkpoint": {"which": which, "step": run.checkpoints.pointer(which)["step"]},
-        "mode": "sparse" if sparse else "full", "sparse": None if sparse is None else sparse.as_dict(model),
-        "streams": streams, "episodic": episodic, "temperature": factor, "level": corpus.format,
-        "statistics": None if rms is None else vars(statistics), "divergence_margin": margin, "search": None,
-        "mc_dropout": {"samples": mc_samples, "multiplier": cfg.evaluation.mc_dropout_multiplier} if mc_samples else None,
-        "selection": None if sparse else selection.as_dict(),
-    }
-    options = dict(sparse=sparse, streams=streams, boundary=boundary_id, factor=factor, margin=margin,
-                   mc_samples=mc_samples, mc_multiplier=cfg.evaluation.mc_dropout_multiplier, selection=selection)
-    if search:
-        longest = 20 if corpus.format == "word" else 50  # Mogrifier paper appendix A
-        hp, report["search"] = group.on_main(lambda: search_settings(model, corpus["valid"], hp, rms, search_tokens,
-                                                                     max_cost, cfg.train.bptt, longest, options, log))
-    report["hyperparameters"] = hp.as_dict()
-    tuned_cache = None
-    if cache:
-        if episodic or group.distributed or mc_samples:
-            raise MoglmError("the neural cache reads one stream in one process, without MC dropout")
-        tuned_cache = _tune_cache(model, corpus["valid"], hp, rms, search_tokens, cfg.train.bptt, cache_size,
-                                  options, log)
-        report["cache"] = tuned_cache.as_dict()
-    report["splits"] = {}
-    tag = ("sparse" if sparse else "full") + ("-episodic" if episodic else "") + ("-mc" if mc_samples else "")
-    if eval_tokens is not None:  # a short run never stands in for the full run (sample --adapt, compress read it)
-        tag += f"-first{eval_tokens}"
-    harmful: list[str] = []
-    for split in splits:
-        ids = corpus[split] if eval_tokens is None else corpus[split][: eval_tokens + streams]
+    where = distributed.rank_device(resolve_device(device or cfg.train.device), group)
+    model, _, vocab = run.load_model(which, where)
+    with graphs.where_possible(cuda_graphs, where, above_bars(log), "--cuda-graphs"):
+        corpus = load_corpus_for(run, "dynamic evaluation")
+        factor = temperature if temperature is not None else run.logit_factor()
+        boundary_id = None
         if episodic:
-            result = dynamic_evaluate(model, ids, hp, rms, progress=progress, desc=split, **options)
-        else:
-            result = evaluate_streams(model, ids, hp, rms, bptt=static_window(model, cfg.train.bptt, hp.segment_length),
-                                      text=corpus.text(split) if eval_tokens is None else None, progress=progress, desc=split, group=group,
-                                      features=cache, **options)
-        if on_result is not None:
-            on_result(split, result)
-        profile = position_profile(result.static_losses, result.losses, result.episodes)
-        report["splits"][split] = result.as_dict() | {"profile": profile}
-        if tuned_cache is not None:
-            report["splits"][split]["cache"] = _cache_rows(result, ids, streams, tuned_cache, corpus.format, split,
-                                                           log)
-        log(f"{split}: static {result.static.headline(corpus.format)} -> "
-            f"dynamic {result.scores.headline(corpus.format)}"
-            f" (perplexity {-result.gain:+.1%}); {result.rollbacks} rollbacks; "
-            f"{result.timing.seconds:.1f}s, {result.cost:.1f}x the static CPU time")
-        if result.gain <= 0 or result.rollbacks:
-            why = (f"scored worse than static ({result.static.headline(corpus.format)} -> "
-                   f"{result.scores.headline(corpus.format)})" if result.gain <= 0 else
-                   f"rolled back {result.rollbacks} time{'s' * (result.rollbacks > 1)} (diverging updates)")
-            harmful.append(f"{split}: {why}")
-            log(f"warning: dynamic evaluation {why} on {split} with {hp.label()}; search the settings on this "
-                "model (--search) or lower --learning-rate")
+            if boundary is None:
+                boundary_id = corpus.separator_id()
+            elif boundary in vocab.stoi:
+                boundary_id = vocab.stoi[boundary]
+            else:
+                raise MoglmError(f"boundary token {boundary!r} is not in the vocabulary")
+            hp = hp.with_(decay=0.0)
+            log("episodic: weights and state reset at every boundary, decay 0")
+        rms = None
+        if uses_rms(hp.rule):
+            rms = group.on_main(lambda: run_statistics(run, which, model, corpus["train"], sparse, statistics, progress,
+                                                       log, selection))
+        report: dict[str, Any] = {
+            "checkpoint": {"which": which, "step": run.checkpoints.pointer(which)["step"]},
+            "mode": "sparse" if sparse else "full", "sparse": None if sparse is None else sparse.as_dict(model),
+            "streams": streams, "episodic": episodic, "temperature": factor, "level": corpus.format,
+            "statistics": None if rms is None else vars(statistics), "divergence_margin": margin, "search": None,
+            "mc_dropout": {"samples": mc_samples, "multiplier": cfg.evaluation.mc_dropout_multiplier} if mc_samples else None,
+            "selection": None if sparse else selection.as_dict(),
+        }
+        options = dict(sparse=sparse, streams=streams, boundary=boundary_id, factor=factor, margin=margin,
+                       mc_samples=mc_samples, mc_multiplier=cfg.evaluation.mc_dropout_multiplier, selection=selection)
+        if search:
+            longest = 20 if corpus.format == "word" else 50  # Mogrifier paper appendix A
+            hp, report["search"] = group.on_main(lambda: search_settings(model, corpus["valid"], hp, rms, search_tokens,
+                                                                         max_cost, cfg.train.bptt, longest, options, log))
+        report["hyperparameters"] = hp.as_dict()
+        tuned_cache = None
+        if cache:
+            if episodic or group.distributed or mc_samples:
+                raise MoglmError("the neural cache reads one stream in one process, without MC dropout")
+            tuned_cache = _tune_cache(model, corpus["valid"], hp, rms, search_tokens, cfg.train.bptt, cache_size,
+                                      options, log)
+            report["cache"] = tuned_cache.as_dict()
+        report["splits"] = {}
+        tag = ("sparse" if sparse else "full") + ("-episodic" if episodic else "") + ("-mc" if mc_samples else "")
+        if eval_tokens is not None:  # a short run never stands in for the full run (sample --adapt, compress read it)
+            tag += f"-first{eval_tokens}"
+        harmful: list[str] = []
+        for split in splits:
+            ids = corpus[split] if eval_tokens is None else corpus[split][: eval_tokens + streams]
+            if episodic:
+                result = dynamic_evaluate(model, ids, hp, rms, progress=progress, desc=split, **options)
+            else:
+                result = evaluate_streams(model, ids, hp, rms, bptt=static_window(model, cfg.train.bptt, hp.segment_length),
+                                          text=corpus.text(split) if eval_tokens is None else None, progress=progress, desc=split, group=group,
+                                          features=cache, **options)
+            if on_result is not None:
+                on_result(split, result)
+            profile = position_profile(result.static_losses, result.losses, result.episodes)
+            report["splits"][split] = result.as_dict() | {"profile": profile}
+            if tuned_cache is not None:
+                report["splits"][split]["cache"] = _cache_rows(result, ids, streams, tuned_cache, corpus.format, split,
+                                                               log)
+            log(f"{split}: static {result.static.headline(corpus.format)} -> "
+                f"dynamic {result.scores.headline(corpus.format)}"
+                f" (perplexity {-result.gain:+.1%}); {result.rollbacks} rollbacks; "
+                f"{result.timing.seconds:.1f}s, {result.cost:.1f}x the static CPU time")
+            if result.gain <= 0 or result.rollbacks:
+                why = (f"scored worse than static ({result.static.headline(corpus.format)} -> "
+                       f"{result.scores.headline(corpus.format)})" if result.gain <= 0 else
+                       f"rolled back {result.rollbacks} time{'s' * (result.rollbacks > 1)} (diverging updates)")
+                harmful.append(f"{split}: {why}")
+                log(f"warning: dynamic evaluation {why} on {split} with {hp.label()}; search the settings on this "
+                    "model (--search) or lower --learning-rate")
+            if write:
+                plot_profile(profile, run.path / "dyneval" / f"{tag}-{split}.png",
+                             f"{run.path.name} {split}: {tag} dynamic evaluation")
+        if write and harmful:
+            tag += "-rejected"  # the settings the other commands read are left alone
+            log(f"this report goes to dyneval/{tag}.json; the run's saved dynamic-evaluation settings are unchanged")
+        report["harmful"] = harmful
         if write:
-            plot_profile(profile, run.path / "dyneval" / f"{tag}-{split}.png",
-                         f"{run.path.name} {split}: {tag} dynamic evaluation")
-    if write and harmful:
-        tag += "-rejected"  # the settings the other commands read are left alone
-        log(f"this report goes to dyneval/{tag}.json; the run's saved dynamic-evaluation settings are unchanged")
-    report["harmful"] = harmful
-    if write:
-        path = run.path / "dyneval" / f"{tag}.json"
-        write_result(path, report, None)
-        log(f"report: {path}")
+            path = run.path / "dyneval" / f"{tag}.json"
+            write_result(path, report, None)
+            log(f"report: {path}")
     return report
 
 

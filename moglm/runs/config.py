@@ -223,9 +223,12 @@ class TrainConfig(Section):
     seed: int = Field(1, ge=0, le=2**63 - 1, description="Random seed (weights, dropout masks, state resets, "
                       "episode order), 0 to 2^63 - 1.")
     device: str = Field("auto", description="auto (CUDA when available), cpu, cuda or cuda:N.")
-    cuda_graphs: bool = Field(
-        False, description="CUDA only: replay each recurrent layer's fused window as a CUDA graph, captured once per "
-                           "window shape (one launch per window instead of one per kernel; docs/fused-recurrence.md).")
+    cuda_graphs: bool | None = Field(
+        None, description="Replay each recurrent layer's fused window as a CUDA graph, captured once per window "
+        "shape (one launch per window instead of one per kernel; docs/fused-recurrence.md), in training, its "
+        "validations and the final evaluation. null (auto): on where one CUDA device trains, off on CPU and for "
+        "data-parallel training, and off with one line where a capture fails or window shapes keep changing; true: "
+        "on, an error where impossible (a failed capture still falls back, with a line); false: off.")
     threads: int | None = Field(None, ge=1, description="CPU threads for torch (null: torch's default).")
 
     @model_validator(mode="after")
@@ -268,12 +271,33 @@ ADDED_FIELDS: dict[str, dict[str, Any]] = {
 }
 
 
+#: config fields whose default changed after run directories and experiment digests recorded configs: (the new
+#: default, the default recorded before). A run config holding the new default (or leaving the field out) is
+#: compared and digested as holding the old one (:func:`run_identity`), so runs made by an earlier release
+#: resume and experiments find them. train.cuda_graphs: null (auto) replaced false; graphed windows compute
+#: what plain ones do, so a run recorded with false is the same run under auto.
+CHANGED_DEFAULTS: dict[str, dict[str, tuple[Any, Any]]] = {"train": {"cuda_graphs": (None, False)}}
+
+
 def without_added_defaults(config: dict[str, Any]) -> dict[str, Any]:
     """A config mapping without the :data:`ADDED_FIELDS` that hold their defaults."""
     out = dict(config)
     for section, fields in ADDED_FIELDS.items():
         if isinstance(out.get(section), dict):
             out[section] = {k: v for k, v in out[section].items() if k not in fields or fields[k] != v}
+    return out
+
+
+def run_identity(config: dict[str, Any]) -> dict[str, Any]:
+    """What says whether two run configs (mappings of a :class:`RunConfig`, with ``None`` values or without them,
+    as TOML keeps them) are one run: without the :data:`ADDED_FIELDS` at their defaults, and with the
+    :data:`CHANGED_DEFAULTS` at their new defaults (or left out) written as the old ones. The resumed run's
+    comparison and the experiments' digests read it."""
+    out = without_added_defaults(config)
+    for section, fields in CHANGED_DEFAULTS.items():
+        if isinstance(out.get(section), dict):
+            out[section] = {**out[section], **{k: old for k, (new, old) in fields.items()
+                                               if out[section].get(k, new) == new}}
     return out
 
 

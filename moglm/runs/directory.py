@@ -26,7 +26,7 @@ import os
 import shutil
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -218,15 +218,19 @@ class RunDirectory:
             raise MoglmError(f"{self.path} is the root folder: a run needs a folder of its own; choose another --run-dir")
 
     # -- starting or resuming -------------------------------------------------------------------
-    def prepare(self, config: dict[str, Any], what: str = "") -> bool:
+    def prepare(self, config: dict[str, Any], what: str = "",
+                identity: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> bool:
         """Create the directory for ``config`` (a mapping; ``None`` values are left out) and return whether
         a checkpoint of the same config exists to resume. A different saved config is an error: a resumed
-        run must continue exactly. ``what`` names the kind of run in that error ("a Dyck run")."""
+        run must continue exactly. ``what`` names the kind of run in that error ("a Dyck run"); ``identity``
+        maps a config to what says whether two are one run (default: the config itself), for both sides."""
         self.check_own_folder()
         config = plain(config)
         if self.config_path.is_file():
             # a config's description says what it is for and changes no result: configs equal but for it are one run
-            unlabelled = lambda c: {k: v for k, v in c.items() if k != "description"}  # noqa: E731
+            def unlabelled(c: dict[str, Any]) -> dict[str, Any]:
+                return {k: v for k, v in (c if identity is None else identity(c)).items() if k != "description"}
+
             diff = first_difference(unlabelled(self.read_config()), unlabelled(config))
             if diff:
                 kind = f"a {what} run" if what else "a run"

@@ -24,6 +24,7 @@ stop requests are summed over the ranks, validation runs on rank 0 and only rank
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import threading
@@ -76,7 +77,10 @@ class Settings:
     early_stopping_patience: int | None = None
     tokens_per_step: int = 1  # for the progress bar's tokens/s
     log_every: int = 10  # steps between training-loss records in metrics.jsonl
-    cuda_graphs: bool = False  # replay the recurrent layers' fused windows as CUDA graphs in training steps
+    # the recurrent layers' fused windows as CUDA graphs in training steps and validations: True (asked for),
+    # None (auto: where one CUDA device trains; moglm.recurrence.cuda_graphs.resolve), False (off: the default of
+    # the tasks that have no such setting)
+    cuda_graphs: bool | None = False
 
     def __post_init__(self) -> None:
         for name in ("steps", "eval_every", "log_every"):
@@ -238,13 +242,14 @@ class Engine:
             log, progress = (lambda message: None), False
         self.model = task.model
         self.device = torch.device(device)
-        if settings.cuda_graphs and (self.device.type != "cuda" or group.distributed):
-            raise MoglmError("train.cuda_graphs needs one CUDA device (it is not supported on CPU or with data-"
-                             f"parallel training; the device here is {self.device})")
+        self.graphed, line = cuda_graphs.resolve(settings.cuda_graphs, self.device, group.distributed,
+                                                 "train.cuda_graphs")
         self.title = title or run.path.name
         self.unit = unit
         self.progress_enabled, self.desc = progress, desc
         self._log, self.on_step, self.on_evaluation = log, on_step, on_evaluation
+        if line is not None:
+            self._log(line)
         self.hparams = flat_hparams(hparams or {})
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.names = [n for n, p in self.model.named_parameters() if p.requires_grad]
@@ -354,12 +359,17 @@ class Engine:
         kept = f"the last good checkpoint (step {pointer['step']}) is kept" if pointer else "no checkpoint was written"
         return TrainingDiverged(f"non-finite {what} at step {step}; training stopped and {kept}")
 
+    def _graphs(self):
+        """Where the engine runs the model (steps, validations): with CUDA graphs when :attr:`graphed` (the
+        settings' ``cuda_graphs`` resolved on this device), their lines above the progress bar."""
+        if not self.graphed:
+            return contextlib.nullcontext()
+        return cuda_graphs.graphs(log=self.log, asked=bool(self.settings.cuda_graphs))
+
     def _step(self, step: int) -> tuple[float, int, float]:
-        """One optimizer step; returns (summed nll, scored tokens, gradient norm before clipping). With
-        ``cuda_graphs`` the recurrent layers' windows replay as CUDA graphs (forward and backward)."""
-        if not self.settings.cuda_graphs:
-            return self._step_now(step)
-        with cuda_graphs.graphs():
+        """One optimizer step; returns (summed nll, scored tokens, gradient norm before clipping). With CUDA
+        graphs (:meth:`_graphs`) the recurrent layers' windows replay as graphs (forward and backward)."""
+        with self._graphs():
             return self._step_now(step)
 
     def _step_now(self, step: int) -> tuple[float, int, float]:
@@ -395,7 +405,8 @@ class Engine:
         """Validation, best/averaging/early-stopping bookkeeping, checkpoint. Returns whether to stop."""
         s, p = self.settings, self.progress
         model = self.evaluation_model()
-        scores = self.group.on_main(lambda: self.task.validate(model))  # on rank 0, its scores on every rank
+        with self._graphs():
+            scores = self.group.on_main(lambda: self.task.validate(model))  # on rank 0, its scores on every rank
         improved = p.best_xent is None or scores["xent"] < p.best_xent
         if improved:
             p.best_xent, p.best_step, p.evals_without_improvement = scores["xent"], p.step, 0

@@ -11,7 +11,9 @@ from ..evaluation.mc_dropout import evaluate_mc_dropout
 from ..evaluation.scores import Scores, in_unit
 from ..evaluation.stream import evaluate_episodes, evaluate_stream
 from ..evaluation.temperature import search_temperature
+from ..progress import above_bars
 from ..provenance import write_result
+from ..recurrence import cuda_graphs as graphs
 from ..errors import MoglmError
 from ..device import resolve_device
 from ..runs.build import load_data
@@ -30,13 +32,24 @@ def evaluate_run(
     progress: bool = True,
     log: Callable[[str], None] = print,
     write: bool = True,
+    cuda_graphs: bool | None = None,
 ) -> dict[str, Any]:
     """Evaluate a run's checkpoint; arguments left ``None`` come from the run's ``[evaluation]`` config.
-    ``temperature=None`` with ``temperature_search`` on searches the factor on validation."""
+    ``temperature=None`` with ``temperature_search`` on searches the factor on validation. ``cuda_graphs``: the
+    recurrent windows as CUDA graphs as ``--cuda-graphs/--no-cuda-graphs`` say (``None``, auto: on a CUDA device;
+    :func:`moglm.recurrence.cuda_graphs.resolve`)."""
     _check_arguments(batch_size, temperature, mc_samples, mc_dropout_multiplier)
     cfg = run.load_config()
-    ev = cfg.evaluation
     dev = resolve_device(device or cfg.train.device)
+    with graphs.where_possible(cuda_graphs, dev, above_bars(log), "--cuda-graphs"):
+        return _evaluate(run, cfg, dev, splits, batch_size, temperature, mc_samples, mc_dropout_multiplier, which,
+                         progress, log, write)
+
+
+def _evaluate(run: LanguageModelRun, cfg, dev, splits, batch_size, temperature, mc_samples, mc_dropout_multiplier,
+              which: str, progress: bool, log: Callable[[str], None], write: bool) -> dict[str, Any]:
+    """:func:`evaluate_run` on the resolved config ``cfg`` and device ``dev``, inside its CUDA graphs setting."""
+    ev = cfg.evaluation
     model, _, _ = run.load_model(which, dev)
     corpus = load_data(cfg.data)
     trained_on = run.model_info().get("corpus_digest")

@@ -32,7 +32,7 @@ from ..evaluation.stream import evaluate_episodes, evaluate_stream
 from ..model.language_model import LanguageModel, count_parameters
 from ..sampling import NoStart, encode_prompt
 from ..runs.build import build_model, check_fits, load_data, resolve_hidden_size
-from ..runs.config import RunConfig, without_added_defaults
+from ..runs.config import RunConfig, run_identity, without_added_defaults
 from ..evaluation.scores import in_unit, unit_for
 from .. import distributed
 from ..distributed import SINGLE, Group
@@ -208,7 +208,7 @@ class Trainer:
         check_fits(cfg.model, vocab_size, hidden, self.device)  # one line, not a machine out of memory
         self.model: LanguageModel = build_model(cfg.model, vocab_size, hidden).to(self.device)
         saved = without_added_defaults(json.loads(cfg.model_dump_json(exclude_none=True)))
-        group.on_main(lambda: self.run.prepare(saved, "language-model"))
+        group.on_main(lambda: self.run.prepare(saved, "language-model", identity=run_identity))
         self.log(self.corpus.summary())
         if group.is_main and not self.run.vocab_path.is_file():
             atomic_write_text(self.run.vocab_path, self.corpus.vocab.to_json())
@@ -267,6 +267,7 @@ def train_and_evaluate(
     trainer = Trainer(config, run_dir, progress=progress, log=log, on_evaluation=on_evaluation)
     with trainer.group.hold(run):
         trained = trainer.train()
-        results = trainer.group.on_main(lambda: evaluate_run(run, splits, progress=progress, log=log, write=write))
+        results = trainer.group.on_main(lambda: evaluate_run(run, splits, progress=progress, log=log, write=write,
+                                                             cuda_graphs=config.train.cuda_graphs))
         trainer.check_sample()  # logs on rank 0 only
     return trained, results

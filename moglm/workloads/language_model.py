@@ -187,7 +187,9 @@ def _temperature(run) -> float:
 
 # -- the registry's hooks --------------------------------------------------------------------------------
 def experiment_config(spec: RunSpec) -> dict[str, Any]:
-    return run_config(spec).model_dump(mode="json")
+    from ..runs.config import run_identity
+
+    return run_identity(run_config(spec).model_dump(mode="json"))
 
 
 def experiment_run(exp, scale: str, spec: RunSpec, run_dir: Path, evaluations: list[str], progress: bool,

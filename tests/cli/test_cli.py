@@ -54,6 +54,10 @@ def test_train_evaluate_sample_end_to_end(tiny_corpus, tmp_path, capsys):
     assert set(results["splits"]) == {"valid", "test"} and results["splits"]["test"]["perplexity"] > 1
     assert main(["evaluate", str(run), "--split", "test", "--logit-factor", "1.0", "--no-progress"]) == 0
     assert "test: ppl" in capsys.readouterr().out
+    assert main(["evaluate", str(run), "--split", "test", "--no-cuda-graphs", "--no-progress"]) == 0
+    assert main(["evaluate", str(run), "--device", "cpu", "--cuda-graphs", "--no-progress"]) == 1
+    err = capsys.readouterr().err  # graphs asked for on CPU
+    assert "--cuda-graphs needs one CUDA device" in err and err.count("\n") == 1 and "Traceback" not in err
     assert main(["sample", str(run), "--prompt", "the dog", "--num-tokens", "5", "--seed", "3"]) == 0
     first = capsys.readouterr().out
     assert main(["sample", str(run), "--prompt", "the dog", "--num-tokens", "5", "--seed", "3"]) == 0

@@ -68,7 +68,8 @@ def test_info_is_a_summary_unless_verbose(capsys):
 @pytest.mark.parametrize("extra, named", [(["--sparse"], "--sparse"), (["--streams", "2"], "--streams"),
                                           (["--split", "valid"], "--split"), (["--mc-samples", "2"], "--mc-samples"),
                                           (["--search-tokens", "50"], "--search-tokens"),
-                                          (["--checkpoint", "last"], "--checkpoint"), (["--episodic"], "--episodic")])
+                                          (["--checkpoint", "last"], "--checkpoint"), (["--episodic"], "--episodic"),
+                                          (["--no-cuda-graphs"], "--cuda-graphs/--no-cuda-graphs")])
 def test_run_only_options_are_refused_with_hf_instead_of_ignored(tmp_path, capsys, extra, named):
     (tmp_path / "model").mkdir()
     assert main(["dyneval", "--hf", str(tmp_path / "model"), "--text", "t.txt", *extra]) == 1

@@ -191,12 +191,12 @@ def _graph_parity(make, windows: int = 3, dtype=torch.float64):
         state = tuple(torch.randn(plain.num_layers, 3, H, dtype=dtype, device=CUDA) for _ in range(2))
         got = []
         for model, opt, on in ((plain, opts[0], False), (graphed, opts[1], True)):
-            with cuda_graphs.graphs(on):
+            with cuda_graphs.graphs(on, strict=True):
                 got.append(run_backend(model, "fused", x, state))
             opt.step()
         for i, (a, e) in enumerate(zip(got[1], got[0])):
             torch.testing.assert_close(a, e, msg=lambda m: f"window {w}, item {i}: {m}")
-        with torch.no_grad(), cuda_graphs.graphs():
+        with torch.no_grad(), cuda_graphs.graphs(strict=True):
             y_graph, (h_graph, _) = graphed(x, state)
         y_plain, (h_plain, _) = plain.eval()(x, state)
         torch.testing.assert_close(y_graph, y_plain.detach())
@@ -209,12 +209,54 @@ def test_cuda_graphed_windows_equal_plain_windows(make):
     _graph_parity(make)
 
 
+def test_forward_only_graphed_outputs_outlive_the_next_replay():
+    """Evaluation may keep a window's outputs past the layer's next window (the temperature search keeps every
+    window's features): a forward-only replay hands out copies, not the graph's buffers."""
+    model = moglm.LSTM(M, H, 2, device=CUDA).eval()
+    xs = [torch.randn(T, 3, M, device=CUDA) for _ in range(3)]
+    with torch.no_grad():
+        plain = [model(x)[0] for x in xs]
+        with cuda_graphs.graphs(strict=True):
+            kept = [model(x)[0] for x in xs]
+    assert cuda_graphs._cache, "nothing was captured"
+    for a, e in zip(kept, plain):
+        torch.testing.assert_close(a, e)
+
+
+def test_a_capture_failing_on_the_device_falls_back_and_the_device_keeps_working(monkeypatch):
+    """A window whose capture fails on the GPU (a synchronize inside the capture, which CUDA refuses) runs
+    ungraphed, with one line; graphs are off for the rest of the process; the stream works on."""
+    from moglm.recurrence import fused_lstm
+
+    model = moglm.LSTM(M, H, 1, device=CUDA).eval()
+    x = torch.randn(T, 3, M, device=CUDA)
+    with torch.no_grad():
+        expected, _ = model(x)
+    real = fused_lstm.FusedLSTMFunction.forward_impl
+
+    def synchronizing(*args, **kwargs):
+        if torch.cuda.is_current_stream_capturing():
+            torch.cuda.synchronize()  # not permitted while a stream captures: the capture fails
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fused_lstm.FusedLSTMFunction, "forward_impl", staticmethod(synchronizing))
+    lines: list[str] = []
+    with torch.no_grad(), cuda_graphs.graphs(log=lines.append):
+        y, _ = model(x)
+        again, _ = model(x + 1)
+    torch.testing.assert_close(y, expected)
+    assert len(lines) == 1 and "capturing a window failed" in lines[0], lines
+    assert cuda_graphs._failed is not None and not cuda_graphs._cache
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()
+    torch.testing.assert_close(again, model(x + 1)[0])  # the device runs on, ungraphed
+
+
 def test_a_tf32_switch_recaptures_instead_of_replaying_float32_kernels():
     model = moglm.MogrifierLSTM(M, H, 1, rounds=3, rank=2, device=CUDA)
     x = torch.randn(T, 3, M, device=CUDA)
     keys = []
     for on in (False, True):
-        with tf32(on), torch.no_grad(), cuda_graphs.graphs():
+        with tf32(on), torch.no_grad(), cuda_graphs.graphs(strict=True):
             model(x)
         keys.append(set(cuda_graphs._cache))
     assert keys[1] > keys[0]
@@ -259,16 +301,21 @@ def test_a_language_model_trains_a_step_on_cuda_like_on_cpu():
 
 
 def test_training_with_cuda_graphs_gives_the_weights_of_training_without(tiny_corpus, tmp_path):
-    """train.cuda_graphs: the same steps (dropout masks included) give the same weights, replayed as graphs."""
+    """train.cuda_graphs: the same steps (dropout masks included) give the same weights, replayed as graphs;
+    auto (the default) is graphed on one CUDA device, and nothing turned graphs off on the way."""
     from conftest import tiny_config
     from moglm.train.trainer import Trainer
 
-    weights = []
-    for graphs in (False, True):
+    weights, lines = [], []
+    for graphs in (False, None, True):
         cfg = tiny_config(tiny_corpus, train={"device": CUDA, "cuda_graphs": graphs, "max_steps": 6, "eval_every": 3})
-        trainer = Trainer(cfg, tmp_path / f"run-{graphs}", progress=False, log=lambda s: None)
+        trainer = Trainer(cfg, tmp_path / f"run-{graphs}", progress=False, log=lines.append)
         trainer.train()
+        assert trainer.engine.graphed is (graphs is not False)
         weights.append({k: v.detach().cpu() for k, v in trainer.model.state_dict().items()})
-    for name in weights[0]:
-        torch.testing.assert_close(weights[1][name], weights[0][name], rtol=1e-4, atol=1e-5,
-                                   msg=lambda m: f"{name}: {m}")
+    assert not [line for line in lines if "CUDA graphs" in line], lines
+    assert cuda_graphs._cache, "nothing was captured"
+    for graphed in weights[1:]:
+        for name in weights[0]:
+            torch.testing.assert_close(graphed[name], weights[0][name], rtol=1e-4, atol=1e-5,
+                                       msg=lambda m: f"{name}: {m}")

@@ -175,3 +175,35 @@ def test_the_new_data_fields_at_their_defaults_leave_saved_configs_and_digests_a
     before = {k: v for k, v in json.loads(cfg.model_dump_json(exclude_none=True)).items()}
     before["data"] = {k: before["data"][k] for k in ("path", "format", "split_fractions", "episodic")}
     assert config_digest(json.loads(cfg.model_dump_json(exclude_none=True))) == config_digest(before)
+
+
+def test_train_cuda_graphs_is_auto_by_default_and_takes_true_false_or_null(tmp_path):
+    assert load_config().train.cuda_graphs is None
+    for text, value in (("true", True), ("false", False), ("null", None)):
+        assert load_config(None, [f"train.cuda_graphs={text}"]).train.cuda_graphs is value
+    with pytest.raises(MoglmError, match="train.cuda_graphs: Input should be a valid boolean"):
+        load_config(None, ["train.cuda_graphs=sometimes"])
+    old = tmp_path / "old.toml"  # what a run directory of the release before auto holds
+    old.write_text('format_version = 1\n[train]\ncuda_graphs = false\n')
+    assert load_config(old).train.cuda_graphs is False
+
+
+def test_auto_cuda_graphs_are_compared_and_digested_as_the_false_runs_recorded_before_auto():
+    """Runs are found by their config's digest and resumed when their saved config matches: auto (the new
+    default, left out of config.toml) is the false that configs recorded before it; true stays a run of its own."""
+    import json
+
+    from moglm.experiments.runner import config_digest
+    from moglm.runs.config import run_identity, without_added_defaults
+
+    cfg = load_config("wikitext-2-mogrifier-cpu")
+    dumped = cfg.model_dump(mode="json")
+    recorded = dumped | {"train": dumped["train"] | {"cuda_graphs": False}}  # as the release before auto had it
+    assert config_digest(run_identity(dumped)) == config_digest(recorded)
+    asked = dumped | {"train": dumped["train"] | {"cuda_graphs": True}}
+    assert config_digest(run_identity(asked)) != config_digest(recorded)
+    saved = without_added_defaults(json.loads(cfg.model_dump_json(exclude_none=True)))  # what config.toml holds
+    assert "cuda_graphs" not in saved["train"]
+    saved_before = saved | {"train": saved["train"] | {"cuda_graphs": False}}  # that release's config.toml
+    saved_asked = saved | {"train": saved["train"] | {"cuda_graphs": True}}
+    assert run_identity(saved) == run_identity(saved_before) != run_identity(saved_asked)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import tiny_config
+from conftest import refuse_capture, tiny_config
 from moglm.errors import MoglmError
 from moglm.runs.language_model import LanguageModelRun
 from moglm.train import Trainer, TrainingDiverged, TrainingInterrupted
@@ -210,10 +210,56 @@ def test_tensorboard_gets_hyperparameters_throughput_gradient_norm_and_learning_
     assert any(b"model.cell.rounds" in content for content in plugins.values())
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error a machine without CUDA gives")
-def test_cuda_graphs_on_cpu_are_refused_in_one_line(tiny_corpus, tmp_path):
-    from moglm.train.trainer import Trainer
+def test_cuda_graphs_asked_for_on_cpu_are_refused_in_one_line(tiny_corpus, tmp_path):
+    cfg = tiny_config(tiny_corpus, train={"cuda_graphs": True})  # the tiny config trains on the CPU
+    with pytest.raises(MoglmError, match=r"^train.cuda_graphs needs one CUDA device \(.*the device here is cpu\)$"):
+        _train(cfg, tmp_path / "run")
 
-    cfg = tiny_config(tiny_corpus, train={"cuda_graphs": True})
-    with pytest.raises(MoglmError, match="train.cuda_graphs needs one CUDA device"):
-        Trainer(cfg, tmp_path / "run", progress=False, log=lambda s: None).train()
+
+def test_auto_cuda_graphs_are_off_on_cpu_without_a_word(tiny_corpus, tmp_path):
+    lines: list[str] = []
+    trainer = Trainer(tiny_config(tiny_corpus, train={"max_steps": 2}), tmp_path / "run", progress=False,
+                      log=lines.append)
+    trainer.train()
+    assert trainer.engine.graphed is False and not any("CUDA graphs" in line for line in lines)
+
+
+def test_a_run_saved_with_cuda_graphs_false_resumes_under_auto(tiny_corpus, tmp_path):
+    """train.cuda_graphs was false by default before auto: a run directory of that release, whose config.toml
+    says false, is the same run as the auto config that resumes it; auto is not written (nor is false)."""
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 4})
+    assert cfg.train.cuda_graphs is None
+    _train(cfg, tmp_path / "run")
+    path = tmp_path / "run" / "config.toml"
+    assert "cuda_graphs" not in path.read_text()
+    path.write_text(path.read_text().replace("[train]\n", "[train]\ncuda_graphs = false\n"))
+    assert LanguageModelRun(tmp_path / "run").load_config().train.cuda_graphs is False
+    _train(cfg, tmp_path / "run")  # no "different config" error: it finds the run finished
+    _train(tiny_config(tiny_corpus, train={"max_steps": 4, "cuda_graphs": False}), tmp_path / "run")
+    with pytest.raises(MoglmError, match="different config .*train.cuda_graphs"):
+        _train(tiny_config(tiny_corpus, train={"max_steps": 4, "cuda_graphs": True}), tmp_path / "run")
+
+
+@pytest.mark.parametrize("asked", [None, True])
+def test_a_failed_capture_in_training_falls_back_with_one_line_and_the_weights_of_plain_training(
+        tiny_corpus, tmp_path, fake_cuda, monkeypatch, asked):
+    """With graphs on (a CUDA device faked), a capture that fails turns graphs off with one line through the
+    engine's log, and the steps and validations run ungraphed: the run ends with the weights of a run without."""
+    from moglm.recurrence import cuda_graphs
+
+    overrides = {"model": {"backend": "fused"}, "train": {"max_steps": 6}}
+    cfg = tiny_config(tiny_corpus, **overrides)
+    _train(cfg, tmp_path / "plain")
+    cuda = fake_cuda(refuse_capture)
+    real = cuda_graphs.resolve
+    monkeypatch.setattr(cuda_graphs, "resolve", lambda setting, device, *a: real(setting, "cuda", *a))
+    lines: list[str] = []
+    cfg = tiny_config(tiny_corpus, model=overrides["model"], train={**overrides["train"], "cuda_graphs": asked})
+    trainer = Trainer(cfg, tmp_path / "graphed", progress=False, log=lines.append)
+    trainer.train()
+    assert trainer.engine.graphed and cuda.captures == 1
+    graph_lines = [line for line in lines if "CUDA graphs" in line]
+    assert len(graph_lines) == 1 and "capturing a window failed (RuntimeError: CUDA error: operation" in graph_lines[0]
+    assert ("although they were asked for" in graph_lines[0]) == bool(asked)
+    plain, graphed = _weights(tmp_path / "plain"), _weights(tmp_path / "graphed")
+    assert plain.keys() == graphed.keys() and all(torch.equal(plain[k], graphed[k]) for k in plain)
