@@ -17,12 +17,12 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
-R=${RESULTS:-/tmp/gpu_results}
+R=${RESULTS:-gpu_results}  # relative: the JSON files record their out paths
 mkdir -p "$R" "$OUT"
-STAGES=${STAGES:-"setup tests round_kernels throughput profile dyneval epoch"}
+STAGES=${STAGES:-"setup throughput throughput_bf16 dyneval tests profile round_kernels epoch"}
 HIDDEN=${HIDDEN:-"650 1500"}
 BATCH=${BATCH:-"64 128"}
-PRECISION=${PRECISION:-"fp32 tf32 bf16"}
+PRECISION=${PRECISION:-"fp32 tf32"}  # bf16: its own stage, at B = 64
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 [ -d .devdata ] && export MOGLM_DATA=${MOGLM_DATA:-$PWD/.devdata}
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -44,19 +44,24 @@ stage() {  # stage NAME SECONDS COMMAND...: run if asked for, log to $R/NAME.log
 }
 flags() { local f=$1; shift; for v in "$@"; do printf ' %s %s' "$f" "$v"; done; }
 
-stage setup 30 bash -c 'nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, triton.__version__,
+MODELS=(--model torch.nn.LSTM --model "LSTM, CUDA graphs" --model "Mogrifier, CUDA graphs"
+        --model "multiplicative LSTM, CUDA graphs" --model "Mogrifier, CUDA graphs, step kernels")
+stage setup 20 bash -c 'nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, triton.__version__,
   torch.version.cuda, torch.cuda.get_device_name(), torch.backends.cudnn.version())"; python3 -c "import moglm.cli"'
-stage tests 150 python3 -m pytest -q -p no:cacheprovider --timeout 140 tests/recurrence/test_recurrence_cuda.py \
-  tests/recurrence/test_recurrence_cuda_graphs.py
-stage round_kernels 90 python3 benchmarks/round_kernels.py --out "$R/round_kernels_cuda.json"
 # shellcheck disable=SC2046
-stage throughput 240 python3 -m moglm bench throughput --device cuda $(flags --hidden-size $HIDDEN) \
-  $(flags --batch-size $BATCH) $(flags --precision $PRECISION) --repeats 5 --epoch-steps 0 \
+stage throughput 150 python3 -m moglm bench throughput --device cuda $(flags --hidden-size $HIDDEN) \
+  $(flags --batch-size $BATCH) $(flags --precision $PRECISION) "${MODELS[@]}" --repeats 3 --epoch-steps 0 \
   --out "$R/throughput_cuda.json"
-stage profile 60 python3 benchmarks/profile_fused.py --device cuda --hidden-size 650 --batch-size 64 --passes 3 \
-  --models "torch.nn.LSTM" "Mogrifier, CUDA graphs" "Mogrifier, CUDA graphs, step kernels" \
+# shellcheck disable=SC2046
+stage throughput_bf16 60 python3 -m moglm bench throughput --device cuda $(flags --hidden-size $HIDDEN) \
+  --batch-size 64 --precision bf16 "${MODELS[@]}" --repeats 3 --epoch-steps 0 --out "$R/throughput_cuda_bf16.json"
+stage dyneval 75 python3 benchmarks/dyneval_cost.py --device cuda --tokens 3000 --out "$R/dyneval_cost_cuda.json"
+stage tests 100 python3 -m pytest -q -p no:cacheprovider --timeout 60 tests/recurrence/test_recurrence_cuda.py \
+  tests/recurrence/test_recurrence_cuda_graphs.py -k "not papers_sizes or zigzag-tf32"
+stage profile 40 python3 benchmarks/profile_fused.py --device cuda --hidden-size 650 --batch-size 64 --passes 3 \
+  --precision tf32 --models "Mogrifier, CUDA graphs" "Mogrifier, CUDA graphs, step kernels" \
   --out "$R/profile_fused_cuda.json"
-stage dyneval 100 python3 benchmarks/dyneval_cost.py --device cuda --tokens 5000 --out "$R/dyneval_cost_cuda.json"
+stage round_kernels 45 python3 benchmarks/round_kernels.py --precision tf32 --out "$R/round_kernels_cuda.json"
 stage epoch 60 python3 -m moglm bench epoch ptb-word-mogrifier-paper --device cuda --steps 30 \
   --out "$R/epoch_cuda.json"
 echo "== done"
