@@ -24,9 +24,8 @@ def run_compression(run_dir: Path, file: Path, settings: dict | None, block_size
     with the run (``settings``: adapt while coding, as ``moglm compress --dynamic`` records them; None: static),
     ``block_size`` bytes per block and ``threads`` torch threads."""
     from ..compression import compress, decompress
-    from ..compression.run import adapter_from_settings
+    from ..compression.run import adapter_from_settings, coding_model
     from ..recurrence.compiled import info
-    from ..runs.language_model import load_run
 
     if not file.is_file():  # a corpus file named as the configs name them, looked up under $MOGLM_DATA too
         from ..data.corpus import resolve_path
@@ -35,24 +34,24 @@ def run_compression(run_dir: Path, file: Path, settings: dict | None, block_size
         if not file.is_file():
             raise MoglmError(f"{file}: not a file")
     data = file.read_bytes()
-    run = load_run(run_dir, checkpoint, "cpu")
+    model, vocab, factor = coding_model(run_dir, checkpoint, (settings or {}).get("from_scratch"))
     adapter = None
     if settings is not None:
-        adapter = adapter_from_settings(run_dir, run.model, checkpoint, run.temperature, settings)
-    blob, report = compress(data, run.model, run.vocab, factor=run.temperature, adapter=adapter, settings=settings,
+        adapter = adapter_from_settings(run_dir, model, checkpoint, factor, settings)
+    blob, report = compress(data, model, vocab, factor=factor, adapter=adapter, settings=settings,
                             block_size=block_size, threads=threads, progress=progress)
     log(f"compressed: {report.summary()}")
     start, cpu = time.perf_counter(), time.process_time()
-    restored = decompress(blob, run.model, run.vocab, progress=progress,
-                          adapter_for=lambda header: adapter_from_settings(run_dir, run.model, checkpoint,
-                                                                           run.temperature, header["adapt"]))
+    restored = decompress(blob, model, vocab, progress=progress,
+                          adapter_for=lambda header: adapter_from_settings(run_dir, model, checkpoint, factor,
+                                                                           header["adapt"]))
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
     if restored != data:  # decompress checks the SHA-256 itself; this is the benchmark's own check
         raise MoglmError("the round trip did not restore the file")
     baselines = {"gzip -9": len(gzip.compress(data, 9, mtime=0)), "bzip2 -9": len(bz2.compress(data, 9)),
                  "xz -9": len(lzma.compress(data, preset=9))}
-    result = {"file": file.name, "run": run_dir.name, "architecture": run.model.architecture,
-              "parameters": sum(p.numel() for p in run.model.parameters()), "dynamic": settings,
+    result = {"file": file.name, "run": run_dir.name, "architecture": model.architecture,
+              "parameters": sum(p.numel() for p in model.parameters()), "dynamic": settings,
               "block_size": block_size,
               **report.as_dict(), "decompress_seconds": seconds,
               "decompress_cpu_seconds": cpu_seconds,
@@ -76,14 +75,22 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     for name, size in first["baselines"].items():
         lines.append(f"| {name} | | {size:,} | {8 * size / first['original_bytes']:.3f} | | | | |")
     for r in rows:
-        label = f"moglm compress --block-size {r['block_size']}" + (
-            "" if r["dynamic"] is None else f" --dynamic ({r['dynamic']['hyperparameters']['rule']})")
+        label = f"moglm compress --block-size {r['block_size']}" + _adaptation(r["dynamic"])
         lines.append(f"| {label} | {r['blocks']} ({r['raw_blocks']}) | {r['compressed_bytes']:,} | "
                      f"{r['bits_per_byte']:.3f} | {r['model_bits_per_token']:.4f} | "
                      f"{100 * r['coding_overhead']:+.3f}% | "
                      f"{r['kilobytes_per_second']:.2f}, {_per_cpu(r, r['cpu_seconds'])} | "
                      f"{r['decompress_kilobytes_per_second']:.2f}, {_per_cpu(r, r['decompress_cpu_seconds'])} |")
     return "\n".join(lines)
+
+
+def _adaptation(settings: dict | None) -> str:
+    if settings is None:
+        return ""
+    hp = settings["hyperparameters"]
+    if settings.get("from_scratch") is not None:
+        return f" --from-scratch {settings['from_scratch']} ({hp['rule']}, lr {hp['lr']:g})"
+    return f" --dynamic ({hp['rule']})"
 
 
 def _per_cpu(row: dict[str, Any], cpu_seconds: float) -> str:

@@ -245,6 +245,8 @@ def compress(
     dynamic: bool = typer.Option(False, help="Also compress with dynamic evaluation (a second row)."),
     rule: Optional[UpdateRule] = typer.Option(None, help="Update rule of the adaptation."),
     adapt_learning_rate: Optional[float] = typer.Option(None, help="Learning rate of the adaptation."),
+    from_scratch: Optional[int] = typer.Option(None, min=0, metavar="SEED", help="Also compress from weights drawn "
+                                               "afresh with this seed, learning while coding (another row)."),
     block_size: list[int] = typer.Option([], help="Bytes per block, one row (two with --dynamic) each: 0 4096 "
                                          "puts one stream beside blocks (default: moglm compress's)."),
     threads: Optional[int] = typer.Option(None, min=1, help="Torch threads (default: moglm compress's)."),
@@ -254,16 +256,17 @@ def compress(
     """Compress and decompress a file with a run: size against the model's cross-entropy, gzip -9, bzip2 -9
     and xz -9, and the speed in KB/s of both directions."""
     out = out or default_out("compression.json")  # read at call time: $MOGLM_BENCH_DIR may change
-    from ..compression.run import dynamic_settings
+    from ..compression.run import dynamic_settings, scratch_settings
     from ..bench import command_line, write_report
     from ..bench.compression import markdown_table, run_compression
 
     from ..compression.container import BLOCK_SIZE, THREADS
 
-    adapting = dynamic or rule is not None or adapt_learning_rate is not None
-    settings = dynamic_settings(run_dir, rule, adapt_learning_rate) if adapting else None
+    adapting = dynamic or (from_scratch is None and (rule is not None or adapt_learning_rate is not None))
+    ways = [None] + ([dynamic_settings(run_dir, rule, adapt_learning_rate)] if adapting else []) + (
+        [scratch_settings(from_scratch, rule, adapt_learning_rate)] if from_scratch is not None else [])
     rows = [run_compression(run_dir, file, each, size, threads or THREADS, progress=progress, log=typer.echo)
-            for size in block_size or [BLOCK_SIZE] for each in [None] + ([settings] if adapting else [])]
+            for size in block_size or [BLOCK_SIZE] for each in ways]
     write_report({"command": command_line(), "rows": rows}, out)
     typer.echo(markdown_table(rows))
     typer.echo(f"written to {out}")

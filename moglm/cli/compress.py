@@ -12,12 +12,6 @@ from .common import Checkpoint, UpdateRule
 from ..errors import MoglmError
 
 
-def _load(run_dir: Path, checkpoint: str):
-    from ..runs.language_model import load_run
-
-    return load_run(run_dir, checkpoint, "cpu")
-
-
 def _read(path: Path) -> bytes:
     if not path.is_file():
         raise MoglmError(f"{path}: no such file")
@@ -40,6 +34,10 @@ def compress(
     rule: Optional[UpdateRule] = typer.Option(None, help="Update rule of the adaptation (default: as --dynamic)."),
     adapt_learning_rate: Optional[float] = typer.Option(
         None, help="Learning rate of the adaptation (default: the rule's; implies --dynamic)."),
+    from_scratch: Optional[int] = typer.Option(
+        None, min=0, metavar="SEED", help="Code with the run's architecture and vocabulary but weights drawn "
+        "afresh with this seed, learning the file while coding it (for files large enough to learn from; rule "
+        "rmsprop at 1e-3 unless given; implies --dynamic)."),
     block_size: Optional[int] = typer.Option(
         None, min=0, help="Bytes per block, about: the blocks are coded side by side as one batch of streams "
         "(default 4096; 0: the whole file as one block)."),
@@ -53,24 +51,26 @@ def compress(
     """Compress a file losslessly with a trained run's predictions (range coding; thesis 2.1.2)."""
     from ..compression import container
     from ..compression.layout import Layout, coverage_warning
-    from ..compression.run import adapter_from_settings, dynamic_settings
+    from ..compression.run import adapter_from_settings, coding_model, dynamic_settings, scratch_settings
 
     data = _read(file)
     target = container.output_path(file, output, compressing=True)
     check_free(target, force)
     if report is not None:
         check_free(report, True)  # a folder, or a path through a file, is refused before the work
-    run = _load(run_dir, checkpoint)
-    layout = Layout.of(run.vocab)  # a word-level run is refused before any statistics are collected
+    settings = None if from_scratch is None else scratch_settings(from_scratch, rule, adapt_learning_rate)
+    model, vocab, factor = coding_model(run_dir, checkpoint, from_scratch)
+    layout = Layout.of(vocab)  # a word-level run is refused before any statistics are collected
     warning = coverage_warning(layout, data, str(file))
     if warning:
         typer.echo(warning, err=True)
-    adapter = settings = None
-    if dynamic or rule is not None or adapt_learning_rate is not None:
+    adapter = None
+    if settings is None and (dynamic or rule is not None or adapt_learning_rate is not None):
         settings = dynamic_settings(run_dir, rule, adapt_learning_rate)
-        adapter = adapter_from_settings(run_dir, run.model, checkpoint, run.temperature, settings)
+    if settings is not None:
+        adapter = adapter_from_settings(run_dir, model, checkpoint, factor, settings)
     options = {k: v for k, v in (("block_size", block_size), ("threads", threads)) if v is not None}
-    blob, result = container.compress(data, run.model, run.vocab, factor=run.temperature, adapter=adapter,
+    blob, result = container.compress(data, model, vocab, factor=factor, adapter=adapter,
                                       settings=settings, progress=progress, **options)
     _write(target, blob, force)
     typer.echo(f"{file} -> {target}: {result.summary()}")
@@ -98,18 +98,18 @@ def decompress(
     import time
 
     from ..compression import container
-    from ..compression.run import adapter_from_settings
+    from ..compression.run import adapter_from_settings, coding_model
 
     blob = _read(file)
     target = container.output_path(file, output, compressing=False)
     check_free(target, force)
     header, _ = container.read_header(blob, str(file))  # a damaged file fails before the model loads
     container.check_settings(header, str(file), dynamic=dynamic, block_size=block_size)
-    run = _load(run_dir, checkpoint)
+    model, vocab, _ = coding_model(run_dir, checkpoint, container.scratch_seed(header))
     start = time.perf_counter()
     data = container.decompress(
-        blob, run.model, run.vocab, name=str(file), progress=progress,
-        adapter_for=lambda header: adapter_from_settings(run_dir, run.model, checkpoint, float(header["factor"]),
+        blob, model, vocab, name=str(file), progress=progress,
+        adapter_for=lambda header: adapter_from_settings(run_dir, model, checkpoint, float(header["factor"]),
                                                          header["adapt"]))
     _write(target, data, force)
     seconds = time.perf_counter() - start

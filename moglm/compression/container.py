@@ -326,6 +326,14 @@ def check_settings(header: dict[str, Any], name: str = "the file", *, dynamic: b
                          "header decides how it decodes (drop --block-size)")
 
 
+def scratch_seed(header: dict[str, Any], name: str = "the file") -> int | None:
+    """The seed of a file coded ``--from-scratch`` (its weights drawn afresh), else ``None``."""
+    seed = (header["adapt"] or {}).get("from_scratch")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise MoglmError(f"{name}: its header's from-scratch seed is not a seed ({seed!r}): damaged or forged")
+    return seed
+
+
 def decompress(blob: bytes, model, vocab, *, adapter_for: Callable[[dict], Any] | None = None,
                name: str = "the file", progress: bool = True) -> bytes:
     """The original bytes of a container made by :func:`compress` with this ``model``. ``adapter_for``:

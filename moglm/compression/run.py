@@ -1,5 +1,9 @@
 """Dynamic evaluation while coding, for a run directory: the settings a compressed file records and the
-adapter they rebuild on either side (the same code for ``moglm compress``, ``decompress`` and the benchmark)."""
+adapter they rebuild on either side (the same code for ``moglm compress``, ``decompress`` and the benchmark).
+
+``--from-scratch SEED`` codes with the run's architecture and vocabulary but freshly initialised weights,
+learning the file while coding it as NNCP does: the seed goes in the header, so the decoder draws the same
+weights (and checks them against the header's digest) and replays the same updates."""
 
 from __future__ import annotations
 
@@ -37,3 +41,37 @@ def adapter_from_settings(run_dir: Path, model, checkpoint: str, factor: float, 
         raise MoglmError(f"unreadable dynamic-evaluation settings ({e})") from None
     return run_adapter(LanguageModelRun(run_dir), model, hp, statistics, checkpoint, factor,
                        purpose="compression with dynamic evaluation")
+
+
+#: ``--from-scratch``'s rule unless one is given: RMSprop's running mean square needs no training statistics,
+#: and it has no decay pulling the weights back to random ones
+SCRATCH_RULE = "rmsprop"
+#: and its learning rate: 10x the rule's default for trained weights, which are already close to good ones
+SCRATCH_LR = 1e-3
+
+
+def scratch_settings(seed: int, rule: str | None = None, lr: float | None = None) -> dict:
+    """The settings of ``moglm compress --from-scratch SEED`` (recorded in the header, ``from_scratch``:
+    the seed): :data:`SCRATCH_RULE` at :data:`SCRATCH_LR` unless ``rule`` / ``lr`` are given; the run's own
+    dynamic-evaluation settings are for its trained weights and are not read."""
+    from ..dynamic_evaluation import Hyperparameters, StatisticsSettings
+    from ..dynamic_evaluation.update_rules import uses_rms
+
+    if rule is not None and uses_rms(rule):
+        raise MoglmError(f"--from-scratch learns without training statistics, which --rule {rule} divides by: "
+                         "use rmsprop, sgd or sgd-momentum")
+    chosen = rule or SCRATCH_RULE
+    hp = Hyperparameters(rule=chosen, lr=lr if lr is not None else SCRATCH_LR if chosen == SCRATCH_RULE else None)
+    return {"hyperparameters": hp.as_dict(), "statistics": vars(StatisticsSettings()), "from_scratch": seed}
+
+
+def coding_model(run_dir: Path, checkpoint: str, seed: int | None):
+    """``(model, vocab, logit factor)`` that codes a file: the run's checkpoint, or with ``seed`` the run's
+    architecture initialised afresh (factor 1)."""
+    from ..runs.language_model import LanguageModelRun, load_run
+
+    if seed is None:
+        run = load_run(run_dir, checkpoint, "cpu")
+        return run.model, run.vocab, run.temperature
+    model, vocab = LanguageModelRun(run_dir).fresh_model(seed)
+    return model, vocab, 1.0

@@ -77,6 +77,15 @@ class LanguageModelRun(RunDirectory):
         model = build_model(config.model, len(vocab), self.model_info()["hidden_size"])
         return self.load_weights(model, which).to(device), config, vocab
 
+    def fresh_model(self, seed: int) -> tuple[LanguageModel, Vocabulary]:
+        """The run's architecture and vocabulary with none of its weights: the model initialised as training
+        initialises it, from torch's generator seeded with ``seed`` (the global generator left as it was)."""
+        config, vocab = self.load_config(), self.load_vocab()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = build_model(config.model, len(vocab), self.model_info()["hidden_size"])
+        return model.eval(), vocab
+
 
 @dataclass
 class TrainedRun:

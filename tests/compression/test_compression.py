@@ -299,3 +299,37 @@ def forged(blob: bytes, table=None, **fields) -> bytes:
     encoded = json.dumps(header, separators=(",", ":")).encode()
     head = _PREFIX.pack(magic, version, len(encoded)) + encoded + b"".join(_ENTRY.pack(*e) for e in entries)
     return head + _CRC.pack(zlib.crc32(head)) + blob[end + _CRC.size :]
+
+
+def test_from_scratch_codes_with_weights_drawn_from_its_seed_and_the_decoder_draws_them_again(char_run, tmp_path,
+                                                                                               capsys):
+    """NNCP's way: the run's architecture and vocabulary, weights initialised afresh from the seed in the header,
+    learnt while coding; the decoder rebuilds the same weights (the header's digest checks them) and replays."""
+    import json
+
+    from moglm.compression import run_digest
+    from moglm.runs.language_model import LanguageModelRun
+
+    source = tmp_path / "text.txt"
+    source.write_bytes(TEXT * 2)
+    packed = tmp_path / "scratch.moglm"
+    assert main(["compress", str(char_run), str(source), "-o", str(packed), "--from-scratch", "5",
+                 "--no-progress"]) == 0
+    header = read_header(packed.read_bytes())[0]
+    assert header["adapt"]["from_scratch"] == 5
+    assert (header["adapt"]["hyperparameters"]["rule"], header["adapt"]["hyperparameters"]["lr"]) == ("rmsprop", 1e-3)
+    trained, fresh = load_run(char_run), LanguageModelRun(char_run).fresh_model(5)
+    assert header["run"] == run_digest(*fresh) != run_digest(trained.model, trained.vocab)
+    assert run_digest(*LanguageModelRun(char_run).fresh_model(6)) != header["run"]  # another seed, other weights
+    assert main(["decompress", str(char_run), str(packed), "-o", str(tmp_path / "back.txt"), "--no-progress"]) == 0
+    assert (tmp_path / "back.txt").read_bytes() == source.read_bytes()
+    capsys.readouterr()
+    err = _error(capsys, ["compress", str(char_run), str(source), "-o", str(tmp_path / "x.moglm"), "--from-scratch",
+                          "5", "--rule", "rms-rmsdecay", "--no-progress"])
+    assert err.startswith("error: --from-scratch learns without training statistics")
+    out = tmp_path / "bench.json"
+    assert main(["bench", "compress", str(char_run), str(source), "--from-scratch", "5", "--block-size", "256",
+                 "--no-progress", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["dynamic"] is None for r in rows] == [True, False] and rows[1]["dynamic"]["from_scratch"] == 5
+    assert "--from-scratch 5 (rmsprop, lr 0.001)" in capsys.readouterr().out
