@@ -4,8 +4,8 @@
 # round kernels timed per step, `moglm bench throughput --device cuda` over precisions and batch sizes,
 # the torch.profiler profile, dynamic evaluation's cost, and an epoch of the paper's PTB Mogrifier with the
 # default settings. Every stage has its own time limit, so that one stuck stage leaves the others' results;
-# each writes its log and JSON under $RESULTS (default /tmp/gpu_results), and all of them are packed into
-# $OUT/gpu_results.tgz (default OUT: benchmarks/results) after each stage.
+# each writes its log and JSON under $RESULTS (default benchmarks/results/cuda/<gpu>/, e.g. h200), and all of
+# them are packed into $OUT/gpu_results.tgz (default OUT: benchmarks/results) after each stage.
 #
 #   bash benchmarks/gpu_checks.sh                          # everything
 #   STAGES="tests round_kernels" bash benchmarks/gpu_checks.sh   # some stages only
@@ -17,7 +17,10 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
-R=${RESULTS:-gpu_results}  # relative: the JSON files record their out paths
+# the GPU's name as a folder: "NVIDIA H200" -> h200, "NVIDIA H100 80GB HBM3" -> h100-80gb-hbm3
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | tr '[:upper:] ' '[:lower:]-' \
+  | sed 's/^nvidia-//')
+R=${RESULTS:-benchmarks/results/cuda/${GPU:-unknown-gpu}}  # relative: the JSON files record their out paths
 mkdir -p "$R" "$OUT"
 STAGES=${STAGES:-"setup throughput throughput_bf16 dyneval tests profile round_kernels epoch"}
 HIDDEN=${HIDDEN:-"650 1500"}

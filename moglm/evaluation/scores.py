@@ -94,10 +94,15 @@ class Scores:
         score = in_unit(self.xent, level)
         if unit_for(level) == "perplexity":
             score = f"{score} (xent {self.xent:.4f})"
-        # a byte model's own unit is bits per byte, unless its text was rewritten (data.detokenize): then the bytes
-        # of the original text, the shared denominator, differ from the bytes it reads
-        own = level == "byte" and self.bytes == self.tokens
-        return f"{score}, {self.bits_per_byte:.4f} bits/byte" if self.bytes and not own else score
+        return f"{score}, {self.bits_per_byte:.4f} bits/byte" if adds_bits_per_byte(level, self.tokens, self.bytes) \
+            else score
+
+
+def adds_bits_per_byte(level: str, tokens: int | None, text_bytes: int | None) -> bool:
+    """Whether a headline adds bits per byte: the text's bytes are known, and they are not the tokens scored
+    (a byte model's own unit is bits per byte, unless its text was rewritten by ``data.detokenize``: then
+    the bytes of the original text, the shared denominator, differ from the bytes it reads)."""
+    return bool(text_bytes) and not (level == "byte" and text_bytes == tokens)
 
 
 def scored(nll: float, predictions: int, tokens: int, text: TextSize | None) -> Scores:

@@ -8,7 +8,7 @@ import math
 from typing import Any, Callable
 
 from ..evaluation.mc_dropout import evaluate_mc_dropout
-from ..evaluation.scores import Scores, in_unit
+from ..evaluation.scores import Scores, adds_bits_per_byte, in_unit
 from ..evaluation.stream import evaluate_episodes, evaluate_stream
 from ..evaluation.temperature import search_temperature
 from ..progress import above_bars
@@ -149,7 +149,7 @@ def headline(results: dict[str, Any], split: str = "valid") -> str:
     are known."""
     s = results["splits"][split]
     level = results.get("level", "char")
-    own = level == "byte" and s.get("bytes") == s.get("tokens")  # a byte model of the text as it is
-    bpb = f" ({s['bits_per_byte']:.4f} bits per byte)" if "bits_per_byte" in s and not own else ""
+    shown = "bits_per_byte" in s and adds_bits_per_byte(level, s.get("tokens"), s.get("bytes"))
+    bpb = f" ({s['bits_per_byte']:.4f} bits per byte)" if shown else ""
     return f"{split} {in_unit(s['xent'], level)}{bpb}"
 
