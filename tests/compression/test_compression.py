@@ -333,3 +333,32 @@ def test_from_scratch_codes_with_weights_drawn_from_its_seed_and_the_decoder_dra
     rows = json.loads(out.read_text())["rows"]
     assert [r["dynamic"] is None for r in rows] == [True, False] and rows[1]["dynamic"]["from_scratch"] == 5
     assert "--from-scratch 5 (rmsprop, lr 0.001)" in capsys.readouterr().out
+
+
+def test_the_compression_search_scores_every_learning_rate_both_ways(char_run, tmp_path):
+    """benchmarks/compression_search.py: one row per setting, the run's weights and from scratch, sizes that
+    are moglm compress's own."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "compression_search.py"
+    spec = importlib.util.spec_from_file_location("compression_search", path)
+    search = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(search)
+    source = tmp_path / "text.txt"
+    source.write_bytes(TEXT)
+    out = tmp_path / "search.json"
+    search.main([str(char_run), str(source), "--lr", "0.001", "0.01", "--scratch-lr", "0.003", "--seed", "2",
+                 "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert [(r["weights"], r["rule"], r["lr"]) for r in report["rows"]] == [
+        ("run's weights", "rms-rmsdecay", 0.001), ("run's weights", "rms-rmsdecay", 0.01),
+        ("from scratch (seed 2)", "rmsprop", 0.003)]
+    assert report["bytes"] == len(TEXT) and report["xz -9"] > 0
+    assert all(r["compressed_bytes"] > 0 and r["bits_per_byte"] == 8 * r["compressed_bytes"] / len(TEXT)
+               for r in report["rows"])
+    # the row of the run's weights at 0.01 is moglm compress's own size with those settings
+    assert main(["compress", str(char_run), str(source), "-o", str(tmp_path / "c.moglm"), "--dynamic",
+                 "--adapt-learning-rate", "0.01", "--no-progress"]) == 0
+    assert (tmp_path / "c.moglm").stat().st_size == report["rows"][1]["compressed_bytes"]

@@ -1,0 +1,70 @@
+"""The adaptation's learning rate searched for compression on held-out text: ``moglm compress --dynamic`` (the
+run's weights, rule rms-rmsdecay) and ``--from-scratch`` (fresh weights, rule rmsprop) at each learning rate,
+bits per byte of the coded file against xz -9's.
+
+    cat /usr/share/vim/vim90/doc/usr_0[6-8].txt > vim-usr-06-08.txt    # tuning text; 01-05 is the test text
+    python benchmarks/compression_search.py experiments/cpu/runs/wikitext-2-byte-s1 vim-usr-06-08.txt \\
+        --out benchmarks/results/compression_search.json                  # ~15 minutes on one core
+
+Each setting compresses the file once (blocks of 4096 bytes, one thread, as ``moglm compress`` does by
+default); the coded size is the search's score, so nothing is decompressed (``moglm bench compress`` checks
+the round trip of the setting chosen). Writes JSON and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import lzma
+from pathlib import Path
+
+from moglm.bench import command_line, write_report
+from moglm.compression import compress
+from moglm.compression.run import adapter_from_settings, coding_model, dynamic_settings, scratch_settings
+
+RUN_LRS = [3e-4, 1e-3, 2e-3, 3e-3, 5e-3, 7e-3, 1e-2]
+SCRATCH_LRS = [1e-3, 3e-3, 1e-2, 3e-2]
+
+
+def measure(run_dir: Path, file: Path, run_lrs, scratch_lrs, seed: int, log=print) -> list[dict]:
+    data = file.read_bytes()
+    ways = [("run's weights", dynamic_settings(run_dir, None, lr)) for lr in run_lrs]
+    ways += [(f"from scratch (seed {seed})", scratch_settings(seed, None, lr)) for lr in scratch_lrs]
+    rows = []
+    for name, settings in ways:
+        model, vocab, factor = coding_model(run_dir, "best", settings.get("from_scratch"))
+        adapter = adapter_from_settings(run_dir, model, "best", factor, settings)
+        _, report = compress(data, model, vocab, factor=factor, adapter=adapter, settings=settings, progress=False)
+        hp = settings["hyperparameters"]
+        rows.append({"weights": name, "rule": hp["rule"], "lr": hp["lr"], "compressed_bytes": report.compressed_bytes,
+                     "bits_per_byte": 8 * report.compressed_bytes / len(data), "seconds": report.seconds})
+        log(f"{name}, {hp['rule']} lr {hp['lr']:g}: {report.compressed_bytes:,} bytes")
+    return rows
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path)
+    parser.add_argument("file", type=Path)
+    parser.add_argument("--lr", type=float, nargs="+", default=RUN_LRS, help="--dynamic's learning rates")
+    parser.add_argument("--scratch-lr", type=float, nargs="*", default=SCRATCH_LRS,
+                        help="--from-scratch's learning rates (none: skip)")
+    parser.add_argument("--seed", type=int, default=1, help="--from-scratch's seed")
+    parser.add_argument("--out", default="compression_search.json")
+    args = parser.parse_args(argv)
+    data = args.file.read_bytes()
+    xz = len(lzma.compress(data, preset=9))
+    rows = measure(args.run, args.file, args.lr, args.scratch_lr, args.seed)
+    report = {"command": command_line(), "file": args.file.name, "bytes": len(data), "run": args.run.name,
+              "xz -9": xz, "rows": rows}
+    write_report(report, args.out)
+    print(f"`{args.file.name}` ({len(data):,} bytes), xz -9 {xz:,} bytes ({8 * xz / len(data):.3f} bits per byte)\n")
+    print("| weights | rule | lr | bytes | bits per byte | against xz -9 |\n| --- | --- | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        print(f"| {r['weights']} | {r['rule']} | {r['lr']:g} | {r['compressed_bytes']:,} | {r['bits_per_byte']:.3f} | "
+              f"{100 * (r['compressed_bytes'] / xz - 1):+.1f}% |")
+    print(f"written to {args.out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
