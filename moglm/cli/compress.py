@@ -38,7 +38,7 @@ def compress(
     from_scratch: Optional[int] = typer.Option(
         None, min=0, metavar="SEED", help="Code with the run's architecture and vocabulary but weights drawn "
         "afresh with this seed, learning the file while coding it (for files large enough to learn from; rule "
-        "rmsprop at 1e-3 unless given; implies --dynamic)."),
+        "rmsprop at 1e-2 unless given; implies --dynamic)."),
     block_size: Optional[int] = typer.Option(
         None, min=0, help="Bytes per block, about: the blocks are coded side by side as one batch of streams "
         "(default 4096; 0: the whole file as one block)."),

@@ -55,8 +55,9 @@ def adapter_from_settings(run_dir: Path, model, checkpoint: str, factor: float, 
 #: ``--from-scratch``'s rule unless one is given: RMSprop's running mean square needs no training statistics,
 #: and it has no decay pulling the weights back to random ones
 SCRATCH_RULE = "rmsprop"
-#: and its learning rate: 10x the rule's default for trained weights, which are already close to good ones
-SCRATCH_LR = 1e-3
+#: and its learning rate: the best of 1e-3 .. 3e-2 coding held-out English from fresh weights (3e-2 diverged;
+#: docs/guides/compression.md), 100x the rule's default for trained weights, which are close to good ones
+SCRATCH_LR = 1e-2
 
 
 def scratch_settings(seed: int, rule: str | None = None, lr: float | None = None) -> dict:

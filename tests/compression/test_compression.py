@@ -317,7 +317,7 @@ def test_from_scratch_codes_with_weights_drawn_from_its_seed_and_the_decoder_dra
                  "--no-progress"]) == 0
     header = read_header(packed.read_bytes())[0]
     assert header["adapt"]["from_scratch"] == 5
-    assert (header["adapt"]["hyperparameters"]["rule"], header["adapt"]["hyperparameters"]["lr"]) == ("rmsprop", 1e-3)
+    assert (header["adapt"]["hyperparameters"]["rule"], header["adapt"]["hyperparameters"]["lr"]) == ("rmsprop", 1e-2)
     trained, fresh = load_run(char_run), LanguageModelRun(char_run).fresh_model(5)
     assert header["run"] == run_digest(*fresh) != run_digest(trained.model, trained.vocab)
     assert run_digest(*LanguageModelRun(char_run).fresh_model(6)) != header["run"]  # another seed, other weights
@@ -332,7 +332,7 @@ def test_from_scratch_codes_with_weights_drawn_from_its_seed_and_the_decoder_dra
                  "--no-progress", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["dynamic"] is None for r in rows] == [True, False] and rows[1]["dynamic"]["from_scratch"] == 5
-    assert "--from-scratch 5 (rmsprop, lr 0.001)" in capsys.readouterr().out
+    assert "--from-scratch 5 (rmsprop, lr 0.01)" in capsys.readouterr().out
 
 
 def test_the_compression_search_scores_every_learning_rate_both_ways(char_run, tmp_path):
