@@ -25,9 +25,19 @@ RUN_LRS = [3e-4, 1e-3, 2e-3, 3e-3, 5e-3, 7e-3, 1e-2]
 SCRATCH_LRS = [1e-3, 3e-3, 1e-2, 3e-2]
 
 
-def measure(run_dir: Path, file: Path, run_lrs, scratch_lrs, seed: int, log=print) -> list[dict]:
+def _with(settings: dict, **changes) -> dict:
+    """``settings`` with hyperparameters changed (None: kept)."""
+    from moglm.dynamic_evaluation import Hyperparameters
+
+    hp = Hyperparameters(**settings["hyperparameters"]).with_(**{k: v for k, v in changes.items() if v is not None})
+    return {**settings, "hyperparameters": hp.as_dict()}
+
+
+def measure(run_dir: Path, file: Path, run_lrs, scratch_lrs, seed: int, decays=(None,), segments=(None,),
+            log=print) -> list[dict]:
     data = file.read_bytes()
-    ways = [("run's weights", dynamic_settings(run_dir, None, lr)) for lr in run_lrs]
+    ways = [("run's weights", _with(dynamic_settings(run_dir, None, lr), decay=decay, segment_length=n))
+            for lr in run_lrs for decay in decays for n in segments]
     ways += [(f"from scratch (seed {seed})", scratch_settings(seed, None, lr)) for lr in scratch_lrs]
     rows = []
     for name, settings in ways:
@@ -35,9 +45,11 @@ def measure(run_dir: Path, file: Path, run_lrs, scratch_lrs, seed: int, log=prin
         adapter = adapter_from_settings(run_dir, model, "best", factor, settings)
         _, report = compress(data, model, vocab, factor=factor, adapter=adapter, settings=settings, progress=False)
         hp = settings["hyperparameters"]
-        rows.append({"weights": name, "rule": hp["rule"], "lr": hp["lr"], "compressed_bytes": report.compressed_bytes,
+        rows.append({"weights": name, "rule": hp["rule"], "lr": hp["lr"], "decay": hp.get("decay"),
+                     "segment_length": hp["segment_length"], "compressed_bytes": report.compressed_bytes,
                      "bits_per_byte": 8 * report.compressed_bytes / len(data), "seconds": report.seconds})
-        log(f"{name}, {hp['rule']} lr {hp['lr']:g}: {report.compressed_bytes:,} bytes")
+        log(f"{name}, {hp['rule']} lr {hp['lr']:g} decay {hp.get('decay', '-')} n {hp['segment_length']}: "
+            f"{report.compressed_bytes:,} bytes")
     return rows
 
 
@@ -49,19 +61,25 @@ def main(argv=None) -> dict:
     parser.add_argument("--scratch-lr", type=float, nargs="*", default=SCRATCH_LRS,
                         help="--from-scratch's learning rates (none: skip)")
     parser.add_argument("--seed", type=int, default=1, help="--from-scratch's seed")
+    parser.add_argument("--decay", type=float, nargs="+", default=[None],
+                        help="--dynamic's decays towards the trained weights (default: the rule's)")
+    parser.add_argument("--segment-length", type=int, nargs="+", default=[None],
+                        help="--dynamic's segment lengths (default: 20)")
     parser.add_argument("--out", default="compression_search.json")
     args = parser.parse_args(argv)
     data = args.file.read_bytes()
     xz = len(lzma.compress(data, preset=9))
-    rows = measure(args.run, args.file, args.lr, args.scratch_lr, args.seed)
+    rows = measure(args.run, args.file, args.lr, args.scratch_lr, args.seed, args.decay, args.segment_length)
     report = {"command": command_line(), "file": args.file.name, "bytes": len(data), "run": args.run.name,
               "xz -9": xz, "rows": rows}
     write_report(report, args.out)
     print(f"`{args.file.name}` ({len(data):,} bytes), xz -9 {xz:,} bytes ({8 * xz / len(data):.3f} bits per byte)\n")
-    print("| weights | rule | lr | bytes | bits per byte | against xz -9 |\n| --- | --- | ---: | ---: | ---: | ---: |")
+    print("| weights | rule | lr | decay | n | bytes | bits per byte | against xz -9 |\n"
+          "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        print(f"| {r['weights']} | {r['rule']} | {r['lr']:g} | {r['compressed_bytes']:,} | {r['bits_per_byte']:.3f} | "
-              f"{100 * (r['compressed_bytes'] / xz - 1):+.1f}% |")
+        decay = "-" if r["decay"] is None else f"{r['decay']:g}"
+        print(f"| {r['weights']} | {r['rule']} | {r['lr']:g} | {decay} | {r['segment_length']} | "
+              f"{r['compressed_bytes']:,} | {r['bits_per_byte']:.3f} | {100 * (r['compressed_bytes'] / xz - 1):+.1f}% |")
     print(f"written to {args.out}")
     return report
 

@@ -12,23 +12,25 @@ from pathlib import Path
 from ..errors import MoglmError
 
 
-#: ``moglm compress --dynamic``'s learning rate (rule rms-rmsdecay) where the run has no dynamic-evaluation
-#: settings of its own: the best of 1e-4 .. 1e-2 for a WikiText-2 byte model coding held-out English (chapters
-#: 6-8 of the Vim user manual; docs/guides/compression.md), 5x what dynamic evaluation of a run's own test split
-#: takes by default: text unlike the training data wants bigger steps
-COMPRESSION_LR = 5e-3
+#: ``moglm compress --dynamic``'s learning rate and decay (rule rms-rmsdecay, segments of 20) where the run has
+#: no dynamic-evaluation settings of its own: the best found for a WikiText-2 byte model coding held-out English
+#: (chapters 6-8 of the Vim user manual; lr 3e-4 .. 1e-2, decay 0 .. 1e-2, segments 10 .. 40;
+#: docs/guides/compression.md). Text unlike the training data wants 3x dynamic evaluation's default step and
+#: no pull back towards the trained weights.
+COMPRESSION_LR = 3e-3
+COMPRESSION_DECAY = 0.0
 
 
 def dynamic_settings(run_dir: Path, rule: str | None = None, lr: float | None = None) -> dict:
     """The settings of ``moglm compress --dynamic``: the run's ``dyneval/full.json`` when a previous
-    ``moglm dyneval`` wrote one, else rms-rmsdecay at :data:`COMPRESSION_LR`; ``rule`` (with its own
-    defaults) and ``lr`` override."""
+    ``moglm dyneval`` wrote one, else rms-rmsdecay at :data:`COMPRESSION_LR` and :data:`COMPRESSION_DECAY`;
+    ``rule`` (with its own defaults) and ``lr`` override."""
     from ..dynamic_evaluation import Hyperparameters, StatisticsSettings
     from ..dynamic_evaluation.run import saved_settings
     from ..runs.language_model import LanguageModelRun
 
-    hp, statistics = saved_settings(LanguageModelRun(run_dir)) or (Hyperparameters(lr=COMPRESSION_LR),
-                                                                   StatisticsSettings())
+    hp, statistics = saved_settings(LanguageModelRun(run_dir)) or (
+        Hyperparameters(lr=COMPRESSION_LR, decay=COMPRESSION_DECAY), StatisticsSettings())
     if rule is not None and rule != hp.rule:
         hp = Hyperparameters(rule=rule, segment_length=hp.segment_length)
     if lr is not None:
