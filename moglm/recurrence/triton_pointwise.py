@@ -185,16 +185,18 @@ def _acc(t: Tensor):
     return tl.float64 if t.dtype == torch.float64 else tl.float32
 
 
+def row_stride(t: Tensor) -> int:
+    """The row stride of a ``[B, width]`` tensor whose rows are contiguous (a column slice of a wider buffer is
+    fine); anything else is refused rather than read wrongly. Every Triton kernel of the GPU path reads its
+    ``[B, width]`` operands this way."""
+    if t.dim() != 2 or (t.shape[1] > 1 and t.stride(1) != 1):
+        raise ValueError(f"Triton kernels need [B, width] tensors with contiguous rows, got shape "
+                         f"{tuple(t.shape)} strides {t.stride()}")
+    return t.stride(0)
+
+
 def _rows(*tensors: Tensor) -> list[int]:
-    """Row strides of ``[B, width]`` tensors whose rows are contiguous (a column slice of a wider buffer is
-    fine); anything else is refused rather than read wrongly."""
-    strides = []
-    for t in tensors:
-        if t.dim() != 2 or (t.shape[1] > 1 and t.stride(1) != 1):
-            raise ValueError(f"Triton pointwise kernels need [B, width] tensors with contiguous rows, got shape "
-                             f"{tuple(t.shape)} strides {t.stride()}")
-        strides.append(t.stride(0))
-    return strides
+    return [row_stride(t) for t in tensors]
 
 
 def _launch(kernel, total: int, *args, **constants) -> None:

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from .gemm import product_dtype
-from .triton_pointwise import interpreting, tl, triton_missing
+from .triton_pointwise import interpreting, row_stride, tl, triton_missing
 
 #: the launch configuration: batch rows per program, the column block of the output (``BLOCK_N``) and of
 #: the reduction (``BLOCK_K``), warps per program (benchmarks/round_kernels.py times others)
@@ -153,13 +153,6 @@ def _kernels(interpret: bool):
     return triton.jit(round_forward_kernel), triton.jit(round_backward_kernel)
 
 
-def _row_stride(t: Tensor) -> int:
-    if t.dim() != 2 or (t.shape[1] > 1 and t.stride(1) != 1):
-        raise ValueError(f"the round kernels need [B, width] tensors with contiguous rows, got shape "
-                         f"{tuple(t.shape)} strides {t.stride()}")
-    return t.stride(0)
-
-
 def _launch_shape(B: int, width: int, k: int):
     import triton
 
@@ -167,7 +160,9 @@ def _launch_shape(B: int, width: int, k: int):
     return grid, max(16, triton.next_power_of_2(k))
 
 
-def _precision() -> str:
+def dot_precision() -> str:
+    """``tl.dot``'s input precision for float32 operands: TF32 where cuBLAS may use it (compiled kernels only),
+    else IEEE float32."""
     return "tf32" if torch.backends.cuda.matmul.allow_tf32 and not interpreting() else "ieee"
 
 
@@ -185,9 +180,9 @@ class TritonRounds:
         grid, kp = _launch_shape(B, n_out, k)
         if B:
             _kernels(interpreting())[0][grid](
-                src, _row_stride(src), right.contiguous(), left.contiguous(), bias if bias is not None else left,
-                old, _row_stride(old), sg, _row_stride(sg), new, _row_stride(new), low, B, n_in, n_out, k,
-                HAS_BIAS=bias is not None, PREC=_precision(), KP=kp, **CONFIG)
+                src, row_stride(src), right.contiguous(), left.contiguous(), bias if bias is not None else left,
+                old, row_stride(old), sg, row_stride(sg), new, row_stride(new), low, B, n_in, n_out, k,
+                HAS_BIAS=bias is not None, PREC=dot_precision(), KP=kp, **CONFIG)
         return low
 
     @staticmethod
@@ -199,8 +194,8 @@ class TritonRounds:
         grid, kp = _launch_shape(B, n_in, k)
         if B:
             _kernels(interpreting())[1][grid](
-                dnew, _row_stride(dnew), old, _row_stride(old), sg, _row_stride(sg), dp, _row_stride(dp), dold,
+                dnew, row_stride(dnew), old, row_stride(old), sg, row_stride(sg), dp, row_stride(dp), dold,
                 dlow, left.contiguous(), right.contiguous(), add if add is not None else d_src,
-                _row_stride(add) if add is not None else 0, d_src, B, n_in, n_out, k,
-                HAS_ADD=add is not None, PREC=_precision(), KP=kp, **CONFIG)
+                row_stride(add) if add is not None else 0, d_src, B, n_in, n_out, k,
+                HAS_ADD=add is not None, PREC=dot_precision(), KP=kp, **CONFIG)
         return dold, dlow, d_src

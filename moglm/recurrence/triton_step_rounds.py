@@ -44,8 +44,8 @@ import torch
 from torch import Tensor
 
 from .gemm import product_dtype
-from .triton_pointwise import interpreting, tl, triton_missing
-from .triton_rounds import TorchRounds
+from .triton_pointwise import interpreting, row_stride, tl, triton_missing
+from .triton_rounds import TorchRounds, dot_precision
 
 #: batch rows per program, columns per block, warps and software-pipeline stages per program: the shape that
 #: compiled for sm_90 without register spills forward and backward (64-column blocks with 4 warps and 3
@@ -382,14 +382,6 @@ def _kernels(interpret: bool):
     return triton.jit(step_forward_kernel), triton.jit(step_backward_kernel)
 
 
-def _rows(t: Tensor) -> int:
-    """The row stride of a ``[B, width]`` tensor with contiguous rows (refused otherwise, not misread)."""
-    if t.dim() != 2 or (t.shape[1] > 1 and t.stride(1) != 1):
-        raise ValueError(f"the step-round kernels need [B, width] tensors with contiguous rows, got shape "
-                         f"{tuple(t.shape)} strides {t.stride()}")
-    return t.stride(0)
-
-
 def _stacked(t: Tensor, like: Tensor) -> tuple[Tensor, int]:
     """A ``[count, B, width]`` slot with contiguous ``[B, width]`` blocks: (base, stride between blocks);
     an empty one is passed as ``like`` (never read)."""
@@ -405,7 +397,7 @@ def _launch_constants(w: StepWeights, B: int, k: int) -> tuple[tuple[int], dict]
     import triton
 
     low = {None: 0, torch.bfloat16: 1, torch.float16: 2}[product_dtype()]
-    precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 and not interpreting() and low == 0 else "ieee"
+    precision = dot_precision() if low == 0 else "ieee"  # bf16/fp16 operands: their own products
     nq, nr = w.q_right.shape[0], w.r_right.shape[0]
     constants = dict(R=nq + nr, NQ=nq, NR=nr, ZIGZAG=w.zigzag, PREC=precision, LOW=low,
                      KP=max(16, triton.next_power_of_2(k)), **CONFIG)
@@ -431,7 +423,8 @@ class TritonStepRounds:
         lows, lowc = _stacked(low, ch.xh) if low is not None else (ch.xh, 0)
         has_bias = w.q_bias is not None
         _kernels(interpreting())[0][grid](
-            ch.x0, _rows(ch.x0), ch.h0, _rows(ch.h0), xc, xcc, hc, hcc, ch.xh, _rows(ch.xh), sgx, sgxc, sgh, sghc,
+            ch.x0, row_stride(ch.x0), ch.h0, row_stride(ch.h0), xc, xcc, hc, hcc, ch.xh, row_stride(ch.xh),
+            sgx, sgxc, sgh, sghc,
             lows, lowc, w.q_right, w.q_left, w.q_bias if has_bias else w.q_left,
             w.r_right if w.r_right.numel() else w.q_right, w.r_left if w.r_left.numel() else w.q_left,
             w.r_bias if w.r_bias is not None else w.q_left, B, m, n, k,
@@ -456,8 +449,9 @@ class TritonStepRounds:
         if not w.zigzag:  # the sources' sums, written by the last round that reads each
             extra_x, extra_h = dxh.new_empty(B, m), dxh.new_empty(B, n)
         _kernels(interpreting())[1][grid](
-            dxh, _rows(dxh), ch.x0, _rows(ch.x0), ch.h0, _rows(ch.h0), xc, xcc, hc, hcc, sgx, sgxc, sgh, sghc,
-            dpx_, dpxc, dph_, dphc, dlow_, dlowc, extra_x, extra_h, dx, _rows(dx), dh, _rows(dh),
-            mask if mask is not None else dh, _rows(mask) if mask is not None else 0,
+            dxh, row_stride(dxh), ch.x0, row_stride(ch.x0), ch.h0, row_stride(ch.h0), xc, xcc, hc, hcc,
+            sgx, sgxc, sgh, sghc,
+            dpx_, dpxc, dph_, dphc, dlow_, dlowc, extra_x, extra_h, dx, row_stride(dx), dh, row_stride(dh),
+            mask if mask is not None else dh, row_stride(mask) if mask is not None else 0,
             w.q_right, w.q_left, w.r_right if w.r_right.numel() else w.q_right,
             w.r_left if w.r_left.numel() else w.q_left, B, m, n, k, HAS_MASK=mask is not None, **constants)
