@@ -73,18 +73,21 @@ class LanguageModelRun(RunDirectory):
     ) -> tuple[LanguageModel, RunConfig, Vocabulary]:
         """The model of checkpoint ``which`` (``best``: the weights that scored best on validation,
         averaged if averaging was on; ``last``: the latest raw training weights)."""
-        config, vocab = self.load_config(), self.load_vocab()
-        model = build_model(config.model, len(vocab), self.model_info()["hidden_size"])
+        model, config, vocab = self._built()
         return self.load_weights(model, which).to(device), config, vocab
 
     def fresh_model(self, seed: int) -> tuple[LanguageModel, Vocabulary]:
         """The run's architecture and vocabulary with none of its weights: the model initialised as training
         initialises it, from torch's generator seeded with ``seed`` (the global generator left as it was)."""
-        config, vocab = self.load_config(), self.load_vocab()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model = build_model(config.model, len(vocab), self.model_info()["hidden_size"])
+            model, _, vocab = self._built()
         return model.eval(), vocab
+
+    def _built(self) -> tuple[LanguageModel, RunConfig, Vocabulary]:
+        """The run's model as its config builds it (weights as initialised), its config and vocabulary."""
+        config, vocab = self.load_config(), self.load_vocab()
+        return build_model(config.model, len(vocab), self.model_info()["hidden_size"]), config, vocab
 
 
 @dataclass
