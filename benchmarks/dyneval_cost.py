@@ -11,6 +11,11 @@ every window length they meet. RMS statistics are ones (the cost of the update d
 ratio of the two wall-clock times is what the GPU path's target (at most 3x static) is about. On CUDA it
 measures both again with every fused window replayed as a CUDA graph (``moglm.recurrence.cuda_graphs``).
 Writes JSON (default ``benchmarks/results/dyneval_cost_<device>.json``) and prints a line per way.
+
+With ``--profile N`` it also profiles both passes over the first N tokens (torch.profiler, after the timed
+passes; on CUDA as CUDA graphs): per token, the wall time, the GPU's busy time and kernel launches, the host
+ops with the most self time, and the kernels with the most GPU time. Where dynamic evaluation's cost goes
+beyond its GPU time, the host (launches, synchronisations) is what it waits on.
 """
 
 from __future__ import annotations
@@ -22,7 +27,10 @@ import time
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
 
+from moglm.bench.profiling import device_us
 from moglm.dynamic_evaluation import Hyperparameters
 from moglm.dynamic_evaluation.evaluate import dynamic_evaluate, static_pass
 from moglm.recurrence import cuda_graphs
@@ -39,9 +47,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(config: str, device: str, tokens: int, segment_length: int = 20) -> dict:
+def measure(config: str, device: str, tokens: int, segment_length: int = 20, profiled: int = 0) -> dict:
     """Static and dynamic passes timed; on CUDA also with CUDA graphs (``"graphs"``), on the same model and
-    tokens."""
+    tokens; with ``profiled`` tokens, both passes over them profiled (``"profile"``)."""
     cfg = load_config(config, [])
     corpus = load_data(cfg.data)
     where = torch.device(device)
@@ -59,7 +67,43 @@ def measure(config: str, device: str, tokens: int, segment_length: int = 20) -> 
     if where.type == "cuda":
         with cuda_graphs.graphs(strict=True):  # a failed capture is an error here, not plain windows timed
             report["graphs"] = _timed(model, ids, hp, rms, where, graphs=True)
+    if profiled:
+        with cuda_graphs.graphs(where.type == "cuda", strict=True):
+            report["profile"] = {way: _profiled(run, where) for way, run in (
+                ("static", lambda: static_pass(model, ids[: profiled + 1], bptt=STATIC_WINDOW)),
+                ("dynamic", lambda: dynamic_evaluate(model, ids[: profiled + 1], hp, rms)))}
+            for row in report["profile"].values():
+                row["tokens"] = profiled
+                for key in ("wall_ms", "gpu_busy_ms", "kernel_launches"):
+                    row[f"{key.removesuffix('_ms')}_per_token{'_ms' if key.endswith('_ms') else ''}"] = (
+                        row[key] / profiled)
     return report
+
+
+
+def _profiled(run, where: torch.device, top: int = 12) -> dict:
+    """``run()`` once under torch.profiler (after a warm-up run): wall and GPU busy milliseconds, kernel
+    launches, and the host ops (self time) and kernels (GPU time) that take the most."""
+    run()
+    _sync(where)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if where.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        run()
+        _sync(where)
+        wall = time.perf_counter() - start
+    host, kernels, launches = {}, {}, {}
+    for event in prof.key_averages():
+        if event.device_type == DeviceType.CUDA:  # a kernel (or memcpy/memset) and its own GPU time
+            kernels[event.key] = device_us(event) / 1e3
+            launches[event.key] = event.count
+        elif not event.key.startswith(("ProfilerStep", "autograd::engine")):
+            host[event.key] = (event.self_cpu_time_total / 1e3, event.count)
+    return {"wall_ms": 1e3 * wall, "gpu_busy_ms": sum(kernels.values()), "kernel_launches": sum(launches.values()),
+            "top_host_ops": {k: {"self_ms": ms, "calls": n}
+                             for k, (ms, n) in sorted(host.items(), key=lambda kv: -kv[1][0])[:top]},
+            "top_kernels": {k: {"ms": ms, "launches": launches[k]}
+                            for k, ms in sorted(kernels.items(), key=lambda kv: -kv[1])[:top]}}
 
 
 def _timed(model, ids, hp: Hyperparameters, rms: dict, where: torch.device, graphs: bool) -> dict:
@@ -90,10 +134,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--tokens", type=int, default=10000)
     parser.add_argument("--segment-length", type=int, default=20)
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="also profile both passes over the first N tokens")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    report = measure(args.config, args.device, args.tokens, args.segment_length)
+    report = measure(args.config, args.device, args.tokens, args.segment_length, args.profile)
     out = Path(args.out or HERE / "results" / f"dyneval_cost_{torch.device(args.device).type}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
@@ -102,6 +148,13 @@ def main(argv=None) -> dict:
             print(f"{args.config} on {args.device}{' as CUDA graphs' if row['cuda_graphs'] else ''}: static "
                   f"{row['static_tokens_per_s']:,.0f} tok/s, dynamic {row['dynamic_tokens_per_s']:,.0f} tok/s: "
                   f"dynamic evaluation costs {row['cost']:.2f}x static")
+    for way, row in report.get("profile", {}).items():
+        print(f"\n{way} pass profiled over {row['tokens']} tokens: {row['wall_per_token_ms']:.3f} ms per token, GPU busy "
+              f"{row['gpu_busy_per_token_ms']:.3f} ms, {row['kernel_launches_per_token']:.1f} kernel launches")
+        for name, op in row["top_host_ops"].items():
+            print(f"  host {op['self_ms'] / row['tokens']:8.4f} ms/token {op['calls']:6d}x  {name[:100]}")
+        for name, kernel in row["top_kernels"].items():
+            print(f"  GPU  {kernel['ms'] / row['tokens']:8.4f} ms/token {kernel['launches']:6d}x  {name[:100]}")
     print(f"written to {out}")
     return report
 

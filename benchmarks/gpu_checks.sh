@@ -58,8 +58,9 @@ stage throughput 150 python3 -m moglm bench throughput --device cuda $(flags --h
 # shellcheck disable=SC2046
 stage throughput_bf16 60 python3 -m moglm bench throughput --device cuda $(flags --hidden-size $HIDDEN) \
   --batch-size 64 --precision bf16 "${MODELS[@]}" --repeats 3 --epoch-steps 0 --out "$R/throughput_cuda_bf16.json"
-stage dyneval 75 python3 benchmarks/dyneval_cost.py --device cuda --tokens 3000 --out "$R/dyneval_cost_cuda.json"
-stage tests 100 python3 -m pytest -q -p no:cacheprovider --timeout 60 tests/recurrence/test_recurrence_cuda.py \
+stage dyneval 90 python3 benchmarks/dyneval_cost.py --device cuda --tokens 3000 --profile 400 \
+  --out "$R/dyneval_cost_cuda.json"
+stage tests 170 python3 -m pytest -q -p no:cacheprovider --timeout 60 tests/recurrence/test_recurrence_cuda.py \
   tests/recurrence/test_recurrence_cuda_graphs.py -k "not papers_sizes or zigzag-tf32"
 stage profile 40 python3 benchmarks/profile_fused.py --device cuda --hidden-size 650 --batch-size 64 --passes 3 \
   --precision tf32 --models "Mogrifier, CUDA graphs" "Mogrifier, CUDA graphs, step kernels" \

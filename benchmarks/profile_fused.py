@@ -33,6 +33,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
+from moglm.bench.profiling import device_us
 from moglm.bench.throughput import PRECISIONS, build, precision
 
 HERE = Path(__file__).resolve().parent
@@ -68,10 +69,6 @@ def category(name: str) -> str:
     return "other ops"
 
 
-def _device_us(event) -> float:
-    """A kernel's own GPU microseconds (the attribute was renamed from CUDA to device in torch 2.4)."""
-    return getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0.0)
-
 
 def profile_model(name: str, hidden: int, batch: int, bptt: int, passes: int, device: str = "cpu") -> dict:
     cuda = device.startswith("cuda")
@@ -102,7 +99,7 @@ def profile_model(name: str, hidden: int, batch: int, bptt: int, passes: int, de
             walls.append(time.perf_counter() - start)
         for event in prof.key_averages():
             if event.device_type == DeviceType.CUDA:  # a GPU kernel (or memcpy/memset) and its own GPU time
-                kernels[event.key] += _device_us(event) / 1e6 / passes
+                kernels[event.key] += device_us(event) / 1e6 / passes
                 launches[event.key] += event.count / passes
                 continue
             if event.key.startswith("ProfilerStep") or event.key.startswith("autograd::engine"):

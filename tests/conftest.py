@@ -232,12 +232,28 @@ class FakeCuda:
         monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: "the stream")
         monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: self.calls.append(f"set_stream({stream})"))
         monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: self.calls.append("synchronize"))
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(torch.cuda, "default_generators", (_FakeGenerator(self.calls),))
 
         def make_graphed_callables(window, sample_args):
             self.captures += 1
             return capture(window)
 
         monkeypatch.setattr(torch.cuda, "make_graphed_callables", make_graphed_callables)
+
+
+class _FakeGenerator:
+    """The device's random generator as a failed capture leaves it: ``graphsafe_set_state(clone_state())`` is
+    recorded in ``calls`` as taking it out of capture mode."""
+
+    def __init__(self, calls: list[str]):
+        self.calls = calls
+
+    def clone_state(self):
+        return "a copy of its state"
+
+    def graphsafe_set_state(self, state):
+        self.calls.append(f"random generator set to {state}")
 
 
 def refuse_capture(window):

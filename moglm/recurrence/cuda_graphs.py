@@ -218,6 +218,7 @@ def _capture_failed(error: Exception, stream) -> None:
     global _failed
     torch.cuda.set_stream(stream)  # a capture failing inside torch.cuda.graph can leave its side stream current
     torch.cuda.synchronize()  # the queued work done (a device left broken raises here: nothing could run on it)
+    _random_generator_out_of_capture()
     lines = str(error).strip().splitlines()
     reason = f"{type(error).__name__}: {lines[0][:200] if lines else 'no message'}"
     if _strict:
@@ -227,6 +228,15 @@ def _capture_failed(error: Exception, stream) -> None:
     asked = ", although they were asked for" if _asked else ""
     _say(f"CUDA graphs are off for the rest of this process{asked}: capturing a window failed ({_failed}); that "
          "window and every later one run ungraphed")
+
+
+def _random_generator_out_of_capture() -> None:
+    """A failed capture stops before the device's random generator leaves capture mode (the end of
+    ``CUDAGraph.capture_end`` is never reached), and every later random draw on the device (a dropout mask, an
+    initialisation) would raise "Offset increment outside graph capture encountered unexpectedly". The
+    generator takes a copy of its own state instead: the same seed and offset, not marked as capturing."""
+    generator = torch.cuda.default_generators[torch.cuda.current_device()]
+    generator.graphsafe_set_state(generator.clone_state())
 
 
 def graphed_training_window(function, spec, cell, xs: Tensor, h0: Tensor, c0: Tensor, mask: Tensor | None,

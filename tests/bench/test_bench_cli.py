@@ -206,7 +206,7 @@ def test_the_precision_context_sets_tf32_and_autocast_and_restores_them():
             pass
 
 
-def test_the_dynamic_evaluation_cost_benchmark_times_both_passes(tiny_corpus, tmp_path):
+def test_the_dynamic_evaluation_cost_benchmark_times_and_profiles_both_passes(tiny_corpus, tmp_path):
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("dyneval_cost", ROOT / "benchmarks" / "dyneval_cost.py")
@@ -214,10 +214,17 @@ def test_the_dynamic_evaluation_cost_benchmark_times_both_passes(tiny_corpus, tm
     spec.loader.exec_module(bench)
     config = tmp_path / "tiny.toml"
     config.write_text(tiny_config(tiny_corpus).to_toml())
-    report = bench.measure(str(config), "cpu", tokens=60, segment_length=5)
+    report = bench.measure(str(config), "cpu", tokens=60, segment_length=5, profiled=20)
     assert report["tokens"] == 60 and report["static_seconds"] > 0 and report["dynamic_seconds"] > 0
     assert report["cost"] == pytest.approx(report["dynamic_seconds"] / report["static_seconds"])
     assert "graphs" not in report  # CUDA only
+    for way in ("static", "dynamic"):  # both passes profiled over 20 tokens: host ops, no kernels on CPU
+        row = report["profile"][way]
+        assert row["tokens"] == 20 and row["wall_per_token_ms"] == pytest.approx(row["wall_ms"] / 20)
+        assert row["top_host_ops"] and row["gpu_busy_ms"] == 0 and not row["top_kernels"]
+    backward = {way: any("backward" in op.lower() for op in report["profile"][way]["top_host_ops"])
+                for way in ("static", "dynamic")}
+    assert backward == {"static": False, "dynamic": True}  # only dynamic evaluation takes gradients
 
 
 @pytest.mark.slow

@@ -225,7 +225,8 @@ def test_forward_only_graphed_outputs_outlive_the_next_replay():
 
 def test_a_capture_failing_on_the_device_falls_back_and_the_device_keeps_working(monkeypatch):
     """A window whose capture fails on the GPU (a synchronize inside the capture, which CUDA refuses) runs
-    ungraphed, with one line; graphs are off for the rest of the process; the stream works on."""
+    ungraphed, with one line; graphs are off for the rest of the process; the stream works on, and so does the
+    random generator (a failed capture leaves it in capture mode unless moglm takes it out)."""
     from moglm.recurrence import fused_lstm
 
     model = moglm.LSTM(M, H, 1, device=CUDA).eval()
@@ -249,6 +250,10 @@ def test_a_capture_failing_on_the_device_falls_back_and_the_device_keeps_working
     assert cuda_graphs._failed is not None and not cuda_graphs._cache
     assert torch.cuda.current_stream() == torch.cuda.default_stream()
     torch.testing.assert_close(again, model(x + 1)[0])  # the device runs on, ungraphed
+    torch.manual_seed(3)
+    draws = torch.rand(5, device=CUDA), torch.nn.functional.dropout(x, 0.5)  # random draws work after it
+    torch.manual_seed(3)
+    torch.testing.assert_close(draws, (torch.rand(5, device=CUDA), torch.nn.functional.dropout(x, 0.5)))
 
 
 def test_a_tf32_switch_recaptures_instead_of_replaying_float32_kernels():
