@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU path's checks in one go, for a CUDA machine that is lent for minutes (about 8 minutes of an H200
+# The GPU path's checks in one go, for a CUDA machine that is lent for minutes (226 seconds of an H200
 # for everything): the CUDA tests (Triton kernels compiled for the device, CUDA graphs, autocast), the
 # round kernels timed per step, `moglm bench throughput --device cuda` over precisions and batch sizes,
 # the torch.profiler profile, dynamic evaluation's cost, and an epoch of the paper's PTB Mogrifier with the
