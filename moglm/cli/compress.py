@@ -30,7 +30,7 @@ def compress(
     file: Path = typer.Argument(..., help="Any file."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Where to write (default: FILE.moglm)."),
     dynamic: bool = typer.Option(False, help="Adapt the model while coding (dynamic evaluation; the settings "
-                                 "of the run's dyneval/full.json, else rms-rmsdecay at lr 3e-3 and decay 0, "
+                                 "of the run's dyneval/full.json, else rms-rmsdecay at lr 5e-3 and decay 0, "
                                  "searched for compressing held-out English)."),
     rule: Optional[UpdateRule] = typer.Option(None, help="Update rule of the adaptation (default: as --dynamic)."),
     adapt_learning_rate: Optional[float] = typer.Option(
