@@ -69,7 +69,6 @@ def category(name: str) -> str:
     return "other ops"
 
 
-
 def profile_model(name: str, hidden: int, batch: int, bptt: int, passes: int, device: str = "cpu") -> dict:
     cuda = device.startswith("cuda")
     model = build(name, hidden, device).train()

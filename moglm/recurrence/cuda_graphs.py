@@ -236,7 +236,8 @@ def _random_generator_out_of_capture() -> None:
     initialisation) would raise "Offset increment outside graph capture encountered unexpectedly". The
     generator takes a copy of its own state instead: the same seed and offset, not marked as capturing."""
     generator = torch.cuda.default_generators[torch.cuda.current_device()]
-    generator.graphsafe_set_state(generator.clone_state())
+    if hasattr(generator, "graphsafe_set_state"):  # torch >= 2.4 (earlier ones cannot be repaired from Python)
+        generator.graphsafe_set_state(generator.clone_state())
 
 
 def graphed_training_window(function, spec, cell, xs: Tensor, h0: Tensor, c0: Tensor, mask: Tensor | None,

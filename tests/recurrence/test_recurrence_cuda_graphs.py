@@ -217,3 +217,5 @@ def test_strict_graphs_raise_instead_of_timing_plain_windows_and_let_the_next_tr
                                                             r"failed \(RuntimeError: CUDA error: operation not"):
             model(torch.randn(2, 3, 4))
     assert cuda.captures == 2 and cuda_graphs._failed is None
+    # each failure left the stream and the random generator usable before raising
+    assert cuda.calls == 2 * ["set_stream(the stream)", "synchronize", "random generator set to a copy of its state"]
