@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -251,7 +252,12 @@ def test_the_compiled_phases_benchmark_times_every_phase_and_counts_its_products
     for r in report["results"]:
         expected = {"forward", "backward"} | (set() if r["model"] == "torch.nn.LSTM" else
                                               {"backward, data", "weight gradients"})
-        assert set(r["phases"]) == expected and all(v["ms"] > 0 for v in r["phases"].values()), r["model"]
+        assert set(r["phases"]) == expected, r["model"]
+        # measured directly: the forward and the whole step (forward + backward); the backward is their difference,
+        # which at these toy sizes (a few microseconds) can come out at or below zero in a noisy single timing
+        phases = r["phases"]
+        assert phases["forward"]["ms"] > 0 and phases["forward"]["ms"] + phases["backward"]["ms"] > 0, r["model"]
+        assert all(math.isfinite(v["ms"]) for v in phases.values()), r["model"]
     assert (tmp_path / "phases.json").is_file()
 
 
