@@ -27,10 +27,9 @@ import time
 from pathlib import Path
 
 import torch
-from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from moglm.bench.profiling import device_us
+from moglm.bench.profiling import split_events
 from moglm.dynamic_evaluation import Hyperparameters
 from moglm.dynamic_evaluation.evaluate import dynamic_evaluate, static_pass
 from moglm.recurrence import cuda_graphs
@@ -76,9 +75,9 @@ def measure(config: str, device: str, tokens: int, segment_length: int = 20, pro
                 ("dynamic", lambda: dynamic_evaluate(model, head, hp, rms, static=static)))}
             n = len(head) - 1  # fewer than asked for where the stream is shorter
             for row in report["profile"].values():
-                row["tokens"] = n
-                for key in ("wall_ms", "gpu_busy_ms", "kernel_launches"):
-                    row[f"{key.removesuffix('_ms')}_per_token{'_ms' if key.endswith('_ms') else ''}"] = row[key] / n
+                row.update(tokens=n, wall_per_token_ms=row["wall_ms"] / n,
+                           gpu_busy_per_token_ms=row["gpu_busy_ms"] / n,
+                           kernel_launches_per_token=row["kernel_launches"] / n)
     return report
 
 
@@ -95,18 +94,13 @@ def _profiled(run, where: torch.device, top: int = 12) -> dict:
         run()
         _sync(where)
         wall = time.perf_counter() - start
-    host, kernels, launches = {}, {}, {}
-    for event in prof.key_averages():
-        if event.device_type == DeviceType.CUDA:  # a kernel (or memcpy/memset) and its own GPU time
-            kernels[event.key] = device_us(event) / 1e3
-            launches[event.key] = event.count
-        elif not event.key.startswith(("ProfilerStep", "autograd::engine")):
-            host[event.key] = (event.self_cpu_time_total / 1e3, event.count)
-    return {"wall_ms": 1e3 * wall, "gpu_busy_ms": sum(kernels.values()), "kernel_launches": sum(launches.values()),
+    host, kernels = split_events(prof)
+    return {"wall_ms": 1e3 * wall, "gpu_busy_ms": sum(ms for ms, _ in kernels.values()),
+            "kernel_launches": sum(n for _, n in kernels.values()),
             "top_host_ops": {k: {"self_ms": ms, "calls": n}
                              for k, (ms, n) in sorted(host.items(), key=lambda kv: -kv[1][0])[:top]},
-            "top_kernels": {k: {"ms": ms, "launches": launches[k]}
-                            for k, ms in sorted(kernels.items(), key=lambda kv: -kv[1])[:top]}}
+            "top_kernels": {k: {"ms": ms, "launches": n}
+                            for k, (ms, n) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]}}
 
 
 def _timed(model, ids, hp: Hyperparameters, rms: dict, where: torch.device, graphs: bool) -> dict:

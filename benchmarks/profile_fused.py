@@ -30,10 +30,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from moglm.bench.profiling import device_us
+from moglm.bench.profiling import split_events
 from moglm.bench.throughput import PRECISIONS, build, precision
 
 HERE = Path(__file__).resolve().parent
@@ -96,16 +95,14 @@ def profile_model(name: str, hidden: int, batch: int, bptt: int, passes: int, de
             start = time.perf_counter()
             step()
             walls.append(time.perf_counter() - start)
-        for event in prof.key_averages():
-            if event.device_type == DeviceType.CUDA:  # a GPU kernel (or memcpy/memset) and its own GPU time
-                kernels[event.key] += device_us(event) / 1e6 / passes
-                launches[event.key] += event.count / passes
-                continue
-            if event.key.startswith("ProfilerStep") or event.key.startswith("autograd::engine"):
-                continue
-            seconds = event.self_cpu_time_total / 1e6 / passes
-            by_kind[category(event.key)] += seconds
-            by_op[event.key] += seconds
+        host, gpu = split_events(prof)
+        for key, (ms, n) in gpu.items():  # a GPU kernel (or memcpy/memset) and its own GPU time
+            kernels[key] += ms / 1e3 / passes
+            launches[key] += n / passes
+        for key, (ms, _) in host.items():
+            seconds = ms / 1e3 / passes
+            by_kind[category(key)] += seconds
+            by_op[key] += seconds
     wall = sorted(walls)[len(walls) // 2]
     in_ops = sum(by_kind.values())
     kinds = {k: 1e3 * v for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])}

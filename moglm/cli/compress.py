@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from ..atomic import check_free
+from ..compression.run import COMPRESSION_DECAY, COMPRESSION_LR, SCRATCH_LR, SCRATCH_RULE
 from .common import Checkpoint, UpdateRule
 from ..errors import MoglmError
 
@@ -30,15 +31,15 @@ def compress(
     file: Path = typer.Argument(..., help="Any file."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Where to write (default: FILE.moglm)."),
     dynamic: bool = typer.Option(False, help="Adapt the model while coding (dynamic evaluation; the settings "
-                                 "of the run's dyneval/full.json, else rms-rmsdecay at lr 5e-3 and decay 0, "
-                                 "searched for compressing held-out English)."),
+                                 f"of the run's dyneval/full.json, else rms-rmsdecay at lr {COMPRESSION_LR:g} and "
+                                 f"decay {COMPRESSION_DECAY:g}, searched for compressing held-out English)."),
     rule: Optional[UpdateRule] = typer.Option(None, help="Update rule of the adaptation (default: as --dynamic)."),
     adapt_learning_rate: Optional[float] = typer.Option(
         None, help="Learning rate of the adaptation (default: the rule's; implies --dynamic)."),
     from_scratch: Optional[int] = typer.Option(
         None, min=0, metavar="SEED", help="Code with the run's architecture and vocabulary but weights drawn "
         "afresh with this seed, learning the file while coding it (for files large enough to learn from; rule "
-        "rmsprop at 1e-2 unless given; implies --dynamic)."),
+        f"{SCRATCH_RULE} at {SCRATCH_LR:g} unless given; implies --dynamic)."),
     block_size: Optional[int] = typer.Option(
         None, min=0, help="Bytes per block, about: the blocks are coded side by side as one batch of streams "
         "(default 4096; 0: the whole file as one block)."),
