@@ -6,9 +6,10 @@ bits per byte of the coded file against xz -9's.
     python benchmarks/compression_search.py experiments/cpu/runs/wikitext-2-byte-s1 vim-usr-06-08.txt \\
         --out benchmarks/results/compression_search.json                  # ~15 minutes on one core
 
-Each setting compresses the file once (blocks of 4096 bytes, one thread, as ``moglm compress`` does by
-default); the coded size is the search's score, so nothing is decompressed (``moglm bench compress`` checks
-the round trip of the setting chosen). Writes JSON and prints a markdown table.
+Each setting compresses the file once as ``moglm compress`` does by default (blocks of 4096 bytes unless
+``--block-size`` says, segments sized to them unless ``--segment-length`` says, the neural cache unless
+``--no-cache``, one thread); the coded size is the search's score, so nothing is decompressed (``moglm bench
+compress`` checks the round trip of the setting chosen). Writes JSON and prints a markdown table.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from pathlib import Path
 
 from moglm.bench import command_line, write_report
 from moglm.compression import compress
-from moglm.compression.run import adapter_from_settings, coding_model, dynamic_settings, scratch_settings
+from moglm.compression.container import BLOCK_SIZE, streams
+from moglm.compression.run import CACHE, adapter_from_settings, coding_model, dynamic_settings, scratch_settings
+from moglm.runs.language_model import LanguageModelRun
 
 RUN_LRS = [3e-4, 1e-3, 2e-3, 3e-3, 5e-3, 7e-3, 1e-2]
 SCRATCH_LRS = [1e-3, 3e-3, 1e-2, 3e-2]
@@ -34,16 +37,18 @@ def _with(settings: dict, **changes) -> dict:
 
 
 def measure(run_dir: Path, file: Path, run_lrs, scratch_lrs, seed: int, decays=(None,), segments=(None,),
-            log=print) -> list[dict]:
+            block_size: int = BLOCK_SIZE, cache: bool = True, log=print) -> list[dict]:
     data = file.read_bytes()
-    ways = [("run's weights", _with(dynamic_settings(run_dir, None, lr), decay=decay, segment_length=n))
+    blocks = streams(data, LanguageModelRun(run_dir).load_vocab(), block_size)
+    ways = [("run's weights", _with(dynamic_settings(run_dir, None, lr, blocks), decay=decay, segment_length=n))
             for lr in run_lrs for decay in decays for n in segments]
     ways += [(f"from scratch (seed {seed})", scratch_settings(seed, None, lr)) for lr in scratch_lrs]
     rows = []
     for name, settings in ways:
         model, vocab, factor = coding_model(run_dir, "best", settings.get("from_scratch"))
         adapter = adapter_from_settings(run_dir, model, "best", factor, settings)
-        _, report = compress(data, model, vocab, factor=factor, adapter=adapter, settings=settings, progress=False)
+        _, report = compress(data, model, vocab, factor=factor, adapter=adapter, settings=settings,
+                             cache=CACHE if cache else None, block_size=block_size, progress=False)
         hp = settings["hyperparameters"]
         rows.append({"weights": name, "rule": hp["rule"], "lr": hp["lr"], "decay": hp.get("decay"),
                      "segment_length": hp["segment_length"], "compressed_bytes": report.compressed_bytes,
@@ -64,14 +69,20 @@ def main(argv=None) -> dict:
     parser.add_argument("--decay", type=float, nargs="+", default=[None],
                         help="--dynamic's decays towards the trained weights (default: the rule's)")
     parser.add_argument("--segment-length", type=int, nargs="+", default=[None],
-                        help="--dynamic's segment lengths (default: 20)")
+                        help="--dynamic's segment lengths (default: moglm compress's, sized to the blocks)")
+    parser.add_argument("--block-size", type=int, default=BLOCK_SIZE,
+                        help=f"bytes per block (default: moglm compress's, {BLOCK_SIZE}; 0: one stream)")
+    parser.add_argument("--cache", action=argparse.BooleanOptionalAction, default=True,
+                        help="code with moglm compress's neural cache (--no-cache: without, as the searches "
+                             "recorded before it were)")
     parser.add_argument("--out", default="compression_search.json")
     args = parser.parse_args(argv)
     data = args.file.read_bytes()
     xz = len(lzma.compress(data, preset=9))
-    rows = measure(args.run, args.file, args.lr, args.scratch_lr, args.seed, args.decay, args.segment_length)
+    rows = measure(args.run, args.file, args.lr, args.scratch_lr, args.seed, args.decay, args.segment_length,
+                   args.block_size, args.cache)
     report = {"command": command_line(), "file": args.file.name, "bytes": len(data), "run": args.run.name,
-              "xz -9": xz, "rows": rows}
+              "block_size": args.block_size, "cache": vars(CACHE) if args.cache else None, "xz -9": xz, "rows": rows}
     write_report(report, args.out)
     print(f"`{args.file.name}` ({len(data):,} bytes), xz -9 {xz:,} bytes ({8 * xz / len(data):.3f} bits per byte)\n")
     print("| weights | rule | lr | decay | n | bytes | bits per byte | against xz -9 |\n"

@@ -17,28 +17,43 @@ from typing import Any, Callable
 from ..errors import MoglmError
 
 
-def run_compression(run_dir: Path, file: Path, settings: dict | None, block_size: int, threads: int,
-                    checkpoint: str = "best", progress: bool = True,
-                    log: Callable[[str], None] = print) -> dict[str, Any]:
-    """The report of one compression and decompression of ``file`` (a path, or one relative to ``$MOGLM_DATA``)
-    with the run (``settings``: adapt while coding, as ``moglm compress --dynamic`` records them; None: static),
-    ``block_size`` bytes per block and ``threads`` torch threads."""
-    from ..compression import compress, decompress
-    from ..compression.run import adapter_from_settings, coding_model
-    from ..recurrence.compiled import info
-
-    if not file.is_file():  # a corpus file named as the configs name them, looked up under $MOGLM_DATA too
+def _located(file: Path) -> Path:
+    """``file``, or a corpus file named as the configs name them, looked up under ``$MOGLM_DATA``."""
+    if not file.is_file():
         from ..data.corpus import resolve_path
 
         file = resolve_path(file)
         if not file.is_file():
             raise MoglmError(f"{file}: not a file")
+    return file
+
+
+def file_streams(run_dir: Path, file: Path, block_size: int) -> int:
+    """How many blocks ``moglm compress`` cuts ``file`` into with the run's vocabulary at ``block_size``."""
+    from ..compression.container import streams
+    from ..runs.language_model import LanguageModelRun
+
+    return streams(_located(file).read_bytes(), LanguageModelRun(run_dir).load_vocab(), block_size)
+
+
+def run_compression(run_dir: Path, file: Path, settings: dict | None, block_size: int, threads: int,
+                    checkpoint: str = "best", progress: bool = True, cache: bool = True,
+                    log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The report of one compression and decompression of ``file`` (a path, or one relative to ``$MOGLM_DATA``)
+    with the run (``settings``: adapt while coding, as ``moglm compress --dynamic`` records them; None: static),
+    ``block_size`` bytes per block, ``threads`` torch threads and ``moglm compress``'s neural cache (or none)."""
+    from ..compression import compress, decompress
+    from ..compression.run import CACHE, adapter_from_settings, coding_model
+    from ..recurrence.compiled import info
+
+    file = _located(file)
     data = file.read_bytes()
     model, vocab, factor = coding_model(run_dir, checkpoint, (settings or {}).get("from_scratch"))
     adapter = None
     if settings is not None:
         adapter = adapter_from_settings(run_dir, model, checkpoint, factor, settings)
-    blob, report = compress(data, model, vocab, factor=factor, adapter=adapter, settings=settings,
+    mixed = CACHE if cache else None
+    blob, report = compress(data, model, vocab, factor=factor, adapter=adapter, settings=settings, cache=mixed,
                             block_size=block_size, threads=threads, progress=progress)
     log(f"compressed: {report.summary()}")
     start, cpu = time.perf_counter(), time.process_time()
@@ -52,6 +67,7 @@ def run_compression(run_dir: Path, file: Path, settings: dict | None, block_size
                  "xz -9": len(lzma.compress(data, preset=9))}
     result = {"file": file.name, "run": run_dir.name, "architecture": model.architecture,
               "parameters": sum(p.numel() for p in model.parameters()), "dynamic": settings,
+              "cache": None if mixed is None else vars(mixed),
               "block_size": block_size,
               **report.as_dict(), "decompress_seconds": seconds,
               "decompress_cpu_seconds": cpu_seconds,
@@ -75,7 +91,8 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     for name, size in first["baselines"].items():
         lines.append(f"| {name} | | {size:,} | {8 * size / first['original_bytes']:.3f} | | | | |")
     for r in rows:
-        label = f"moglm compress --block-size {r['block_size']}" + _adaptation(r["dynamic"])
+        label = (f"moglm compress --block-size {r['block_size']}" + _adaptation(r["dynamic"])
+                 + ("" if r.get("cache") else " --no-cache"))
         lines.append(f"| {label} | {r['blocks']} ({r['raw_blocks']}) | {r['compressed_bytes']:,} | "
                      f"{r['bits_per_byte']:.3f} | {r['model_bits_per_token']:.4f} | "
                      f"{100 * r['coding_overhead']:+.3f}% | "

@@ -249,6 +249,9 @@ def compress(
                                                "afresh with this seed, learning while coding (another row)."),
     block_size: list[int] = typer.Option([], help="Bytes per block, one row (two with --dynamic) each: 0 4096 "
                                          "puts one stream beside blocks (default: moglm compress's)."),
+    cache: bool = typer.Option(True, help="Code with moglm compress's neural cache (--no-cache: without)."),
+    without_cache: bool = typer.Option(False, help="Also code every row without the neural cache (a row each, "
+                                       "measured in the same run)."),
     threads: Optional[int] = typer.Option(None, min=1, help="Torch threads (default: moglm compress's)."),
     progress: bool = typer.Option(True, help="Show progress bars."),
     out: Optional[Path] = typer.Option(None, help=OUT_HELP),
@@ -258,15 +261,21 @@ def compress(
     out = out or default_out("compression.json")  # read at call time: $MOGLM_BENCH_DIR may change
     from ..compression.run import dynamic_settings, scratch_settings
     from ..bench import command_line, write_report
-    from ..bench.compression import markdown_table, run_compression
+    from ..bench.compression import file_streams, markdown_table, run_compression
 
     from ..compression.container import BLOCK_SIZE, THREADS
 
     adapting = dynamic or (from_scratch is None and (rule is not None or adapt_learning_rate is not None))
-    ways = [None] + ([dynamic_settings(run_dir, rule, adapt_learning_rate)] if adapting else []) + (
-        [scratch_settings(from_scratch, rule, adapt_learning_rate)] if from_scratch is not None else [])
-    rows = [run_compression(run_dir, file, each, size, threads or THREADS, progress=progress, log=typer.echo)
-            for size in block_size or [BLOCK_SIZE] for each in ways]
+    scratch = [scratch_settings(from_scratch, rule, adapt_learning_rate)] if from_scratch is not None else []
+
+    def ways(size: int) -> list:  # static, adapting (its segments sized to the blocks), from scratch
+        return [None] + ([dynamic_settings(run_dir, rule, adapt_learning_rate, file_streams(run_dir, file, size))]
+                         if adapting else []) + scratch
+
+    caches = [cache] + ([False] if without_cache and cache else [])
+    rows = [run_compression(run_dir, file, each, size, threads or THREADS, progress=progress, cache=mixed,
+                            log=typer.echo)
+            for size in block_size or [BLOCK_SIZE] for each in ways(size) for mixed in caches]
     write_report({"command": command_line(), "rows": rows}, out)
     typer.echo(markdown_table(rows))
     typer.echo(f"written to {out}")

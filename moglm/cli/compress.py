@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from ..atomic import check_free
-from ..compression.run import COMPRESSION_DECAY, COMPRESSION_LR, SCRATCH_LR, SCRATCH_RULE
+from ..compression.run import CACHE, COMPRESSION_DECAY, COMPRESSION_LR, SCRATCH_LR, SCRATCH_RULE, UPDATE_TOKENS
 from .common import Checkpoint, UpdateRule
 from ..errors import MoglmError
 
@@ -32,7 +32,8 @@ def compress(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Where to write (default: FILE.moglm)."),
     dynamic: bool = typer.Option(False, help="Adapt the model while coding (dynamic evaluation; the settings "
                                  f"of the run's dyneval/full.json, else rms-rmsdecay at lr {COMPRESSION_LR:g} and "
-                                 f"decay {COMPRESSION_DECAY:g}, searched for compressing held-out English)."),
+                                 f"decay {COMPRESSION_DECAY:g}, searched for compressing held-out English, with "
+                                 f"segments of about {UPDATE_TOKENS} tokens across the blocks)."),
     rule: Optional[UpdateRule] = typer.Option(None, help="Update rule of the adaptation (default: as --dynamic)."),
     adapt_learning_rate: Optional[float] = typer.Option(
         None, help="Learning rate of the adaptation (default: the rule's; implies --dynamic)."),
@@ -40,6 +41,9 @@ def compress(
         None, min=0, metavar="SEED", help="Code with the run's architecture and vocabulary but weights drawn "
         "afresh with this seed, learning the file while coding it (for files large enough to learn from; rule "
         f"{SCRATCH_RULE} at {SCRATCH_LR:g} unless given; implies --dynamic)."),
+    cache: bool = typer.Option(True, help="Mix the neural cache into the predictions: each block's last "
+                               f"{CACHE.size} positions predict the next token beside the model, with a weight "
+                               "learnt from the block as it is coded."),
     block_size: Optional[int] = typer.Option(
         None, min=0, help="Bytes per block, about: the blocks are coded side by side as one batch of streams "
         "(default 4096; 0: the whole file as one block)."),
@@ -67,19 +71,22 @@ def compress(
     if warning:
         typer.echo(warning, err=True)
     adapter = None
+    options = {k: v for k, v in (("block_size", block_size), ("threads", threads)) if v is not None}
     if settings is None and (dynamic or rule is not None or adapt_learning_rate is not None):
-        settings = dynamic_settings(run_dir, rule, adapt_learning_rate)
+        settings = dynamic_settings(run_dir, rule, adapt_learning_rate,
+                                    container.streams(data, vocab, options.get("block_size", container.BLOCK_SIZE)))
     if settings is not None:
         adapter = adapter_from_settings(run_dir, model, checkpoint, factor, settings)
-    options = {k: v for k, v in (("block_size", block_size), ("threads", threads)) if v is not None}
-    blob, result = container.compress(data, model, vocab, factor=factor, adapter=adapter,
-                                      settings=settings, progress=progress, **options)
+    blob, result = container.compress(data, model, vocab, factor=factor, adapter=adapter, settings=settings,
+                                      cache=CACHE if cache else None, progress=progress,
+                                      **options)
     _write(target, blob, force)
     typer.echo(f"{file} -> {target}: {result.summary()}")
     if report is not None:
         from ..provenance import write_result
 
-        write_result(report, {"run": str(run_dir), "file": str(file), "dynamic": settings, **result.as_dict()})
+        write_result(report, {"run": str(run_dir), "file": str(file), "dynamic": settings,
+                              "cache": vars(CACHE) if cache else None, **result.as_dict()})
 
 
 def decompress(

@@ -8,9 +8,11 @@ block's symbols go through that block's own range coder. The encoder and the dec
 :class:`Predictor`, on the same batch, so they compute bit-identical probabilities (float32 on the CPU with the
 header's number of threads). With adaptation the batch shares one set of weights (as ``moglm dyneval
 --streams`` does): after each segment of n steps, one update on the segment's ``[n, B]`` tokens, with the state
-carried in from before it. Before each token the gap of characters that are not tokens (:mod:`.layout`) is
-coded with :class:`GapModel`, an adaptive frequency table of the gaps seen so far (one per block); a layout in
-which every character is a token (a byte-level run) has no gaps and codes none.
+carried in from before it. With the neural cache (:class:`~moglm.evaluation.neural_cache.StepCache`) every
+block's distribution is mixed with its own cache of its recent positions, appended as the tokens are read.
+Before each token the gap of characters that are not tokens (:mod:`.layout`) is coded with :class:`GapModel`, an
+adaptive frequency table of the gaps seen so far (one per block); a layout in which every character is a token
+(a byte-level run) has no gaps and codes none.
 
 A block stored raw (:mod:`.container`: its model code was longer than its bytes) is not decoded: its tokens are
 known, and its row of the batch reads them as the encoder's did, so the other rows and the shared adaptation
@@ -28,6 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import MoglmError
+from ..evaluation.neural_cache import StepCache, fitted
 from ..progress import progress_bar
 
 LITERAL_END = 256  # a new gap is spelled as bytes 0-255, then this symbol
@@ -51,24 +54,32 @@ class Predictor:
     ``model``: a language model in eval mode; ``start``: the token every stream reads before its first;
     ``factor``: the logit factor (the run's tuned softmax temperature); ``adapter``: a
     :class:`~moglm.dynamic_evaluation.DynamicEvaluator` (its private copy of the model is the one read; its
-    weights are shared by the streams)."""
+    weights are shared by the streams); ``cache``: a :class:`~moglm.evaluation.neural_cache.StepCacheSettings`, the
+    neural cache mixed into every stream's distribution (Krause thesis 2.2.1; each stream caches its own
+    positions, with the features of the model as it was when it read them)."""
 
-    def __init__(self, model, start: int, rows: int = 1, factor: float = 1.0, adapter=None) -> None:
+    def __init__(self, model, start: int, rows: int = 1, factor: float = 1.0, adapter=None, cache=None) -> None:
         self.net = model if adapter is None else adapter.model
         self.factor, self.adapter = factor, adapter
         first = torch.full((rows,), start, dtype=torch.long)  # [B]
         self.segment, self.before = [first], None  # the segment's inputs (each [B]), the state before its first
-        self.log_p, self.state = self._read(first, None)
+        self.log_p, self.features, self.state = self._read(first, None)
+        hidden, vocab = self.features.shape[-1], self.log_p.shape[-1]
+        self.cache = None if cache is None else StepCache(fitted(cache, rows, hidden), rows, hidden, vocab)
 
     def _read(self, tokens: torch.Tensor, state):
         with torch.no_grad():
-            log_p, state = self.net.log_probs(tokens.view(1, -1), state, self.factor)  # [1, B, V]
-        return log_p[0], state  # [B, V]
+            h, state = self.net(tokens.view(1, -1), state)  # [1, B, H]
+            log_p = self.net.output_log_probs(h, self.factor)  # [1, B, V]
+        return log_p[0], h[0], state  # [B, V], [B, H]
 
     def probabilities(self) -> np.ndarray:
-        """``[B, V]`` float64: every stream's distribution of its next token (uniform in a row where the model's
-        is not finite: an adaptation that diverged is rolled back after its segment, and both sides see the same)."""
+        """``[B, V]`` float64: every stream's distribution of its next token, mixed with the cache's (uniform in a
+        row where it is not finite: an adaptation that diverged is rolled back after its segment, and both sides
+        see the same)."""
         p = self.log_p.double().exp().numpy()  # [B, V]
+        if self.cache is not None:
+            p = self.cache.mix(p, self.features)  # [B, V]
         bad = ~(np.isfinite(p).all(axis=1) & (p.sum(axis=1) > 0))  # [B]
         if bad.any():
             p[bad] = 1.0
@@ -78,6 +89,8 @@ class Predictor:
         """Read ``tokens`` (``[B]``, one per stream): update on the segment they complete (with an adapter),
         then predict the next."""
         tokens = torch.tensor(np.asarray(tokens, dtype=np.int64))  # [B], a copy: the segment keeps it
+        if self.cache is not None:
+            self.cache.append(self.features, tokens)
         adapter = self.adapter
         if adapter is not None:
             if len(self.segment) == adapter.hp.segment_length:
@@ -88,7 +101,7 @@ class Predictor:
                 _, self.state = adapter.step(inputs, targets, self.before)
                 self.segment, self.before = [], self.state
             self.segment.append(tokens)
-        self.log_p, self.state = self._read(tokens, self.state)
+        self.log_p, self.features, self.state = self._read(tokens, self.state)
 
 
 class GapModel:

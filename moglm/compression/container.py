@@ -4,21 +4,22 @@ that says what it needs to be decoded, and refuses anything else with a one-line
 The file is cut into B blocks of about ``block_size`` bytes (its tokens shared out evenly, so the blocks are
 read in step), coded side by side as one batch of B streams (:mod:`.coder`), one range-coder state per block.
 A block whose model code is no shorter than its bytes is stored raw and flagged, so no file grows by more than
-the header. Container, version 2 (little-endian)::
+the header. Container, version 3 (little-endian)::
 
-    b"MOGLMZ" | version (1 byte) | header length (4 bytes) | header (compact JSON, UTF-8)
+    b"MOGLMZ" | version (1 byte) | header length (4 bytes) | header (compact JSON, UTF-8, zlib-deflated)
     | block table: per block, stored length (4 bytes), flags (1 byte: 1 = raw), CRC-32 of its stored bytes (4)
     | CRC-32 of everything before it (4 bytes) | the blocks' stored bytes, in order
 
 A coded block's stored bytes are its range coder's uint32 words, big-endian, with trailing zero bytes dropped
 (the decoder reads zeros past them); a raw block's are its bytes. The header records the run's digest (its
 vocabulary and every weight), the architecture, the dtype, the logit factor, the dynamic-evaluation settings
-and a digest of their statistics (or none), the number of tokens, blocks and the block size, whether gaps are
-coded, the original length and its SHA-256, the threads and the library versions. Decoding checks the
-header's CRC, that the block table stays inside the file, every block's CRC (a damaged or truncated file, named
-by its block), the run's digest (another run, or a changed one) and, at the end, the output's SHA-256 and
-length before anything is written: a wrong output is never produced. Version 1 (one stream, no table, a CRC-32
-after the little-endian payload) still decodes, as one block.
+and a digest of their statistics (or none), the neural cache's settings (or none), the number of tokens,
+blocks and the block size, whether gaps are coded, the original length and its SHA-256, the threads and the
+library versions. Decoding checks the header's CRC, that the block table stays inside the file, every block's
+CRC (a damaged or truncated file, named by its block), the run's digest (another run, or a changed one) and, at the end, the output's SHA-256 and
+length before anything is written: a wrong output is never produced. Version 2 (the header not deflated, no
+cache) and version 1 (one stream, no table, a CRC-32 after the little-endian payload) still decode, version 1
+as one block.
 
 Determinism (docs/method.md, "Compression"): both sides run one loop (:mod:`.coder`) on the CPU in float32 with
 the header's number of torch threads, on the same ``[1, B]`` batch every step, so the same machine decodes what
@@ -38,7 +39,7 @@ import struct
 import time
 import zlib
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -46,11 +47,13 @@ import numpy as np
 import torch
 
 from ..errors import MoglmError
+from ..evaluation.neural_cache import StepCacheSettings
 from .coder import Block, GapModel, Predictor, decode, encode
 from .layout import Layout
 
 MAGIC = b"MOGLMZ"
-VERSION = 2
+VERSION = 3
+MAX_HEADER = 1 << 20  # bytes of JSON an inflated header may have (a forged one cannot exhaust memory)
 BLOCK_SIZE = 4_096  # bytes per block, about (0: the whole file in one block); measured in docs/guides/compression.md
 THREADS = 1  # torch threads of both sides, unless compress is told otherwise (the header records it)
 MAX_THREADS = 256
@@ -97,6 +100,11 @@ def block_count(size: int, tokens: int, block_size: int) -> int:
     bytes (0: one in all), at least one, and no more than its tokens."""
     wanted = 1 if block_size == 0 else math.ceil(size / block_size)
     return max(1, min(wanted, tokens))
+
+
+def streams(data: bytes, vocab, block_size: int = BLOCK_SIZE) -> int:
+    """How many blocks :func:`compress` cuts ``data`` into with ``vocab``'s layout: the streams coded side by side."""
+    return block_count(len(data), len(Layout.of(vocab).split(data)[0]), block_size)
 
 
 def block_tokens(tokens: int, blocks: int) -> list[int]:
@@ -192,10 +200,12 @@ def _stored(layout: Layout, block: Block) -> tuple[int, bytes]:
 
 
 def compress(data: bytes, model, vocab, *, factor: float = 1.0, adapter=None, settings: dict | None = None,
-             block_size: int = BLOCK_SIZE, threads: int = THREADS, progress: bool = True) -> tuple[bytes, Report]:
+             cache: StepCacheSettings | None = None, block_size: int = BLOCK_SIZE, threads: int = THREADS,
+             progress: bool = True) -> tuple[bytes, Report]:
     """``data`` coded with ``model`` (eval mode, CPU, float32); returns the container and its report.
     ``adapter``: adapt while coding; ``settings``: what rebuilds it for decoding (recorded in the header);
-    ``block_size``: bytes per block, about (0: one block); ``threads``: torch threads of both sides."""
+    ``cache``: mix the neural cache into the predictions (recorded in the header); ``block_size``: bytes per
+    block, about (0: one block); ``threads``: torch threads of both sides."""
     if (adapter is None) != (settings is None):
         raise ValueError("an adapter and the settings that rebuild it come together")
     _check_options(block_size, threads)
@@ -205,15 +215,16 @@ def compress(data: bytes, model, vocab, *, factor: float = 1.0, adapter=None, se
     blocks = _cut(layout, data, block_size)
     gaps = not layout.gapless
     with fixed_threads(threads):
-        predictor = Predictor(model, layout.start, len(blocks), factor, adapter)
+        predictor = Predictor(model, layout.start, len(blocks), factor, adapter, cache)
         encode(predictor, blocks, _gap_model(layout, gaps), layout.start, progress)
     stored = [_stored(layout, block) for block in blocks]
     tokens = sum(len(b.tokens) for b in blocks)
     header = {"run": run_digest(model, vocab), "architecture": model.architecture, "dtype": "float32",
-              "factor": factor, "adapt": settings, "adapt_digest": adapter_digest(adapter), "tokens": tokens,
+              "factor": factor, "adapt": settings, "adapt_digest": adapter_digest(adapter),
+              "cache": None if predictor.cache is None else asdict(predictor.cache.settings), "tokens": tokens,
               "bytes": len(data), "blocks": len(blocks), "block_size": block_size, "gaps": gaps,
               "sha256": hashlib.sha256(data).hexdigest(), **_environment(threads)}
-    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded = zlib.compress(json.dumps(header, separators=(",", ":")).encode(), 9)
     head = _PREFIX.pack(MAGIC, VERSION, len(encoded)) + encoded + b"".join(
         _ENTRY.pack(len(content), flags, zlib.crc32(content)) for flags, content in stored)
     head += _CRC.pack(zlib.crc32(head))
@@ -234,6 +245,7 @@ def _check_options(block_size: int, threads: int) -> None:
 
 
 _TYPES = {"run": str, "factor": (int, float), "adapt": (dict, type(None)), "adapt_digest": (str, type(None)),
+          "cache": (dict, type(None)),
           "tokens": int, "bytes": int, "sha256": str, "blocks": int, "block_size": int, "threads": int, "gaps": bool}
 
 
@@ -245,13 +257,14 @@ def read_header(blob: bytes, name: str = "the file") -> tuple[dict[str, Any], li
     magic, version, length = _PREFIX.unpack_from(blob)
     if version == 1:
         return _read_version_1(blob, length, name)
-    if version != VERSION:
-        raise MoglmError(f"{name} is a version {version} moglm-compressed file; this moglm reads versions 1 and "
-                         f"{VERSION} (a newer moglm made it)")
+    if version > VERSION or version < 1:
+        made = "a newer moglm made it" if version > VERSION else "no moglm writes it: damaged or forged"
+        raise MoglmError(f"{name} is a version {version} moglm-compressed file; this moglm reads versions 1 to "
+                         f"{VERSION} ({made})")
     table = _PREFIX.size + length
     if len(blob) < table:
         raise MoglmError(f"{name} is damaged or truncated (shorter than its header says)")
-    header = _parse_header(blob[_PREFIX.size : table], name)
+    header = _parse_header(_header_json(blob[_PREFIX.size : table], version), name, cache_field=version >= 3)
     end = table + header["blocks"] * _ENTRY.size
     if len(blob) < end + _CRC.size:
         raise MoglmError(f"{name} is damaged or truncated (shorter than its header and block table)")
@@ -280,12 +293,28 @@ def _words(content: bytes, dtype: str) -> np.ndarray:
     return np.frombuffer(content, dtype=dtype).astype(np.uint32)
 
 
-def _parse_header(encoded: bytes, name: str) -> dict[str, Any]:
-    """The header's fields, type-checked and consistent with each other, or a one-line error."""
+def _header_json(stored: bytes, version: int) -> bytes | None:
+    """The header's JSON: stored as it is up to version 2, deflated (zlib) from version 3 (``None``: not
+    inflatable, or longer than any header)."""
+    if version < 3:
+        return stored
+    inflate = zlib.decompressobj()
+    try:
+        encoded = inflate.decompress(stored, MAX_HEADER)
+    except zlib.error:
+        return None
+    return encoded if inflate.eof and not inflate.unconsumed_tail else None
+
+
+def _parse_header(encoded: bytes | None, name: str, cache_field: bool = False) -> dict[str, Any]:
+    """The header's fields, type-checked and consistent with each other, or a one-line error (a header before
+    version 3, ``cache_field`` false, has no cache)."""
     try:
         header = json.loads(encoded)
-    except ValueError:
+    except (TypeError, ValueError, RecursionError):  # RecursionError: JSON nested deeper than Python recurses
         header = None
+    if isinstance(header, dict) and not cache_field:
+        header.setdefault("cache", None)
     if not isinstance(header, dict) or any(not isinstance(header.get(k, ...), t) for k, t in _TYPES.items()) \
             or not 0 <= header["tokens"] <= header["bytes"] \
             or not 1 <= header["threads"] <= MAX_THREADS or header["block_size"] < 0:  # a token spells >= 1 byte
@@ -299,7 +328,7 @@ def _parse_header(encoded: bytes, name: str) -> dict[str, Any]:
 
 def _read_version_1(blob: bytes, length: int, name: str) -> tuple[dict[str, Any], list[np.ndarray | bytes]]:
     """A version 1 file (before blocks: one stream, one thread, gaps coded, a CRC-32 over all before it) as
-    version 2's header and one coded block."""
+    a later version's header and one coded block."""
     payload_end = len(blob) - _CRC.size
     if payload_end < _PREFIX.size + length or (payload_end - _PREFIX.size - length) % 4:
         raise MoglmError(f"{name} is damaged or truncated (shorter than its header says)")
@@ -324,6 +353,20 @@ def check_settings(header: dict[str, Any], name: str = "the file", *, dynamic: b
     if block_size is not None and block_size != header["block_size"]:
         raise MoglmError(f"{name} was compressed with --block-size {header['block_size']}, not {block_size}: its "
                          "header decides how it decodes (drop --block-size)")
+
+
+def recorded_cache(header: dict[str, Any], name: str = "the file") -> StepCacheSettings | None:
+    """The neural cache a file was coded with (``None``: none)."""
+    if header["cache"] is None:
+        return None
+    fields = header["cache"]
+    try:
+        if set(fields) != {"theta", "size", "lams"}:
+            raise TypeError
+        return StepCacheSettings(**fields)
+    except (TypeError, MoglmError):
+        raise MoglmError(f"{name}: its header's cache settings are not settings ({header['cache']!r}): damaged or "
+                         "forged") from None
 
 
 def scratch_seed(header: dict[str, Any], name: str = "the file") -> int | None:
@@ -358,7 +401,8 @@ def decompress(blob: bytes, model, vocab, *, adapter_for: Callable[[dict], Any] 
               for b, (content, n) in enumerate(zip(stored, counts))]
     payloads = [None if isinstance(content, bytes) else content for content in stored]
     with fixed_threads(header["threads"]):
-        predictor = Predictor(model, layout.start, len(blocks), float(header["factor"]), adapter)
+        predictor = Predictor(model, layout.start, len(blocks), float(header["factor"]), adapter,
+                              recorded_cache(header, name))
         decode(predictor, blocks, payloads, counts, _gap_model(layout, header["gaps"], header["bytes"]),
                layout.start, progress)
     try:

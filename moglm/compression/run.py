@@ -10,28 +10,55 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import MoglmError
+from ..evaluation.neural_cache import StepCacheSettings
 
 
-#: ``moglm compress --dynamic``'s learning rate and decay (rule rms-rmsdecay, segments of 20) where the run has
-#: no dynamic-evaluation settings of its own, searched on held-out English (chapters 6-8 of the Vim user manual;
+#: ``moglm compress --dynamic``'s learning rate and decay (rule rms-rmsdecay) where the run has no
+#: dynamic-evaluation settings of its own, searched on held-out English (chapters 6-8 of the Vim user manual;
 #: docs/guides/compression.md): decay 0 and segments of 20 for a 400-step WikiText-2 byte model (lr 3e-4 .. 1e-2,
 #: decay 0 .. 1e-2, segments 10 .. 40), then the step for the shipped ``wikitext-2-byte-mogrifier-cpu`` trained
 #: to its 3000 steps (lr 2e-3 .. 1.5e-2 at decay 0, segments of 20). Text unlike the training data wants 5x
 #: dynamic evaluation's default step and no pull back towards the trained weights.
 COMPRESSION_LR = 5e-3
 COMPRESSION_DECAY = 0.0
+#: The blocks share one set of weights, so one update reads a segment of every block: n steps x B streams
+#: tokens. What the search on chapters 6-8 found good is a number of tokens per update, not a segment length
+#: (the 413K-parameter model at lr 5e-3: n 20 best at 12 streams, where n 5 ran away; n 3-5 at 90, where n 20
+#: was 14% larger; n 2-3 at 180): about 240. Segments are sized to it, between 2 and 20 steps.
+UPDATE_TOKENS = 240
+SEGMENT_RANGE = (2, 20)
 
 
-def dynamic_settings(run_dir: Path, rule: str | None = None, lr: float | None = None) -> dict:
+#: ``moglm compress``'s neural cache (on unless ``--no-cache``): each block's last ``size`` positions, their
+#: features and the tokens that followed them, predict the next token beside the model (Krause thesis 2.2.1),
+#: with a weight lambda learnt from the block as it is coded (a Bayesian mixture over ``lams``). Searched on
+#: chapters 6-8 of the Vim user manual for the shipped byte model (benchmarks/compression_cache_search.py;
+#: docs/guides/compression.md): theta 0.5 was best static and adapting; the best lambda was 0.6 static and 0.2
+#: adapting there, but 0.2 and 0.1 on WikiText-2's own test text, where 0.6 made the static code 3% longer than
+#: no cache, hence the weight is learnt, from 0 (no cache) to 0.7. 2000 positions: 4000 gained 0.1-0.8% more
+#: at twice the cost per step, 1000 lost 0.2-2.5%.
+CACHE = StepCacheSettings(theta=0.5, size=2000, lams=(0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7))
+
+
+def segment_length(streams: int) -> int:
+    """Steps per segment of compression's adaptation when ``streams`` blocks are coded side by side: about
+    :data:`UPDATE_TOKENS` tokens per update, within :data:`SEGMENT_RANGE`."""
+    low, high = SEGMENT_RANGE
+    return max(low, min(high, round(UPDATE_TOKENS / max(1, streams))))
+
+
+def dynamic_settings(run_dir: Path, rule: str | None = None, lr: float | None = None, streams: int = 1) -> dict:
     """The settings of ``moglm compress --dynamic``: the run's ``dyneval/full.json`` when a previous
-    ``moglm dyneval`` wrote one, else rms-rmsdecay at :data:`COMPRESSION_LR` and :data:`COMPRESSION_DECAY`;
-    ``rule`` (with its own defaults) and ``lr`` override."""
+    ``moglm dyneval`` wrote one, else rms-rmsdecay at :data:`COMPRESSION_LR` and :data:`COMPRESSION_DECAY`
+    with segments sized by :func:`segment_length` for ``streams`` blocks; ``rule`` (with its own defaults but
+    the same segments) and ``lr`` override."""
     from ..dynamic_evaluation import Hyperparameters, StatisticsSettings
     from ..dynamic_evaluation.run import saved_settings
     from ..runs.language_model import LanguageModelRun
 
     hp, statistics = saved_settings(LanguageModelRun(run_dir)) or (
-        Hyperparameters(lr=COMPRESSION_LR, decay=COMPRESSION_DECAY), StatisticsSettings())
+        Hyperparameters(lr=COMPRESSION_LR, decay=COMPRESSION_DECAY, segment_length=segment_length(streams)),
+        StatisticsSettings())
     if rule is not None and rule != hp.rule:
         hp = Hyperparameters(rule=rule, segment_length=hp.segment_length)
     if lr is not None:

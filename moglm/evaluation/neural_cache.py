@@ -22,9 +22,10 @@ mixture is ``logaddexp(log(1 - lam) - nll, log(lam) + log p_cache)``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -183,3 +184,114 @@ def search_cache(nll: Tensor, features: Tensor, targets: Tensor, size: int = 500
     best = min(trials, key=lambda r: r["xent"])
     return CacheSearch(CacheSettings(best["theta"], best["lam"], size),
                        float(nll.double().mean()), best["xent"], trials)
+
+
+@dataclass(frozen=True)
+class StepCacheSettings:
+    """The cache that coding mixes in (:class:`StepCache`): ``theta`` and ``size`` as in :class:`CacheSettings`,
+    and the interpolation weights ``lams`` it chooses among as it reads (a Bayesian mixture over them; one weight
+    is a fixed lambda)."""
+
+    theta: float = 0.5
+    size: int = 2000
+    lams: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.lams, (tuple, list)) or not 1 <= len(self.lams) <= MAX_LAMS:
+            raise MoglmError(f"cache weights must be a list of 1 to {MAX_LAMS} lambdas, got {self.lams!r:.80}")
+        if isinstance(self.size, int) and self.size > MAX_STEP_CACHE:
+            raise MoglmError(f"a coding cache holds at most {MAX_STEP_CACHE:,} positions, not {self.size:,}")
+        object.__setattr__(self, "lams", tuple(self.lams))
+        for lam in self.lams:
+            _check(self.theta, lam, self.size)
+
+
+FIRST_CAPACITY = 256  # positions a StepCache's ring holds before it first grows
+MAX_STEP_CACHE = 65_536  # positions per stream a coding cache may hold (a forged header's size is refused)
+MAX_LAMS = 64  # lambdas a coding cache may choose among
+STEP_CACHE_BYTES = 1 << 30  # the most memory the features of all the streams' coding caches may take
+
+
+def fitted(settings: StepCacheSettings, streams: int, hidden_size: int) -> StepCacheSettings:
+    """``settings`` with the size cut so that ``streams`` caches of ``hidden_size`` float32 features fit in
+    :data:`STEP_CACHE_BYTES` (a file of many blocks gets shorter caches; applied again, it changes nothing)."""
+    room = max(1, STEP_CACHE_BYTES // (4 * streams * hidden_size))
+    return settings if settings.size <= room else replace(settings, size=room)
+
+
+class StepCache:
+    """The cache read one step at a time for coding (:mod:`moglm.compression`): the whole next-token
+    distribution of every stream, not only the probability of a known target. Holds the last ``size``
+    (feature, target) pairs of each of ``streams`` streams in a ring; every stream has as many as the others
+    (they advance together).
+
+    The interpolation weight is learnt from the text already read, stream by stream, as a Bayesian mixture over
+    the settings' ``lams``: each lambda's weight is its prior share (equal) times the probability its mixture gave
+    every token so far, so the code length is within ``log(len(lams))`` nats of the best of them in hindsight, on
+    text the cache helps (a weight near 0.6 on text unlike the training data) and on text it does not (near 0).
+    With one lambda, its probability of a token is the one :meth:`NeuralCache.score` gives (the reference twin;
+    summed in another order)."""
+
+    def __init__(self, settings: StepCacheSettings, streams: int, hidden_size: int, vocab_size: int,
+                 dtype: torch.dtype = torch.float32) -> None:
+        self.settings, self.vocab_size = settings, vocab_size
+        first = min(settings.size, FIRST_CAPACITY)  # the ring grows as it fills: memory for what was read only
+        self._keys = torch.zeros(streams, hidden_size, first, dtype=dtype)  # [B, H, S]: a column a position
+        self._targets = torch.zeros(streams, first, dtype=torch.long)  # [B, S]
+        self._count = 0  # positions appended so far
+        self._lams = np.array(settings.lams)  # [K]
+        self._log_weights = np.full((streams, len(self._lams)), -math.log(len(self._lams)))  # [B, K]
+        self._read: tuple[np.ndarray, np.ndarray] | None = None  # the last step's p_model and p_cache [B, V]
+
+    def distribution(self, features: Tensor) -> Tensor | None:
+        """``[B, V]``: p_cache(w) = sum over the cached positions i with target w of softmax_i(theta h_t . h_i),
+        for the current features ``[B, H]``; ``None`` while the cache is empty."""
+        filled = min(self._count, self.settings.size)
+        if not filled:
+            return None
+        keys = self._keys[:, :, :filled]  # [B, H, S']
+        sims = torch.bmm(features.detach().to(keys.dtype)[:, None, :], keys)[:, 0]  # [B, S']
+        weights = torch.softmax(self.settings.theta * sims, dim=-1)  # [B, S']
+        p = torch.zeros(features.shape[0], self.vocab_size, dtype=weights.dtype)  # [B, V]
+        return p.scatter_add_(1, self._targets[:, :filled], weights)
+
+    def weight(self) -> np.ndarray:
+        """``[B]``: every stream's current interpolation weight, the mean of ``lams`` under its posterior."""
+        w = np.exp(self._log_weights - self._log_weights.max(axis=1, keepdims=True))  # [B, K]
+        return (w / w.sum(axis=1, keepdims=True)) @ self._lams
+
+    def mix(self, p_model: np.ndarray, features: Tensor) -> np.ndarray:
+        """``(1 - lam) p_model + lam p_cache`` (``p_model`` ``[B, V]`` float64), ``lam`` each stream's
+        :meth:`weight`; ``p_model`` itself while the cache is empty."""
+        p_cache = self.distribution(features)
+        if p_cache is None:
+            self._read = None
+            return p_model
+        p_cache = p_cache.double().numpy()  # [B, V]
+        self._read = (p_model, p_cache)
+        lam = self.weight()  # [B]
+        lam[~np.isfinite(p_cache).all(axis=1)] = 0.0  # features a diverged adaptation left non-finite: the model
+        return (1.0 - lam[:, None]) * p_model + lam[:, None] * np.nan_to_num(p_cache)
+
+    def append(self, features: Tensor, targets: Tensor) -> None:
+        """Read the tokens that followed the last :meth:`mix`, ``targets`` ``[B]``: every lambda's weight is
+        multiplied by the probability its mixture gave them; then remember the pairs (``features`` ``[B, H]``)."""
+        if self._read is not None:
+            p_model, p_cache = self._read
+            rows, ys = np.arange(len(p_model)), np.asarray(targets)
+            chosen = ((1.0 - self._lams) * p_model[rows, ys][:, None]
+                      + self._lams * p_cache[rows, ys][:, None])  # [B, K]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                gain = np.log(chosen)  # [B, K]
+            finite = np.isfinite(gain).all(axis=1)  # [B]: a row the model gave no finite distribution learns nothing
+            self._log_weights[finite] += gain[finite]
+            self._log_weights -= self._log_weights.max(axis=1, keepdims=True)
+            self._read = None
+        slot = self._count % self.settings.size
+        if slot == self._keys.shape[2]:  # full below size: twice the room (the same slots, so the same sums)
+            room = min(self.settings.size, 2 * slot)
+            self._keys = torch.cat([self._keys, self._keys.new_zeros(*self._keys.shape[:2], room - slot)], 2)
+            self._targets = torch.cat([self._targets, self._targets.new_zeros(len(self._targets), room - slot)], 1)
+        self._keys[:, :, slot] = features.detach()
+        self._targets[:, slot] = targets
+        self._count += 1

@@ -5,6 +5,7 @@ the block format: test_compression_blocks.py."""
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 
@@ -17,6 +18,8 @@ pytest.importorskip("constriction", reason="the compress extra (constriction) is
 from conftest import tiny_format_run  # noqa: E402
 from moglm.cli import main  # noqa: E402
 from moglm.compression import Layout, compress, decompress, read_header  # noqa: E402
+from moglm.compression.run import CACHE, UPDATE_TOKENS, segment_length  # noqa: E402
+from moglm.evaluation.neural_cache import StepCacheSettings  # noqa: E402
 from moglm.data.vocabulary import Vocabulary  # noqa: E402
 from moglm.dynamic_evaluation import DynamicEvaluator, Hyperparameters  # noqa: E402
 from moglm.errors import MoglmError  # noqa: E402
@@ -245,6 +248,41 @@ def test_bench_compress_puts_the_model_beside_gzip_bzip2_and_xz(char_run, tmp_pa
         assert r["cpu_seconds"] > 0 and r["decompress_cpu_seconds"] > 0
     table = capsys.readouterr().out
     assert "| xz -9 |" in table and f"| moglm compress --block-size 256 --dynamic (sgd) | {blocks} (0) |" in table
+    # each block size's adaptation has segments sized to its streams, as moglm compress sizes them
+    assert [r["dynamic"]["hyperparameters"]["segment_length"] for r in rows if r["dynamic"]] == [
+        segment_length(1), segment_length(blocks)]
+
+
+def test_the_adaptations_segments_hold_about_the_same_tokens_however_many_blocks_share_them(char_run, tmp_path):
+    """One update reads n steps of every block: moglm compress --dynamic sizes n to about UPDATE_TOKENS tokens
+    across the blocks (20 steps for one stream, fewer for many, never under 2), and the header records it."""
+    assert [segment_length(b) for b in (1, 12, 24, 90, 180, 10_000)] == [20, 20, 10, 3, 2, 2]
+    assert segment_length(24) * 24 == UPDATE_TOKENS
+    source = tmp_path / "text.txt"
+    source.write_bytes(TEXT * 3)
+    for block_size, blocks in ((0, 1), (64, -(-len(TEXT) * 3 // 64))):
+        out = tmp_path / f"{block_size}.moglm"
+        assert main(["compress", str(char_run), str(source), "--dynamic", "--block-size", str(block_size), "-o",
+                     str(out), "--no-progress"]) == 0
+        header = read_header(out.read_bytes())[0]
+        assert len(read_header(out.read_bytes())[1]) == blocks
+        assert header["adapt"]["hyperparameters"]["segment_length"] == segment_length(blocks)
+        assert StepCacheSettings(**header["cache"]) == CACHE  # the neural cache is on by default
+
+
+def test_compress_mixes_in_the_neural_cache_unless_told_not_to_and_the_header_decides_the_decode(char_run, tmp_path):
+    """By default moglm compress codes with the neural cache (its settings in the header); --no-cache codes with
+    the model alone; decompress takes no cache option: the header decides."""
+    source = tmp_path / "text.txt"
+    source.write_bytes(TEXT * 2)
+    for args, expected in (([], CACHE), (["--no-cache"], None)):
+        out = tmp_path / f"{len(args)}.moglm"
+        assert main(["compress", str(char_run), str(source), "-o", str(out), "--no-progress", *args]) == 0
+        recorded = read_header(out.read_bytes())[0]["cache"]
+        assert (recorded and StepCacheSettings(**recorded)) == expected
+        assert main(["decompress", str(char_run), str(out), "-o", str(tmp_path / "back.txt"), "--force",
+                     "--no-progress"]) == 0
+        assert (tmp_path / "back.txt").read_bytes() == TEXT * 2
 
 
 def test_an_empty_file_round_trips_and_reports_no_rate(char_run, tmp_path, capsys):
@@ -281,22 +319,26 @@ def test_a_forged_header_claiming_a_billion_tokens_stops_in_seconds_not_at_a_kil
     assert (tmp_path / "t.txt").read_bytes() == TEXT
 
 
-def forged(blob: bytes, table=None, **fields) -> bytes:
-    """A version 2 container with header ``fields`` replaced (and its block table, a list of
-    ``(stored length, flags, CRC)``, if given), its header CRC recomputed so that only the other checks see it."""
+def forged(blob: bytes, table=None, version=None, **fields) -> bytes:
+    """A container with header ``fields`` replaced (and its block table, a list of ``(stored length, flags,
+    CRC)``, if given), its header CRC recomputed so that only the other checks see it; ``version``: written
+    as that format version (2: the header's JSON stored as it is, not deflated)."""
     import json
     import zlib
 
     from moglm.compression.container import _CRC, _ENTRY, _PREFIX
 
-    magic, version, length = _PREFIX.unpack_from(blob)
-    header = json.loads(blob[_PREFIX.size : _PREFIX.size + length])
+    magic, stored_version, length = _PREFIX.unpack_from(blob)
+    stored = blob[_PREFIX.size : _PREFIX.size + length]
+    header = json.loads(stored if stored_version < 3 else zlib.decompress(stored))
     start = _PREFIX.size + length
     end = start + header["blocks"] * _ENTRY.size
     entries = table if table is not None else [_ENTRY.unpack_from(blob, start + i * _ENTRY.size)
                                                for i in range(header["blocks"])]
     header.update(fields)
+    version = stored_version if version is None else version
     encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded = encoded if version < 3 else zlib.compress(encoded, 9)
     head = _PREFIX.pack(magic, version, len(encoded)) + encoded + b"".join(_ENTRY.pack(*e) for e in entries)
     return head + _CRC.pack(zlib.crc32(head)) + blob[end + _CRC.size :]
 
@@ -362,3 +404,52 @@ def test_the_compression_search_scores_every_learning_rate_both_ways(char_run, t
     assert main(["compress", str(char_run), str(source), "-o", str(tmp_path / "c.moglm"), "--dynamic",
                  "--adapt-learning-rate", "0.01", "--no-progress"]) == 0
     assert (tmp_path / "c.moglm").stat().st_size == report["rows"][1]["compressed_bytes"]
+
+
+def test_the_cache_search_scores_the_grid_on_the_blocks_static_and_adapting(char_run, tmp_path):
+    """benchmarks/compression_cache_search.py: for each pass (static, adapting with compress's segments) and
+    cache size, the best theta and lambda of the grid and the rate with and without the cache, on the file cut
+    into compress's blocks."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "compression_cache_search.py"
+    spec = importlib.util.spec_from_file_location("compression_cache_search", path)
+    search = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(search)
+    source = tmp_path / "text.txt"
+    source.write_bytes(TEXT * 2)
+    out = tmp_path / "cache.json"
+    search.main([str(char_run), str(source), "--block-size", "200", "--sizes", "8", "40", "--out", str(out)])
+    report = json.loads(out.read_text())
+    blocks = -(-len(TEXT) * 2 // 200)
+    assert [(r["pass"], r["size"]) for r in report["rows"]] == [("static", 8), ("static", 40), ("dynamic", 8),
+                                                               ("dynamic", 40)]
+    for r in report["rows"]:
+        assert r["blocks"] == blocks and r["theta"] in search.THETAS and r["lam"] in search.LAMS
+        assert len(r["trials"]) == len(search.THETAS) * len(search.LAMS)
+        best = min(r["trials"], key=lambda t: t["xent"])  # the row's rate is its best trial's
+        assert (best["theta"], best["lam"], best["size"]) == (r["theta"], r["lam"], r["size"])
+        assert r["bits_per_byte"] * len(TEXT) * 2 == pytest.approx(best["xent"] / math.log(2) * blocks * (
+            len(TEXT) * 2 // blocks))
+    static, dynamic = report["rows"][:2], report["rows"][2:]
+    assert static[0]["bits_per_byte_without"] == static[1]["bits_per_byte_without"] != dynamic[0][
+        "bits_per_byte_without"]
+    assert report["rows"][2]["segment_length"] == segment_length(blocks)
+
+
+def test_bench_compress_puts_each_row_beside_itself_without_the_cache_in_one_run(char_run, tmp_path, capsys):
+    import json
+
+    source = tmp_path / "text.txt"
+    source.write_bytes(TEXT * 2)
+    out = tmp_path / "compression.json"
+    assert main(["bench", "compress", str(char_run), str(source), "--without-cache", "--no-progress",
+                 "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert StepCacheSettings(**rows[0]["cache"]) == CACHE and rows[1]["cache"] is None
+    assert rows[0]["original_bytes"] == rows[1]["original_bytes"] == len(TEXT) * 2
+    table = capsys.readouterr().out
+    assert "| moglm compress --block-size 4096 |" in table
+    assert "| moglm compress --block-size 4096 --no-cache |" in table

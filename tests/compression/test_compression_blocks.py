@@ -6,6 +6,8 @@ adaptation, and every bad input a one-line error that touches no file."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import numpy as np
 import pytest
 import torch
@@ -18,12 +20,14 @@ from moglm.compression import Layout, compress, decompress, read_header  # noqa:
 from moglm.compression import coder, container  # noqa: E402
 from moglm.dynamic_evaluation import DynamicEvaluator, Hyperparameters  # noqa: E402
 from moglm.errors import MoglmError  # noqa: E402
+from moglm.evaluation.neural_cache import StepCacheSettings  # noqa: E402
 from moglm.runs.language_model import load_run  # noqa: E402
 from test_compression import forged  # noqa: E402
 
 TEXT = b"the cat sees the dog .\nthe owl hears the cow .\nthe fish likes the bird .\n" * 12  # 864 bytes
 RANDOM = bytes(np.random.default_rng(1).integers(0, 256, 1000, dtype=np.uint8))
 SGD = Hyperparameters(rule="sgd", lr=0.3, segment_length=5)
+CACHE = StepCacheSettings(theta=0.5, size=50, lams=(0.0, 0.3, 0.6))
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +44,13 @@ def _adapter(trained, hp=SGD):
     return DynamicEvaluator(trained.model, hp, factor=trained.temperature)
 
 
-def _round_trip(run, data, block_size, *, hp=None, threads=1):
+def _round_trip(run, data, block_size, *, hp=None, threads=1, cache=None):
     """The container, its report and the decoded bytes (a fresh adapter on the decoding side)."""
     trained = load_run(run)
     adapter = None if hp is None else _adapter(trained, hp)
     settings = None if hp is None else {"hyperparameters": hp.as_dict()}
     blob, report = compress(data, trained.model, trained.vocab, factor=trained.temperature, adapter=adapter,
-                            settings=settings, block_size=block_size, threads=threads, progress=False)
+                            settings=settings, cache=cache, block_size=block_size, threads=threads, progress=False)
     restored = decompress(blob, trained.model, trained.vocab, progress=False,
                           adapter_for=lambda header: _adapter(trained, hp))
     return blob, report, restored
@@ -59,15 +63,18 @@ def _flags(blob):
 
 @pytest.mark.parametrize("run_name", ["char_run", "byte_run"])
 @pytest.mark.parametrize("hp", [None, SGD], ids=["static", "dynamic"])
-def test_blocks_coded_side_by_side_round_trip_with_and_without_adaptation(run_name, hp, request):
+@pytest.mark.parametrize("cache", [None, CACHE], ids=["no-cache", "cache"])
+def test_blocks_coded_side_by_side_round_trip_with_and_without_adaptation_and_cache(run_name, hp, cache, request):
     """A character run (gaps coded: the unseen capitals and the UTF-8) and a byte run (gapless) at one block
-    and at many; with adaptation the blocks share the adapted weights."""
+    and at many; with adaptation the blocks share the adapted weights; with the neural cache each block mixes
+    its own positions' cache into its predictions (the header records its settings)."""
     run = request.getfixturevalue(run_name)
     data = TEXT + "Naïve Capitals ☃\n".encode() + TEXT[:301]
     for block_size in (0, 100):
-        blob, report, restored = _round_trip(run, data, block_size, hp=hp)
+        blob, report, restored = _round_trip(run, data, block_size, hp=hp, cache=cache)
         header, blocks = read_header(blob)
         assert restored == data
+        assert header["cache"] == (None if cache is None else {**asdict(cache), "lams": list(cache.lams)})
         assert header["blocks"] == report.blocks == len(blocks) == (1 if block_size == 0 else -(-len(data) // 100))
         assert header["gaps"] is (run_name == "char_run") and header["block_size"] == block_size
         assert report.raw_blocks == sum(_flags(blob)) == 0  # text the model knows is never stored raw
@@ -167,25 +174,45 @@ def test_decoding_is_a_pure_function_of_the_file_and_an_interrupted_decode_write
 
 
 def test_without_adaptation_a_blocks_tokens_depend_on_its_own_bytes_only(char_run):
-    """The rows of the batch do not mix: with another block read in row 0 (other text, as a raw block), every
-    other block still decodes to its own tokens from its own bytes."""
+    """The rows of the batch do not mix, the neural cache's included (each block caches its own positions): with
+    another block read in row 0 (other text, as a raw block), every other block still decodes to its own tokens
+    from its own bytes."""
     trained = load_run(char_run)
     layout = Layout.of(trained.vocab)
     data = TEXT * 2
     blob, _ = compress(data, trained.model, trained.vocab, factor=trained.temperature, block_size=300,
-                       progress=False)
+                       cache=CACHE, progress=False)
     header, stored = read_header(blob)
     counts = container.block_tokens(header["tokens"], header["blocks"])
     expected = container._cut(layout, data, 300)
     other = layout.split(b"fish " * 200)[0][: counts[0]]  # another text in row 0
     blocks = [coder.Block(other, [])] + [coder.Block() for _ in stored[1:]]
     with container.fixed_threads(1):
-        predictor = coder.Predictor(trained.model, layout.start, len(blocks), trained.temperature)
+        predictor = coder.Predictor(trained.model, layout.start, len(blocks), trained.temperature, cache=CACHE)
         coder.decode(predictor, blocks, [None] + stored[1:], counts,
                      container._gap_model(layout, True, header["bytes"]), layout.start, progress=False)
     assert len(blocks) > 2
     for block, original in zip(blocks[1:], expected[1:]):
         assert (block.tokens, block.gaps) == (original.tokens, original.gaps)
+
+
+def test_a_version_2_file_still_decodes_without_a_cache_and_its_header_not_deflated(char_run):
+    """Version 2 (before the neural cache): the header's JSON stored as it is, with no cache field."""
+    import json
+    import struct
+    import zlib
+
+    trained = load_run(char_run)
+    blob, _ = compress(TEXT, trained.model, trained.vocab, factor=trained.temperature, block_size=300, progress=False)
+    _, _, length = container._PREFIX.unpack_from(blob)
+    header = json.loads(zlib.decompress(blob[container._PREFIX.size : container._PREFIX.size + length]))
+    encoded = json.dumps({k: v for k, v in header.items() if k != "cache"}).encode()
+    rest = blob[container._PREFIX.size + length :]  # the block table, its CRC (recomputed below) and the blocks
+    table = rest[: header["blocks"] * container._ENTRY.size]
+    head = container._PREFIX.pack(container.MAGIC, 2, len(encoded)) + encoded + table
+    version_2 = head + struct.pack("<I", zlib.crc32(head)) + rest[len(table) + 4 :]
+    assert read_header(version_2)[0]["cache"] is None
+    assert decompress(version_2, trained.model, trained.vocab, progress=False) == TEXT
 
 
 def test_a_version_1_file_still_decodes_as_one_block(char_run):
@@ -215,7 +242,8 @@ def _error(capsys, args):
 def test_every_bad_input_is_a_one_line_error_that_touches_no_file(char_run, tmp_path, capsys):
     """Truncated or altered blocks (coded and raw), a block table that points outside the file, a damaged header,
     trailing bytes, another block size, another --dynamic setting, a raw block that does not hold its tokens and
-    a newer version: each refused in one line, and the output, an existing file kept by --force, is untouched."""
+    a newer version, forged cache settings: each refused in one line, and the output, an existing file kept by
+    --force, is untouched."""
     import json
     from moglm.compression.container import _ENTRY, _PREFIX
 
@@ -226,7 +254,7 @@ def test_every_bad_input_is_a_one_line_error_that_touches_no_file(char_run, tmp_
     assert capsys.readouterr().err.startswith("warning: the run's vocabulary has no token for ")  # random bytes
     blob = good.read_bytes()
     header, stored = read_header(blob)
-    table = _PREFIX.size + len(json.dumps(header, separators=(",", ":")).encode())
+    table = _PREFIX.size + _PREFIX.unpack_from(blob)[2]
     entries = [_ENTRY.unpack_from(blob, table + i * _ENTRY.size) for i in range(header["blocks"])]
     raw = next(i for i, b in enumerate(stored) if isinstance(b, bytes))
     first = len(blob) - sum(e[0] for e in entries)  # where block 1's bytes start
@@ -250,7 +278,19 @@ def test_every_bad_input_is_a_one_line_error_that_touches_no_file(char_run, tmp_
                                                                  "its block size of 100 bytes cuts"),
         "raw-tokens.moglm": (forged(blob, tokens=header["tokens"] - header["blocks"]),
                              f"raw block {raw + 1} of {header['blocks']} does not hold the"),
-        "version-3.moglm": (blob[:6] + b"\x03" + blob[7:], "a version 3 moglm-compressed file; this moglm reads"),
+        "version-4.moglm": (blob[:6] + b"\x04" + blob[7:], "a version 4 moglm-compressed file; this moglm reads"),
+        "forged-cache.moglm": (forged(blob, cache={"theta": 0.5, "lams": [1.5], "size": 10}),
+                               "its header's cache settings are not settings"),
+        "forged-cache-lams.moglm": (forged(blob, cache={"theta": 0.5, "lams": "0.5", "size": 10}),
+                                    "its header's cache settings are not settings"),
+        "forged-cache-many-lams.moglm": (forged(blob, cache={"theta": 0.5, "lams": [0.1] * 100, "size": 10}),
+                                         "its header's cache settings are not settings"),
+        "forged-cache-size.moglm": (forged(blob, cache={"theta": 0.5, "lams": [0.1], "size": 10**9}),
+                                    "its header's cache settings are not settings"),
+        "forged-cache-empty.moglm": (forged(blob, cache={}), "its header's cache settings are not settings"),
+        "version-0.moglm": (blob[:6] + b"\x00" + blob[7:], "a version 0 moglm-compressed file"),
+        "header-not-deflated.moglm": (forged(blob, version=2)[:6] + b"\x03" + forged(blob, version=2)[7:],
+                                      "damaged"),
     }
     out = tmp_path / "out.txt"
     out.write_bytes(b"keep me")
@@ -300,3 +340,32 @@ def test_bad_block_options_are_one_line_errors(char_run, tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert option in err and len(err.splitlines()) == 1
         assert not (tmp_path / "text.txt.moglm").exists()
+
+
+@pytest.mark.parametrize("hp, most", [(None, 0.8), (SGD, 0.95)], ids=["static", "dynamic"])
+def test_the_neural_cache_codes_a_text_that_repeats_itself_smaller(byte_run, hp, most):
+    """A sentence the tiny model never read, repeated: its cache has seen the sentence after one reading, so
+    the file comes out smaller with the cache than without (by over a fifth statically; adapting, the model
+    learns the repeats itself and the cache adds less), and both round-trip."""
+    data = b"quizzical zebras jumped over vexing walls.\n" * 12
+    sizes = {}
+    for cache in (None, CACHE):
+        blob, report, restored = _round_trip(byte_run, data, 0, hp=hp, cache=cache)
+        assert restored == data
+        sizes[cache] = report.compressed_bytes - report.header_bytes
+    assert sizes[CACHE] < most * sizes[None], sizes
+
+
+def test_the_caches_of_many_blocks_are_cut_to_fit_in_memory_and_the_header_records_the_size_used(char_run,
+                                                                                                  monkeypatch):
+    """A file of many blocks gets shorter caches (all of them together within STEP_CACHE_BYTES of features); the
+    header records the size coded with, and the decoder, fitting it again, uses the same."""
+    from moglm.evaluation import neural_cache
+
+    trained = load_run(char_run)
+    hidden = trained.model.rnn.cells[-1].hidden_size
+    blocks = -(-len(TEXT) * 2 // 100)
+    monkeypatch.setattr(neural_cache, "STEP_CACHE_BYTES", 4 * blocks * hidden * 7)  # room for 7 positions each
+    blob, report, restored = _round_trip(char_run, TEXT * 2, 100, cache=CACHE)
+    assert restored == TEXT * 2 and report.blocks == blocks
+    assert read_header(blob)[0]["cache"] == {"theta": CACHE.theta, "size": 7, "lams": list(CACHE.lams)}

@@ -125,3 +125,26 @@ def test_a_source_and_a_path_together_are_refused_by_the_config():
 
     with pytest.raises(MoglmError, match="set data.source .* or data.path"):
         validate({"data": {"source": "x", "path": "y"}})
+
+
+def test_the_wikitext_103_byte_recipe_reads_the_raw_release_as_detokenized_bytes(tmp_path, monkeypatch):
+    """wikitext-103-byte-mogrifier-gpu's data section, pointed at a local copy laid out as the Hub's
+    wikitext-103-raw-v1 (one record per line, ``train`` / ``validation`` / ``test``), reads the text as bytes with
+    WikiText's tokenization undone: what the general English model for compression trains on."""
+    from moglm.runs.build import load_data
+    from moglm.runs.config import load_config
+
+    raw = {"train": ["", " = Valkyria = \n", "", " The game @-@ play , set in 1 @,@ 500 , began . \n"],
+           "validation": [" = Tower = \n", " It is 3 @.@ 5 m high . \n"],
+           "test": [" = River = \n", " The river 's course ( north ) runs far . \n"]}
+    datasets.DatasetDict({k: datasets.Dataset.from_dict({"text": v}) for k, v in raw.items()}).save_to_disk(
+        str(tmp_path / "wikitext-103-raw"))
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config("wikitext-103-byte-mogrifier-gpu")
+    assert cfg.data.source == "Salesforce/wikitext:wikitext-103-raw-v1" and cfg.data.format == "byte"
+    corpus = load_data(cfg.data.model_copy(update={"source": "wikitext-103-raw"}))
+    text = {s: bytes(corpus[s].tolist()).decode() for s in ("train", "valid", "test")}
+    assert "The game-play, set in 1,500, began.\n" in text["train"]
+    assert "It is 3.5 m high.\n" in text["valid"]
+    assert "The river's course (north) runs far.\n" in text["test"]
+    assert len(corpus.vocab) == 256 and " @" not in "".join(text.values())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -136,3 +137,93 @@ def test_bad_cache_arguments_raise_moglm_error():
         NeuralCache(5, 2).mix(nll, features, targets, [0.1], [1.0])
     with pytest.raises(MoglmError):
         NeuralCache(5, 2).score(nll, features, targets, CacheSettings(size=6))
+
+
+def _step_twin(steps, streams, hidden, vocab, settings):
+    """Random features, targets and model distributions, and the evaluation cache's mixed nll of the targets
+    (the twin a StepCache with the one lambda ``settings.lam`` must match): ``[N, B, H]``, ``[N, B]``,
+    ``[N, B, V]``, ``[N, B]``."""
+    features = torch.randn(steps, streams, hidden, dtype=torch.float64)  # [N, B, H]
+    targets = torch.randint(vocab, (steps, streams))  # [N, B]
+    p_model = torch.rand(steps, streams, vocab, dtype=torch.float64).softmax(-1)  # [N, B, V]
+    nll = -p_model.gather(2, targets[..., None])[..., 0].log()  # [N, B]
+    return features, targets, p_model, NeuralCache(settings.size, streams).score(nll, features, targets, settings)
+
+
+def test_the_step_cache_for_coding_gives_the_segment_caches_probabilities_of_every_token_in_float64():
+    """StepCache (compression's: the whole next-token distribution, one step at a time, in a ring) against
+    NeuralCache (the segment twin, checked above against a plain loop): at every step and in every stream,
+    its mixture's probability of the token that came is the one NeuralCache scores, past the ring's wrap
+    (odd sizes: 3 streams, 23 steps, a cache of 7), with one lambda to choose from; the distribution sums to one,
+    and before any position it is the model's alone."""
+    from moglm.evaluation.neural_cache import StepCache, StepCacheSettings
+
+    steps, streams, hidden, vocab = 23, 3, 5, 6
+    features, targets, p_model, expected = _step_twin(steps, streams, hidden, vocab, CacheSettings(0.8, 0.35, 7))
+    cache = StepCache(StepCacheSettings(theta=0.8, size=7, lams=(0.35,)), streams, hidden, vocab, dtype=torch.float64)
+    first = p_model[0].numpy()
+    assert cache.distribution(features[0]) is None and cache.mix(first, features[0]) is first
+    for t in range(steps):
+        mixed = cache.mix(p_model[t].numpy(), features[t])  # [B, V]
+        assert mixed.sum(axis=1) == pytest.approx([1.0] * streams, abs=1e-12)
+        got = -torch.log(torch.from_numpy(mixed)[torch.arange(streams), targets[t]])  # [B]
+        torch.testing.assert_close(got, expected[t], rtol=0, atol=1e-12)
+        cache.append(features[t], targets[t])
+
+
+@pytest.mark.parametrize("repeats", [True, False], ids=["repeats", "random"])
+def test_the_step_caches_learnt_weight_codes_within_log_k_of_the_best_fixed_lambda(repeats):
+    """The Bayesian mixture over lambdas: the code length of every stream is at most the best fixed lambda's in
+    hindsight plus log(K) nats, and the weight goes where the text takes it: up on a text that repeats
+    itself (the cache's features find the repeats, and the code is shorter than without a cache), towards the
+    smallest lambda on targets the cache cannot predict."""
+    from moglm.evaluation.neural_cache import StepCache, StepCacheSettings
+
+    steps, streams, hidden, vocab = 120, 2, 4, 7
+    lams = (0.0, 0.2, 0.5, 0.8)
+    torch.manual_seed(3)
+    if repeats:  # a period of 6 steps: the same feature is always followed by the same token
+        period = torch.randn(6, streams, hidden, dtype=torch.float64)
+        features = period.repeat(steps // 6, 1, 1)  # [N, B, H]
+        targets = torch.randint(vocab, (6, streams)).repeat(steps // 6, 1)  # [N, B]
+    else:
+        features = torch.randn(steps, streams, hidden, dtype=torch.float64)
+        targets = torch.randint(vocab, (steps, streams))
+    p_model = torch.rand(steps, streams, vocab, dtype=torch.float64).softmax(-1).numpy()  # [N, B, V]
+    cache = StepCache(StepCacheSettings(theta=2.0, size=30, lams=lams), streams, hidden, vocab, dtype=torch.float64)
+    fixed = [StepCache(StepCacheSettings(theta=2.0, size=30, lams=(lam,)), streams, hidden, vocab,
+                       dtype=torch.float64) for lam in lams]
+    learnt, each = np.zeros(streams), np.zeros((len(lams), streams))
+    rows = np.arange(streams)
+    for t in range(steps):
+        y = targets[t]
+        learnt -= np.log(cache.mix(p_model[t], features[t])[rows, y.numpy()])
+        cache.append(features[t], y)
+        for k, one in enumerate(fixed):
+            each[k] -= np.log(one.mix(p_model[t], features[t])[rows, y.numpy()])
+            one.append(features[t], y)
+    assert (learnt <= each.min(axis=0) + math.log(len(lams)) + 1e-9).all()
+    if repeats:
+        assert (learnt < each[0]).all()  # the learnt weight beats no cache at all
+    weight = cache.weight()
+    assert (weight > 0.7).all() if repeats else (weight < 0.2).all()
+
+
+def test_the_step_caches_ring_grows_as_it_fills_and_gives_the_same_probabilities(monkeypatch):
+    """The ring starts small and doubles up to its size (a forged header's huge size costs memory only for what is
+    read): through the growths (4 -> 8 -> 11) and the wrap, every token's probability is the evaluation twin's."""
+    from moglm.evaluation import neural_cache
+    from moglm.evaluation.neural_cache import StepCache, StepCacheSettings
+
+    monkeypatch.setattr(neural_cache, "FIRST_CAPACITY", 4)
+    steps, streams, hidden, vocab = 40, 2, 3, 5
+    features, targets, p_model, expected = _step_twin(steps, streams, hidden, vocab, CacheSettings(0.6, 0.3, 11))
+    cache = StepCache(StepCacheSettings(theta=0.6, size=11, lams=(0.3,)), streams, hidden, vocab,
+                      dtype=torch.float64)
+    capacities = []
+    for t in range(steps):
+        mixed = torch.from_numpy(cache.mix(p_model[t].numpy(), features[t]))  # [B, V]
+        torch.testing.assert_close(-mixed[torch.arange(streams), targets[t]].log(), expected[t], rtol=0, atol=1e-12)
+        cache.append(features[t], targets[t])
+        capacities.append(cache._keys.shape[2])
+    assert sorted(set(capacities)) == [4, 8, 11]
