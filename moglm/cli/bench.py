@@ -250,8 +250,8 @@ def compress(
     block_size: list[int] = typer.Option([], help="Bytes per block, one row (two with --dynamic) each: 0 4096 "
                                          "puts one stream beside blocks (default: moglm compress's)."),
     cache: bool = typer.Option(True, help="Code with moglm compress's neural cache (--no-cache: without)."),
-    without_cache: bool = typer.Option(False, help="Also code every row without the neural cache (a row each, "
-                                       "measured in the same run)."),
+    without_cache: bool = typer.Option(False, "--without-cache", help="Also code every row without the neural "
+                                       "cache (a row each, measured in the same run)."),
     threads: Optional[int] = typer.Option(None, min=1, help="Torch threads (default: moglm compress's)."),
     progress: bool = typer.Option(True, help="Show progress bars."),
     out: Optional[Path] = typer.Option(None, help=OUT_HELP),
