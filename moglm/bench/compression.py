@@ -52,8 +52,8 @@ def run_compression(run_dir: Path, file: Path, settings: dict | None, block_size
     adapter = None
     if settings is not None:
         adapter = adapter_from_settings(run_dir, model, checkpoint, factor, settings)
-    mixed = CACHE if cache else None
-    blob, report = compress(data, model, vocab, factor=factor, adapter=adapter, settings=settings, cache=mixed,
+    blob, report = compress(data, model, vocab, factor=factor, adapter=adapter, settings=settings,
+                            cache=CACHE if cache else None,
                             block_size=block_size, threads=threads, progress=progress)
     log(f"compressed: {report.summary()}")
     start, cpu = time.perf_counter(), time.process_time()
@@ -67,7 +67,6 @@ def run_compression(run_dir: Path, file: Path, settings: dict | None, block_size
                  "xz -9": len(lzma.compress(data, preset=9))}
     result = {"file": file.name, "run": run_dir.name, "architecture": model.architecture,
               "parameters": sum(p.numel() for p in model.parameters()), "dynamic": settings,
-              "cache": None if mixed is None else vars(mixed),
               "block_size": block_size,
               **report.as_dict(), "decompress_seconds": seconds,
               "decompress_cpu_seconds": cpu_seconds,

@@ -85,8 +85,7 @@ def compress(
     if report is not None:
         from ..provenance import write_result
 
-        write_result(report, {"run": str(run_dir), "file": str(file), "dynamic": settings,
-                              "cache": vars(CACHE) if cache else None, **result.as_dict()})
+        write_result(report, {"run": str(run_dir), "file": str(file), "dynamic": settings, **result.as_dict()})
 
 
 def decompress(

@@ -16,10 +16,10 @@ vocabulary and every weight), the architecture, the dtype, the logit factor, the
 and a digest of their statistics (or none), the neural cache's settings (or none), the number of tokens,
 blocks and the block size, whether gaps are coded, the original length and its SHA-256, the threads and the
 library versions. Decoding checks the header's CRC, that the block table stays inside the file, every block's
-CRC (a damaged or truncated file, named by its block), the run's digest (another run, or a changed one) and, at the end, the output's SHA-256 and
-length before anything is written: a wrong output is never produced. Version 2 (the header not deflated, no
-cache) and version 1 (one stream, no table, a CRC-32 after the little-endian payload) still decode, version 1
-as one block.
+CRC (a damaged or truncated file, named by its block), the run's digest (another run, or a changed one) and,
+at the end, the output's SHA-256 and length before anything is written: a wrong output is never produced.
+Version 2 (the header not deflated, no cache) and version 1 (one stream, no table, a CRC-32 after the
+little-endian payload) still decode, version 1 as one block.
 
 Determinism (docs/method.md, "Compression"): both sides run one loop (:mod:`.coder`) on the CPU in float32 with
 the header's number of torch threads, on the same ``[1, B]`` batch every step, so the same machine decodes what
@@ -129,6 +129,7 @@ class Report:
     coded_bytes: int = 0  # the stored bytes of the blocks kept coded
     coded_ideal_bits: float = 0.0  # the ideal code length of what those blocks coded
     cpu_seconds: float = 0.0  # this process's CPU time (all its threads): the cost on a machine other jobs share
+    cache: dict[str, Any] | None = None  # the neural cache's settings as coded (the header's), or none
 
     @property
     def payload_bits(self) -> int:
@@ -233,7 +234,7 @@ def compress(data: bytes, model, vocab, *, factor: float = 1.0, adapter=None, se
     report = Report(len(data), len(blob), len(head), tokens, sum(b.model_bits for b in blocks),
                     sum(b.gap_bits for b in blocks), time.perf_counter() - start, len(blocks),
                     len(blocks) - len(coded), threads, sum(len(c) for _, c in coded),
-                    sum(b.model_bits + b.gap_bits for b, _ in coded), time.process_time() - cpu)
+                    sum(b.model_bits + b.gap_bits for b, _ in coded), time.process_time() - cpu, header["cache"])
     return blob, report
 
 

@@ -33,10 +33,10 @@ SEGMENT_RANGE = (2, 20)
 #: features and the tokens that followed them, predict the next token beside the model (Krause thesis 2.2.1),
 #: with a weight lambda learnt from the block as it is coded (a Bayesian mixture over ``lams``). Searched on
 #: chapters 6-8 of the Vim user manual for the shipped byte model (benchmarks/compression_cache_search.py;
-#: docs/guides/compression.md): theta 0.5 was best static and adapting; the best lambda was 0.6 static and 0.2
-#: adapting there, but 0.2 and 0.1 on WikiText-2's own test text, where 0.6 made the static code 3% longer than
-#: no cache, hence the weight is learnt, from 0 (no cache) to 0.7. 2000 positions: 4000 gained 0.1-0.8% more
-#: at twice the cost per step, 1000 lost 0.2-2.5%.
+#: docs/guides/compression.md): theta 0.5 was best static and adapting at 2000 positions; the best lambda was
+#: 0.6 static and 0.2 adapting there, but 0.2 and 0.1 on WikiText-2's own test text, where 0.6 made the static
+#: code 3% longer than no cache, hence the weight is learnt, from 0 (no cache) to 0.7. 2000 positions: 4000
+#: gained 0.1-0.8% more at twice the cost per step, 1000 lost 0.3-2.5%.
 CACHE = StepCacheSettings(theta=0.5, size=2000, lams=(0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7))
 
 
