@@ -36,12 +36,20 @@ def _with(settings: dict, **changes) -> dict:
     return {**settings, "hyperparameters": hp.as_dict()}
 
 
+def _guarded(settings: dict, guard: str) -> dict:
+    """``settings`` with the divergence guard's margin ``guard`` (``"default"``: kept; ``"off"``: none)."""
+    if guard == "default":
+        return settings
+    return {k: v for k, v in settings.items() if k != "guard"} | ({} if guard == "off" else {"guard": float(guard)})
+
+
 def measure(run_dir: Path, file: Path, run_lrs, scratch_lrs, seed: int, decays=(None,), segments=(None,),
-            block_size: int = BLOCK_SIZE, cache: bool = True, log=print) -> list[dict]:
+            block_size: int = BLOCK_SIZE, cache: bool = True, guards=("default",), log=print) -> list[dict]:
     data = file.read_bytes()
     blocks = streams(data, LanguageModelRun(run_dir).load_vocab(), block_size)
-    ways = [("run's weights", _with(dynamic_settings(run_dir, None, lr, blocks), decay=decay, segment_length=n))
-            for lr in run_lrs for decay in decays for n in segments]
+    ways = [("run's weights", _guarded(_with(dynamic_settings(run_dir, None, lr, blocks), decay=decay,
+                                             segment_length=n), guard))
+            for lr in run_lrs for decay in decays for n in segments for guard in guards]
     ways += [(f"from scratch (seed {seed})", scratch_settings(seed, None, lr)) for lr in scratch_lrs]
     rows = []
     for name, settings in ways:
@@ -51,10 +59,12 @@ def measure(run_dir: Path, file: Path, run_lrs, scratch_lrs, seed: int, decays=(
                              cache=CACHE if cache else None, block_size=block_size, progress=False)
         hp = settings["hyperparameters"]
         rows.append({"weights": name, "rule": hp["rule"], "lr": hp["lr"], "decay": hp.get("decay"),
-                     "segment_length": hp["segment_length"], "compressed_bytes": report.compressed_bytes,
+                     "segment_length": hp["segment_length"], "guard": settings.get("guard"),
+                     "rollbacks": report.rollbacks, "compressed_bytes": report.compressed_bytes,
+                     "header_bytes": report.header_bytes,
                      "bits_per_byte": 8 * report.compressed_bytes / len(data), "seconds": report.seconds})
-        log(f"{name}, {hp['rule']} lr {hp['lr']:g} decay {hp.get('decay', '-')} n {hp['segment_length']}: "
-            f"{report.compressed_bytes:,} bytes")
+        log(f"{name}, {hp['rule']} lr {hp['lr']:g} decay {hp.get('decay', '-')} n {hp['segment_length']} "
+            f"guard {settings.get('guard', 'off')}: {report.compressed_bytes:,} bytes, {report.rollbacks} rollbacks")
     return rows
 
 
@@ -75,21 +85,26 @@ def main(argv=None) -> dict:
     parser.add_argument("--cache", action=argparse.BooleanOptionalAction, default=True,
                         help="code with moglm compress's neural cache (--no-cache: without, as the searches "
                              "recorded before it were)")
+    parser.add_argument("--guard", nargs="+", default=["default"],
+                        help="--dynamic's divergence margins in nats per token ('default': moglm compress's; "
+                             "'off': none, as files written before the guard)")
     parser.add_argument("--out", default="compression_search.json")
     args = parser.parse_args(argv)
     data = args.file.read_bytes()
     xz = len(lzma.compress(data, preset=9))
     rows = measure(args.run, args.file, args.lr, args.scratch_lr, args.seed, args.decay, args.segment_length,
-                   args.block_size, args.cache)
+                   args.block_size, args.cache, args.guard)
     report = {"command": command_line(), "file": args.file.name, "bytes": len(data), "run": args.run.name,
               "block_size": args.block_size, "cache": vars(CACHE) if args.cache else None, "xz -9": xz, "rows": rows}
     write_report(report, args.out)
     print(f"`{args.file.name}` ({len(data):,} bytes), xz -9 {xz:,} bytes ({8 * xz / len(data):.3f} bits per byte)\n")
-    print("| weights | rule | lr | decay | n | bytes | bits per byte | against xz -9 |\n"
-          "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| weights | rule | lr | decay | n | guard | rollbacks | bytes | bits per byte | against xz -9 |\n"
+          "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         decay = "-" if r["decay"] is None else f"{r['decay']:g}"
-        print(f"| {r['weights']} | {r['rule']} | {r['lr']:g} | {decay} | {r['segment_length']} | "
+        guard = "-" if r["guard"] is None else f"{r['guard']:g}"
+        print(f"| {r['weights']} | {r['rule']} | {r['lr']:g} | {decay} | {r['segment_length']} | {guard} | "
+              f"{r['rollbacks']} | "
               f"{r['compressed_bytes']:,} | {r['bits_per_byte']:.3f} | {100 * (r['compressed_bytes'] / xz - 1):+.1f}% |")
     print(f"written to {args.out}")
     return report

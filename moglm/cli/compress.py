@@ -33,7 +33,8 @@ def compress(
     dynamic: bool = typer.Option(False, help="Adapt the model while coding (dynamic evaluation; the settings "
                                  f"of the run's dyneval/full.json, else rms-rmsdecay at lr {COMPRESSION_LR:g} and "
                                  f"decay {COMPRESSION_DECAY:g}, searched for compressing held-out English, with "
-                                 f"segments of about {UPDATE_TOKENS} tokens across the blocks)."),
+                                 f"segments of about {UPDATE_TOKENS} tokens across the blocks; rolled back, its "
+                                 "step halved, where it codes worse than the trained model)."),
     rule: Optional[UpdateRule] = typer.Option(None, help="Update rule of the adaptation (default: as --dynamic)."),
     adapt_learning_rate: Optional[float] = typer.Option(
         None, help="Learning rate of the adaptation (default: the rule's; implies --dynamic)."),

@@ -56,11 +56,20 @@ class Predictor:
     :class:`~moglm.dynamic_evaluation.DynamicEvaluator` (its private copy of the model is the one read; its
     weights are shared by the streams); ``cache``: a :class:`~moglm.evaluation.neural_cache.StepCacheSettings`, the
     neural cache mixed into every stream's distribution (Krause thesis 2.2.1; each stream caches its own
-    positions, with the features of the model as it was when it read them)."""
+    positions, with the features of the model as it was when it read them); ``guard``: with an adapter, the
+    margin of its divergence guard (nats per token; it replaces the adapter's): every segment is scored with
+    ``model`` too (the trained weights, which never change), and where the adaptation's code has been longer
+    than theirs by the margin over the recent text, it rolls back and its step halves (``None``: only a
+    non-finite loss rolls back, as in files written before the guard)."""
 
-    def __init__(self, model, start: int, rows: int = 1, factor: float = 1.0, adapter=None, cache=None) -> None:
+    def __init__(self, model, start: int, rows: int = 1, factor: float = 1.0, adapter=None, cache=None,
+                 guard: float | None = None) -> None:
         self.net = model if adapter is None else adapter.model
         self.factor, self.adapter = factor, adapter
+        self.static = model if adapter is not None and guard is not None else None
+        if self.static is not None:
+            adapter.margin = guard
+        self.static_state = None  # the trained model's state before the segment, for the guard
         first = torch.full((rows,), start, dtype=torch.long)  # [B]
         self.segment, self.before = [first], None  # the segment's inputs (each [B]), the state before its first
         self.log_p, self.features, self.state = self._read(first, None)
@@ -96,9 +105,14 @@ class Predictor:
             if len(self.segment) == adapter.hp.segment_length:
                 inputs = torch.stack(self.segment)  # [n, B]
                 targets = torch.stack(self.segment[1:] + [tokens])  # [n, B]
+                static_nll = None
+                if self.static is not None:
+                    with torch.no_grad():
+                        static_nll, self.static_state = self.static.nll(inputs, targets, self.static_state,
+                                                                        self.factor)  # [n, B]
                 # the state the update's own pass ends in (rescored with the restored weights after a rollback,
                 # so a diverged update cannot carry a non-finite state on): both sides compute the same
-                _, self.state = adapter.step(inputs, targets, self.before)
+                _, self.state = adapter.step(inputs, targets, self.before, static_nll)
                 self.segment, self.before = [], self.state
             self.segment.append(tokens)
         self.log_p, self.features, self.state = self._read(tokens, self.state)

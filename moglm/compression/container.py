@@ -4,9 +4,10 @@ that says what it needs to be decoded, and refuses anything else with a one-line
 The file is cut into B blocks of about ``block_size`` bytes (its tokens shared out evenly, so the blocks are
 read in step), coded side by side as one batch of B streams (:mod:`.coder`), one range-coder state per block.
 A block whose model code is no shorter than its bytes is stored raw and flagged, so no file grows by more than
-the header. Container, version 3 (little-endian)::
+the header. Container, version 4 (little-endian)::
 
-    b"MOGLMZ" | version (1 byte) | header length (4 bytes) | header (compact JSON, UTF-8, zlib-deflated)
+    b"MOGLMZ" | version (1 byte) | header length (4 bytes)
+    | header (compact JSON, UTF-8, zlib-deflated with the preset dictionary HEADER_DICTIONARY)
     | block table: per block, stored length (4 bytes), flags (1 byte: 1 = raw), CRC-32 of its stored bytes (4)
     | CRC-32 of everything before it (4 bytes) | the blocks' stored bytes, in order
 
@@ -18,8 +19,8 @@ blocks and the block size, whether gaps are coded, the original length and its S
 library versions. Decoding checks the header's CRC, that the block table stays inside the file, every block's
 CRC (a damaged or truncated file, named by its block), the run's digest (another run, or a changed one) and,
 at the end, the output's SHA-256 and length before anything is written: a wrong output is never produced.
-Version 2 (the header not deflated, no cache) and version 1 (one stream, no table, a CRC-32 after the
-little-endian payload) still decode, version 1 as one block.
+Version 3 (the header deflated without a dictionary), version 2 (the header not deflated, no cache) and
+version 1 (one stream, no table, a CRC-32 after the little-endian payload) still decode, version 1 as one block.
 
 Determinism (docs/method.md, "Compression"): both sides run one loop (:mod:`.coder`) on the CPU in float32 with
 the header's number of torch threads, on the same ``[1, B]`` batch every step, so the same machine decodes what
@@ -50,9 +51,25 @@ from ..errors import MoglmError
 from ..evaluation.neural_cache import StepCacheSettings
 from .coder import Block, GapModel, Predictor, decode, encode
 from .layout import Layout
+from .run import guard_margin
 
 MAGIC = b"MOGLMZ"
-VERSION = 3
+VERSION = 4
+#: version 4's header is deflated with this preset dictionary (zlib's ``zdict``): a typical header, so that what
+#: every header repeats (its field names, the usual settings) costs a few bytes, which matters on small files.
+#: Part of the format: never changed (a new dictionary is a new version).
+HEADER_DICTIONARY = (
+    b'"architecture":"lstm","architecture":"mlstm","rule":"sgd","rule":"rmsprop","from_scratch":1,'
+    b'"recurrence":"python","recurrence":"brgemm","recurrence":"blas","recurrence":"aten","recurrence":"panels",'
+    b'{"run":"","architecture":"mogrifier","dtype":"float32","factor":1.0,"adapt":null,"adapt_digest":null,'
+    b'"cache":null,"tokens":,"bytes":,"blocks":1,"block_size":0,"gaps":true,'
+    b'{"run":"","architecture":"mogrifier","dtype":"float32","factor":0.9,"adapt":{"hyperparameters":'
+    b'{"rule":"rms-rmsdecay","lr":0.005,"decay":0.0,"eps":0.001,"segment_length":20},"statistics":'
+    b'{"fraction":0.01,"batch_size":8,"bptt":70},"guard":0.1},"adapt_digest":"","cache":{"theta":0.5,'
+    b'"size":2000,"lams":[0.0,0.1,0.2,0.3,0.4,0.5,0.6,0.7]},"tokens":1,"bytes":1,"blocks":1,"block_size":4096,'
+    b'"gaps":false,"sha256":"","moglm":"0.1.0","torch":"2.13.0+cpu","constriction":"0.5.0","threads":1,'
+    b'"recurrence":"mkl_packed"}'
+)
 MAX_HEADER = 1 << 20  # bytes of JSON an inflated header may have (a forged one cannot exhaust memory)
 BLOCK_SIZE = 4_096  # bytes per block, about (0: the whole file in one block); measured in docs/guides/compression.md
 THREADS = 1  # torch threads of both sides, unless compress is told otherwise (the header records it)
@@ -130,6 +147,7 @@ class Report:
     coded_ideal_bits: float = 0.0  # the ideal code length of what those blocks coded
     cpu_seconds: float = 0.0  # this process's CPU time (all its threads): the cost on a machine other jobs share
     cache: dict[str, Any] | None = None  # the neural cache's settings as coded (the header's), or none
+    rollbacks: int = 0  # times the adaptation's divergence guard rolled the weights back and halved the step
 
     @property
     def payload_bits(self) -> int:
@@ -151,7 +169,9 @@ class Report:
         d = self.as_dict()
         blocks = (f"{self.blocks} block{'s' if self.blocks > 1 else ''}"
                   + (f", {self.raw_blocks} stored raw" if self.raw_blocks else "") + f", {self.threads} thread"
-                  + ("s" if self.threads > 1 else ""))
+                  + ("s" if self.threads > 1 else "")
+                  + (f", the adaptation rolled back {self.rollbacks} time{'s' if self.rollbacks > 1 else ''}"
+                     if self.rollbacks else ""))
         if not self.original_bytes:  # nothing to code: no rate or overhead to speak of
             return (f"an empty file -> {self.compressed_bytes:,} bytes (the header, {self.header_bytes} bytes, and "
                     f"{self.compressed_bytes - self.header_bytes} bytes of coder state) in {self.seconds:.1f}s")
@@ -216,7 +236,8 @@ def compress(data: bytes, model, vocab, *, factor: float = 1.0, adapter=None, se
     blocks = _cut(layout, data, block_size)
     gaps = not layout.gapless
     with fixed_threads(threads):
-        predictor = Predictor(model, layout.start, len(blocks), factor, adapter, cache)
+        predictor = Predictor(model, layout.start, len(blocks), factor, adapter, cache,
+                              guard=guard_margin(settings))
         encode(predictor, blocks, _gap_model(layout, gaps), layout.start, progress)
     stored = [_stored(layout, block) for block in blocks]
     tokens = sum(len(b.tokens) for b in blocks)
@@ -225,7 +246,8 @@ def compress(data: bytes, model, vocab, *, factor: float = 1.0, adapter=None, se
               "cache": None if predictor.cache is None else asdict(predictor.cache.settings), "tokens": tokens,
               "bytes": len(data), "blocks": len(blocks), "block_size": block_size, "gaps": gaps,
               "sha256": hashlib.sha256(data).hexdigest(), **_environment(threads)}
-    encoded = zlib.compress(json.dumps(header, separators=(",", ":")).encode(), 9)
+    deflate = zlib.compressobj(9, zdict=HEADER_DICTIONARY)
+    encoded = deflate.compress(json.dumps(header, separators=(",", ":")).encode()) + deflate.flush()
     head = _PREFIX.pack(MAGIC, VERSION, len(encoded)) + encoded + b"".join(
         _ENTRY.pack(len(content), flags, zlib.crc32(content)) for flags, content in stored)
     head += _CRC.pack(zlib.crc32(head))
@@ -234,7 +256,8 @@ def compress(data: bytes, model, vocab, *, factor: float = 1.0, adapter=None, se
     report = Report(len(data), len(blob), len(head), tokens, sum(b.model_bits for b in blocks),
                     sum(b.gap_bits for b in blocks), time.perf_counter() - start, len(blocks),
                     len(blocks) - len(coded), threads, sum(len(c) for _, c in coded),
-                    sum(b.model_bits + b.gap_bits for b, _ in coded), time.process_time() - cpu, header["cache"])
+                    sum(b.model_bits + b.gap_bits for b, _ in coded), time.process_time() - cpu, header["cache"],
+                    0 if adapter is None else adapter.rollbacks)
     return blob, report
 
 
@@ -295,11 +318,11 @@ def _words(content: bytes, dtype: str) -> np.ndarray:
 
 
 def _header_json(stored: bytes, version: int) -> bytes | None:
-    """The header's JSON: stored as it is up to version 2, deflated (zlib) from version 3 (``None``: not
-    inflatable, or longer than any header)."""
+    """The header's JSON: stored as it is up to version 2, deflated (zlib) in version 3, deflated with
+    :data:`HEADER_DICTIONARY` from version 4 (``None``: not inflatable, or longer than any header)."""
     if version < 3:
         return stored
-    inflate = zlib.decompressobj()
+    inflate = zlib.decompressobj(zdict=HEADER_DICTIONARY) if version >= 4 else zlib.decompressobj()
     try:
         encoded = inflate.decompress(stored, MAX_HEADER)
     except zlib.error:
@@ -403,7 +426,7 @@ def decompress(blob: bytes, model, vocab, *, adapter_for: Callable[[dict], Any] 
     payloads = [None if isinstance(content, bytes) else content for content in stored]
     with fixed_threads(header["threads"]):
         predictor = Predictor(model, layout.start, len(blocks), float(header["factor"]), adapter,
-                              recorded_cache(header, name))
+                              recorded_cache(header, name), guard=guard_margin(header["adapt"]))
         decode(predictor, blocks, payloads, counts, _gap_model(layout, header["gaps"], header["bytes"]),
                layout.start, progress)
     try:

@@ -27,6 +27,13 @@ COMPRESSION_DECAY = 0.0
 #: was 14% larger; n 2-3 at 180): about 240. Segments are sized to it, between 2 and 20 steps.
 UPDATE_TOKENS = 240
 SEGMENT_RANGE = (2, 20)
+#: ``moglm compress --dynamic``'s divergence guard (recorded in the header as ``guard``): after every update the
+#: adapted model's code of the segment is compared with the trained model's code of the same tokens, and where
+#: the adapted one has been longer by more than this many nats per token over the recent text (dynamic
+#: evaluation's exponential window of 200 positions per block), the weights roll back and the step halves. Few
+#: blocks mean few tokens per update, and on a file of 3-8 KB (one or two blocks) the adaptation ran away
+#: without it, to twice the static code (docs/guides/compression.md).
+GUARD_MARGIN = 0.1
 
 
 #: ``moglm compress``'s neural cache (on unless ``--no-cache``): each block's last ``size`` positions, their
@@ -63,12 +70,24 @@ def dynamic_settings(run_dir: Path, rule: str | None = None, lr: float | None = 
         hp = Hyperparameters(rule=rule, segment_length=hp.segment_length)
     if lr is not None:
         hp = hp.with_(lr=lr)
-    return {"hyperparameters": hp.as_dict(), "statistics": vars(statistics)}
+    return {"hyperparameters": hp.as_dict(), "statistics": vars(statistics), "guard": GUARD_MARGIN}
+
+
+def guard_margin(settings: dict | None) -> float | None:
+    """The divergence guard's margin that ``settings`` record (nats per token; ``None``: no guard against the
+    trained model, as in files written before it), or a one-line error for one that is not a positive number."""
+    margin = (settings or {}).get("guard")
+    if margin is None:
+        return None
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < float("inf"):
+        raise MoglmError(f"unreadable dynamic-evaluation settings (guard {margin!r} is not a positive number)")
+    return float(margin)
 
 
 def adapter_from_settings(run_dir: Path, model, checkpoint: str, factor: float, settings: dict):
     """The :class:`~moglm.dynamic_evaluation.DynamicEvaluator` that ``settings`` describe, on ``model`` (its RMS
-    statistics from the run's cache in ``dyneval/``, else collected from its training data)."""
+    statistics from the run's cache in ``dyneval/``, else collected from its training data; the coder sets its
+    divergence margin from the settings' ``guard``, :func:`guard_margin`)."""
     from ..dynamic_evaluation import Hyperparameters, StatisticsSettings
     from ..dynamic_evaluation.run import run_adapter
     from ..runs.language_model import LanguageModelRun

@@ -322,15 +322,16 @@ def test_a_forged_header_claiming_a_billion_tokens_stops_in_seconds_not_at_a_kil
 def forged(blob: bytes, table=None, version=None, **fields) -> bytes:
     """A container with header ``fields`` replaced (and its block table, a list of ``(stored length, flags,
     CRC)``, if given), its header CRC recomputed so that only the other checks see it; ``version``: written
-    as that format version (2: the header's JSON stored as it is, not deflated)."""
+    as that format version (2: the header's JSON stored as it is, not deflated; 3: deflated without the preset
+    dictionary)."""
     import json
     import zlib
 
-    from moglm.compression.container import _CRC, _ENTRY, _PREFIX
+    from moglm.compression.container import _CRC, _ENTRY, _PREFIX, HEADER_DICTIONARY, _header_json
 
     magic, stored_version, length = _PREFIX.unpack_from(blob)
     stored = blob[_PREFIX.size : _PREFIX.size + length]
-    header = json.loads(stored if stored_version < 3 else zlib.decompress(stored))
+    header = json.loads(_header_json(stored, stored_version))
     start = _PREFIX.size + length
     end = start + header["blocks"] * _ENTRY.size
     entries = table if table is not None else [_ENTRY.unpack_from(blob, start + i * _ENTRY.size)
@@ -338,7 +339,11 @@ def forged(blob: bytes, table=None, version=None, **fields) -> bytes:
     header.update(fields)
     version = stored_version if version is None else version
     encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded = encoded if version < 3 else zlib.compress(encoded, 9)
+    if version == 3:
+        encoded = zlib.compress(encoded, 9)
+    elif version > 3:
+        deflate = zlib.compressobj(9, zdict=HEADER_DICTIONARY)
+        encoded = deflate.compress(encoded) + deflate.flush()
     head = _PREFIX.pack(magic, version, len(encoded)) + encoded + b"".join(_ENTRY.pack(*e) for e in entries)
     return head + _CRC.pack(zlib.crc32(head)) + blob[end + _CRC.size :]
 

@@ -44,11 +44,12 @@ def _adapter(trained, hp=SGD):
     return DynamicEvaluator(trained.model, hp, factor=trained.temperature)
 
 
-def _round_trip(run, data, block_size, *, hp=None, threads=1, cache=None):
-    """The container, its report and the decoded bytes (a fresh adapter on the decoding side)."""
+def _round_trip(run, data, block_size, *, hp=None, threads=1, cache=None, guard=None):
+    """The container, its report and the decoded bytes (a fresh adapter on the decoding side); ``guard``: the
+    divergence guard's margin the settings record (``None``: none, as in files written before it)."""
     trained = load_run(run)
     adapter = None if hp is None else _adapter(trained, hp)
-    settings = None if hp is None else {"hyperparameters": hp.as_dict()}
+    settings = None if hp is None else {"hyperparameters": hp.as_dict()} | ({} if guard is None else {"guard": guard})
     blob, report = compress(data, trained.model, trained.vocab, factor=trained.temperature, adapter=adapter,
                             settings=settings, cache=cache, block_size=block_size, threads=threads, progress=False)
     restored = decompress(blob, trained.model, trained.vocab, progress=False,
@@ -205,7 +206,8 @@ def test_a_version_2_file_still_decodes_without_a_cache_and_its_header_not_defla
     trained = load_run(char_run)
     blob, _ = compress(TEXT, trained.model, trained.vocab, factor=trained.temperature, block_size=300, progress=False)
     _, _, length = container._PREFIX.unpack_from(blob)
-    header = json.loads(zlib.decompress(blob[container._PREFIX.size : container._PREFIX.size + length]))
+    header = json.loads(container._header_json(blob[container._PREFIX.size : container._PREFIX.size + length],
+                                                container.VERSION))
     encoded = json.dumps({k: v for k, v in header.items() if k != "cache"}).encode()
     rest = blob[container._PREFIX.size + length :]  # the block table, its CRC (recomputed below) and the blocks
     table = rest[: header["blocks"] * container._ENTRY.size]
@@ -213,6 +215,18 @@ def test_a_version_2_file_still_decodes_without_a_cache_and_its_header_not_defla
     version_2 = head + struct.pack("<I", zlib.crc32(head)) + rest[len(table) + 4 :]
     assert read_header(version_2)[0]["cache"] is None
     assert decompress(version_2, trained.model, trained.vocab, progress=False) == TEXT
+
+
+def test_a_version_3_file_still_decodes_its_header_deflated_without_the_dictionary(char_run):
+    """Version 3 (before the header's preset dictionary and the divergence guard): the header deflated on its
+    own; a version 4 header is a third of its size on a small file."""
+    trained = load_run(char_run)
+    blob, report = compress(TEXT, trained.model, trained.vocab, factor=trained.temperature, block_size=300,
+                            progress=False)
+    version_3 = forged(blob, version=3)
+    assert version_3[6] == 3 and len(version_3) > len(blob) + 100
+    assert read_header(version_3)[0] == read_header(blob)[0]
+    assert decompress(version_3, trained.model, trained.vocab, progress=False) == TEXT
 
 
 def test_a_version_1_file_still_decodes_as_one_block(char_run):
@@ -278,7 +292,7 @@ def test_every_bad_input_is_a_one_line_error_that_touches_no_file(char_run, tmp_
                                                                  "its block size of 100 bytes cuts"),
         "raw-tokens.moglm": (forged(blob, tokens=header["tokens"] - header["blocks"]),
                              f"raw block {raw + 1} of {header['blocks']} does not hold the"),
-        "version-4.moglm": (blob[:6] + b"\x04" + blob[7:], "a version 4 moglm-compressed file; this moglm reads"),
+        "version-5.moglm": (blob[:6] + b"\x05" + blob[7:], "a version 5 moglm-compressed file; this moglm reads"),
         "forged-cache.moglm": (forged(blob, cache={"theta": 0.5, "lams": [1.5], "size": 10}),
                                "its header's cache settings are not settings"),
         "forged-cache-lams.moglm": (forged(blob, cache={"theta": 0.5, "lams": "0.5", "size": 10}),
@@ -289,7 +303,7 @@ def test_every_bad_input_is_a_one_line_error_that_touches_no_file(char_run, tmp_
                                     "its header's cache settings are not settings"),
         "forged-cache-empty.moglm": (forged(blob, cache={}), "its header's cache settings are not settings"),
         "version-0.moglm": (blob[:6] + b"\x00" + blob[7:], "a version 0 moglm-compressed file"),
-        "header-not-deflated.moglm": (forged(blob, version=2)[:6] + b"\x03" + forged(blob, version=2)[7:],
+        "header-not-deflated.moglm": (forged(blob, version=2)[:6] + b"\x04" + forged(blob, version=2)[7:],
                                       "damaged"),
     }
     out = tmp_path / "out.txt"
@@ -369,3 +383,30 @@ def test_the_caches_of_many_blocks_are_cut_to_fit_in_memory_and_the_header_recor
     blob, report, restored = _round_trip(char_run, TEXT * 2, 100, cache=CACHE)
     assert restored == TEXT * 2 and report.blocks == blocks
     assert read_header(blob)[0]["cache"] == {"theta": CACHE.theta, "size": 7, "lams": list(CACHE.lams)}
+
+
+def test_the_divergence_guard_rolls_a_runaway_adaptation_back_below_the_static_code_and_decodes_exactly(byte_run):
+    """One stream adapting at a step far too large (SGD at 10): without the guard its code is over 50 times the
+    trained model's; with the header's margin, every segment is also scored by the trained model, the weights roll
+    back and the step halves until the adaptation codes no worse than the trained model, and the decoder, reading
+    the margin from the header, replays the same rollbacks."""
+    data = b"quizzical zebras jumped over vexing walls.\n" * 12
+    _, static, _ = _round_trip(byte_run, data, 0)
+    runaway = Hyperparameters(rule="sgd", lr=10.0, segment_length=5)
+    _, unguarded, restored = _round_trip(byte_run, data, 0, hp=runaway)
+    assert restored == data and unguarded.rollbacks == 0
+    assert unguarded.model_bits > 50 * static.model_bits
+    blob, guarded, restored = _round_trip(byte_run, data, 0, hp=runaway, guard=0.1)
+    assert restored == data and read_header(blob)[0]["adapt"]["guard"] == 0.1
+    assert guarded.rollbacks > 0 and "the adaptation rolled back" in guarded.summary()
+    assert guarded.model_bits < static.model_bits
+
+
+@pytest.mark.parametrize("guard", ["0.1", -1.0, 0, float("inf"), True, [0.1]])
+def test_a_forged_guard_margin_is_a_one_line_error(byte_run, guard):
+    trained = load_run(byte_run)
+    blob, _, _ = _round_trip(byte_run, TEXT[:200], 0, hp=SGD, guard=0.1)
+    header = read_header(blob)[0]
+    bad = forged(blob, adapt={**header["adapt"], "guard": guard})
+    with pytest.raises(MoglmError, match="is not a positive number"):
+        decompress(bad, trained.model, trained.vocab, progress=False, adapter_for=lambda header: _adapter(trained))
