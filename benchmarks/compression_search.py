@@ -43,13 +43,21 @@ def _guarded(settings: dict, guard: str) -> dict:
     return {k: v for k, v in settings.items() if k != "guard"} | ({} if guard == "off" else {"guard": float(guard)})
 
 
+def _warmed(settings: dict, warmup: int | None) -> dict:
+    """``settings`` with the step's warm-up over ``warmup`` tokens (``None``: kept; 0: none)."""
+    if warmup is None:
+        return settings
+    return {k: v for k, v in settings.items() if k != "warmup"} | ({"warmup": warmup} if warmup else {})
+
+
 def measure(run_dir: Path, file: Path, run_lrs, scratch_lrs, seed: int, decays=(None,), segments=(None,),
-            block_size: int = BLOCK_SIZE, cache: bool = True, guards=("default",), log=print) -> list[dict]:
+            block_size: int = BLOCK_SIZE, cache: bool = True, guards=("default",), warmups=(None,),
+            log=print) -> list[dict]:
     data = file.read_bytes()
     blocks = streams(data, LanguageModelRun(run_dir).load_vocab(), block_size)
-    ways = [("run's weights", _guarded(_with(dynamic_settings(run_dir, None, lr, blocks), decay=decay,
-                                             segment_length=n), guard))
-            for lr in run_lrs for decay in decays for n in segments for guard in guards]
+    ways = [("run's weights", _warmed(_guarded(_with(dynamic_settings(run_dir, None, lr, blocks), decay=decay,
+                                                     segment_length=n), guard), warmup))
+            for lr in run_lrs for decay in decays for n in segments for guard in guards for warmup in warmups]
     ways += [(f"from scratch (seed {seed})", scratch_settings(seed, None, lr)) for lr in scratch_lrs]
     rows = []
     for name, settings in ways:
@@ -60,11 +68,13 @@ def measure(run_dir: Path, file: Path, run_lrs, scratch_lrs, seed: int, decays=(
         hp = settings["hyperparameters"]
         rows.append({"weights": name, "rule": hp["rule"], "lr": hp["lr"], "decay": hp.get("decay"),
                      "segment_length": hp["segment_length"], "guard": settings.get("guard"),
+                     "warmup": settings.get("warmup", 0),
                      "rollbacks": report.rollbacks, "compressed_bytes": report.compressed_bytes,
                      "header_bytes": report.header_bytes,
                      "bits_per_byte": 8 * report.compressed_bytes / len(data), "seconds": report.seconds})
         log(f"{name}, {hp['rule']} lr {hp['lr']:g} decay {hp.get('decay', '-')} n {hp['segment_length']} "
-            f"guard {settings.get('guard', 'off')}: {report.compressed_bytes:,} bytes, {report.rollbacks} rollbacks")
+            f"guard {settings.get('guard', 'off')} warmup {settings.get('warmup', 0)}: {report.compressed_bytes:,} "
+            f"bytes, {report.rollbacks} rollbacks")
     return rows
 
 
@@ -88,12 +98,15 @@ def main(argv=None) -> dict:
     parser.add_argument("--guard", nargs="+", default=["default"],
                         help="--dynamic's divergence margins in nats per token ('default': moglm compress's; "
                              "'off': none, as files written before the guard)")
+    parser.add_argument("--warmup", type=int, nargs="+", default=[None],
+                        help="tokens over which --dynamic's step grows to its full size (default: moglm "
+                             "compress's; 0: none)")
     parser.add_argument("--out", default="compression_search.json")
     args = parser.parse_args(argv)
     data = args.file.read_bytes()
     xz = len(lzma.compress(data, preset=9))
     rows = measure(args.run, args.file, args.lr, args.scratch_lr, args.seed, args.decay, args.segment_length,
-                   args.block_size, args.cache, args.guard)
+                   args.block_size, args.cache, args.guard, args.warmup)
     report = {"command": command_line(), "file": args.file.name, "bytes": len(data), "run": args.run.name,
               "block_size": args.block_size, "cache": vars(CACHE) if args.cache else None, "xz -9": xz, "rows": rows}
     write_report(report, args.out)

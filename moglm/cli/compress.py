@@ -31,7 +31,8 @@ def compress(
     file: Path = typer.Argument(..., help="Any file."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Where to write (default: FILE.moglm)."),
     dynamic: bool = typer.Option(False, help="Adapt the model while coding (dynamic evaluation; the settings "
-                                 f"of the run's dyneval/full.json, else rms-rmsdecay at lr {COMPRESSION_LR:g} and "
+                                 f"of the run's dyneval/full.json, else rms-rmsdecay at lr {COMPRESSION_LR:g} (less "
+                                 "for fewer than 12 blocks) and "
                                  f"decay {COMPRESSION_DECAY:g}, searched for compressing held-out English, with "
                                  f"segments of about {UPDATE_TOKENS} tokens across the blocks; rolled back, its "
                                  "step halved, where it codes worse than the trained model)."),

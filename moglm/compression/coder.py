@@ -60,12 +60,14 @@ class Predictor:
     margin of its divergence guard (nats per token; it replaces the adapter's): every segment is scored with
     ``model`` too (the trained weights, which never change), and where the adaptation's code has been longer
     than theirs by the margin over the recent text, it rolls back and its step halves (``None``: only a
-    non-finite loss rolls back, as in files written before the guard)."""
+    non-finite loss rolls back, as in files written before the guard); ``warmup``: with an adapter, its step
+    grows linearly from 0 to its full size over the first ``warmup`` tokens read (all streams together; 0: full
+    from the start)."""
 
     def __init__(self, model, start: int, rows: int = 1, factor: float = 1.0, adapter=None, cache=None,
-                 guard: float | None = None) -> None:
+                 guard: float | None = None, warmup: int = 0) -> None:
         self.net = model if adapter is None else adapter.model
-        self.factor, self.adapter = factor, adapter
+        self.factor, self.adapter, self.warmup, self.steps = factor, adapter, warmup, 0
         self.static = model if adapter is not None and guard is not None else None
         if self.static is not None:
             adapter.margin = guard
@@ -112,9 +114,15 @@ class Predictor:
                                                                         self.factor)  # [n, B]
                 # the state the update's own pass ends in (rescored with the restored weights after a rollback,
                 # so a diverged update cannot carry a non-finite state on): both sides compute the same
+                scale = adapter.rule.lr_scale  # halved by every rollback so far
+                warm = min(1.0, (self.steps + 1) * len(tokens) / self.warmup) if self.warmup else 1.0
+                adapter.rule.lr_scale = scale * warm
+                rollbacks = adapter.rollbacks
                 _, self.state = adapter.step(inputs, targets, self.before, static_nll)
+                adapter.rule.lr_scale = scale * 0.5 ** (adapter.rollbacks - rollbacks)
                 self.segment, self.before = [], self.state
             self.segment.append(tokens)
+        self.steps += 1
         self.log_p, self.features, self.state = self._read(tokens, self.state)
 
 

@@ -51,7 +51,7 @@ from ..errors import MoglmError
 from ..evaluation.neural_cache import StepCacheSettings
 from .coder import Block, GapModel, Predictor, decode, encode
 from .layout import Layout
-from .run import guard_margin
+from .run import guard_margin, warmup_tokens
 
 MAGIC = b"MOGLMZ"
 VERSION = 4
@@ -237,7 +237,7 @@ def compress(data: bytes, model, vocab, *, factor: float = 1.0, adapter=None, se
     gaps = not layout.gapless
     with fixed_threads(threads):
         predictor = Predictor(model, layout.start, len(blocks), factor, adapter, cache,
-                              guard=guard_margin(settings))
+                              guard=guard_margin(settings), warmup=warmup_tokens(settings))
         encode(predictor, blocks, _gap_model(layout, gaps), layout.start, progress)
     stored = [_stored(layout, block) for block in blocks]
     tokens = sum(len(b.tokens) for b in blocks)
@@ -426,7 +426,8 @@ def decompress(blob: bytes, model, vocab, *, adapter_for: Callable[[dict], Any] 
     payloads = [None if isinstance(content, bytes) else content for content in stored]
     with fixed_threads(header["threads"]):
         predictor = Predictor(model, layout.start, len(blocks), float(header["factor"]), adapter,
-                              recorded_cache(header, name), guard=guard_margin(header["adapt"]))
+                              recorded_cache(header, name), guard=guard_margin(header["adapt"]),
+                              warmup=warmup_tokens(header["adapt"]))
         decode(predictor, blocks, payloads, counts, _gap_model(layout, header["gaps"], header["bytes"]),
                layout.start, progress)
     try:

@@ -7,6 +7,7 @@ weights (and checks them against the header's digest) and replays the same updat
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from ..errors import MoglmError
@@ -32,8 +33,13 @@ SEGMENT_RANGE = (2, 20)
 #: the adapted one has been longer by more than this many nats per token over the recent text (dynamic
 #: evaluation's exponential window of 200 positions per block), the weights roll back and the step halves. Few
 #: blocks mean few tokens per update, and on a file of 3-8 KB (one or two blocks) the adaptation ran away
-#: without it, to twice the static code (docs/guides/compression.md).
+#: without it, to twice the static code; 0.1 was the best of 0.05-1 there, and never fired on 4-25 healthy blocks
+#: (docs/guides/compression.md).
 GUARD_MARGIN = 0.1
+#: the most tokens a recorded warm-up of the step may span (the settings' ``warmup``: the step grows linearly from
+#: 0 over that many tokens; none by default: over 10,000 tokens it made a 3 KB file's code 3% smaller and the
+#: test text's 1.9% larger, docs/guides/compression.md)
+MAX_WARMUP = 1 << 40
 
 
 #: ``moglm compress``'s neural cache (on unless ``--no-cache``): each block's last ``size`` positions, their
@@ -47,6 +53,17 @@ GUARD_MARGIN = 0.1
 CACHE = StepCacheSettings(theta=0.5, size=2000, lams=(0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7))
 
 
+def step_scale(streams: int) -> float:
+    """The factor on :data:`COMPRESSION_LR` for ``streams`` blocks: an update of fewer tokens than
+    :data:`UPDATE_TOKENS` (fewer than 12 blocks, whose segments are 20 steps at most) is noisier, and its step
+    shrinks as the square root of its tokens (as an RMS-normalised step's noise grows): 0.29 for one block, 0.58
+    for four."""
+    n = segment_length(streams)
+    if n < SEGMENT_RANGE[1]:
+        return 1.0  # the segments themselves were sized to about UPDATE_TOKENS
+    return min(1.0, math.sqrt(n * max(1, streams) / UPDATE_TOKENS))
+
+
 def segment_length(streams: int) -> int:
     """Steps per segment of compression's adaptation when ``streams`` blocks are coded side by side: about
     :data:`UPDATE_TOKENS` tokens per update, within :data:`SEGMENT_RANGE`."""
@@ -56,21 +73,32 @@ def segment_length(streams: int) -> int:
 
 def dynamic_settings(run_dir: Path, rule: str | None = None, lr: float | None = None, streams: int = 1) -> dict:
     """The settings of ``moglm compress --dynamic``: the run's ``dyneval/full.json`` when a previous
-    ``moglm dyneval`` wrote one, else rms-rmsdecay at :data:`COMPRESSION_LR` and :data:`COMPRESSION_DECAY`
-    with segments sized by :func:`segment_length` for ``streams`` blocks; ``rule`` (with its own defaults but
-    the same segments) and ``lr`` override."""
+    ``moglm dyneval`` wrote one, else rms-rmsdecay at :data:`COMPRESSION_LR` (times :func:`step_scale`) and
+    :data:`COMPRESSION_DECAY` with segments sized by :func:`segment_length` for ``streams`` blocks; ``rule``
+    (with its own defaults but the same segments) and ``lr`` override. Both carry the divergence guard's
+    :data:`GUARD_MARGIN`."""
     from ..dynamic_evaluation import Hyperparameters, StatisticsSettings
     from ..dynamic_evaluation.run import saved_settings
     from ..runs.language_model import LanguageModelRun
 
     hp, statistics = saved_settings(LanguageModelRun(run_dir)) or (
-        Hyperparameters(lr=COMPRESSION_LR, decay=COMPRESSION_DECAY, segment_length=segment_length(streams)),
+        Hyperparameters(lr=float(f"{COMPRESSION_LR * step_scale(streams):.3g}"), decay=COMPRESSION_DECAY,
+                        segment_length=segment_length(streams)),
         StatisticsSettings())
     if rule is not None and rule != hp.rule:
         hp = Hyperparameters(rule=rule, segment_length=hp.segment_length)
     if lr is not None:
         hp = hp.with_(lr=lr)
     return {"hyperparameters": hp.as_dict(), "statistics": vars(statistics), "guard": GUARD_MARGIN}
+
+
+def warmup_tokens(settings: dict | None) -> int:
+    """The tokens over which the adaptation's step grows to its full size that ``settings`` record (0: none, as
+    in files written before it), or a one-line error for one that is not a count."""
+    tokens = (settings or {}).get("warmup", 0)
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or not 0 <= tokens <= MAX_WARMUP:
+        raise MoglmError(f"unreadable dynamic-evaluation settings (warmup {tokens!r} is not a number of tokens)")
+    return tokens
 
 
 def guard_margin(settings: dict | None) -> float | None:

@@ -18,7 +18,8 @@ pytest.importorskip("constriction", reason="the compress extra (constriction) is
 from conftest import tiny_format_run  # noqa: E402
 from moglm.cli import main  # noqa: E402
 from moglm.compression import Layout, compress, decompress, read_header  # noqa: E402
-from moglm.compression.run import CACHE, UPDATE_TOKENS, segment_length  # noqa: E402
+from moglm.compression.run import (CACHE, COMPRESSION_LR, GUARD_MARGIN, UPDATE_TOKENS, segment_length,  # noqa: E402
+                                   step_scale)
 from moglm.evaluation.neural_cache import StepCacheSettings  # noqa: E402
 from moglm.data.vocabulary import Vocabulary  # noqa: E402
 from moglm.dynamic_evaluation import DynamicEvaluator, Hyperparameters  # noqa: E402
@@ -267,7 +268,19 @@ def test_the_adaptations_segments_hold_about_the_same_tokens_however_many_blocks
         header = read_header(out.read_bytes())[0]
         assert len(read_header(out.read_bytes())[1]) == blocks
         assert header["adapt"]["hyperparameters"]["segment_length"] == segment_length(blocks)
+        assert header["adapt"]["hyperparameters"]["lr"] == float(f"{COMPRESSION_LR * step_scale(blocks):.3g}")
+        assert header["adapt"]["guard"] == GUARD_MARGIN  # the divergence guard is on by default
         assert StepCacheSettings(**header["cache"]) == CACHE  # the neural cache is on by default
+
+
+def test_fewer_blocks_than_fill_an_update_take_a_step_smaller_by_the_square_root_of_their_tokens():
+    """Up to 12 blocks an update reads 20 steps of each, fewer than UPDATE_TOKENS tokens: the step shrinks as the
+    square root of the tokens (one block: 20 of 240), and from 12 blocks on it is the searched step itself."""
+    assert step_scale(1) == pytest.approx(math.sqrt(20 / UPDATE_TOKENS))
+    assert step_scale(4) == pytest.approx(math.sqrt(80 / UPDATE_TOKENS))
+    assert [step_scale(b) for b in (12, 13, 23, 24, 90, 10_000)] == [1.0] * 6
+    scales = [step_scale(b) for b in range(1, 13)]
+    assert scales == sorted(scales)
 
 
 def test_compress_mixes_in_the_neural_cache_unless_told_not_to_and_the_header_decides_the_decode(char_run, tmp_path):

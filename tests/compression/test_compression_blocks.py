@@ -44,12 +44,14 @@ def _adapter(trained, hp=SGD):
     return DynamicEvaluator(trained.model, hp, factor=trained.temperature)
 
 
-def _round_trip(run, data, block_size, *, hp=None, threads=1, cache=None, guard=None):
+def _round_trip(run, data, block_size, *, hp=None, threads=1, cache=None, guard=None, warmup=0):
     """The container, its report and the decoded bytes (a fresh adapter on the decoding side); ``guard``: the
-    divergence guard's margin the settings record (``None``: none, as in files written before it)."""
+    divergence guard's margin the settings record (``None``: none, as in files written before it); ``warmup``:
+    the tokens over which the step grows (0: none)."""
     trained = load_run(run)
     adapter = None if hp is None else _adapter(trained, hp)
-    settings = None if hp is None else {"hyperparameters": hp.as_dict()} | ({} if guard is None else {"guard": guard})
+    settings = None if hp is None else ({"hyperparameters": hp.as_dict()} | ({} if guard is None else {"guard": guard})
+                                        | ({"warmup": warmup} if warmup else {}))
     blob, report = compress(data, trained.model, trained.vocab, factor=trained.temperature, adapter=adapter,
                             settings=settings, cache=cache, block_size=block_size, threads=threads, progress=False)
     restored = decompress(blob, trained.model, trained.vocab, progress=False,
@@ -402,11 +404,26 @@ def test_the_divergence_guard_rolls_a_runaway_adaptation_back_below_the_static_c
     assert guarded.model_bits < static.model_bits
 
 
-@pytest.mark.parametrize("guard", ["0.1", -1.0, 0, float("inf"), True, [0.1]])
-def test_a_forged_guard_margin_is_a_one_line_error(byte_run, guard):
+def test_the_step_warms_up_over_the_headers_tokens_and_the_decoder_replays_it(byte_run):
+    """The runaway step again, now growing from 0 over more tokens than the file has: every update is small, so
+    the code stays within a tenth of the trained model's without a rollback, and the decoder, reading the warm-up
+    from the header, decodes it exactly."""
+    data = b"quizzical zebras jumped over vexing walls.\n" * 12
+    _, static, _ = _round_trip(byte_run, data, 0)
+    runaway = Hyperparameters(rule="sgd", lr=10.0, segment_length=5)
+    blob, warmed, restored = _round_trip(byte_run, data, 0, hp=runaway, warmup=100_000)
+    assert restored == data and read_header(blob)[0]["adapt"]["warmup"] == 100_000
+    assert warmed.rollbacks == 0 and warmed.model_bits < 1.1 * static.model_bits
+
+
+@pytest.mark.parametrize("field, value, message", [
+    *(("guard", v, "is not a positive number") for v in ["0.1", -1.0, 0, float("inf"), True, [0.1]]),
+    *(("warmup", v, "is not a number of tokens") for v in [-1, 2.5, "10", True, 10**13]),
+])
+def test_a_forged_guard_margin_or_warmup_is_a_one_line_error(byte_run, field, value, message):
     trained = load_run(byte_run)
     blob, _, _ = _round_trip(byte_run, TEXT[:200], 0, hp=SGD, guard=0.1)
     header = read_header(blob)[0]
-    bad = forged(blob, adapt={**header["adapt"], "guard": guard})
-    with pytest.raises(MoglmError, match="is not a positive number"):
+    bad = forged(blob, adapt={**header["adapt"], field: value})
+    with pytest.raises(MoglmError, match=message):
         decompress(bad, trained.model, trained.vocab, progress=False, adapter_for=lambda header: _adapter(trained))
