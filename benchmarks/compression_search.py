@@ -36,27 +36,26 @@ def _with(settings: dict, **changes) -> dict:
     return {**settings, "hyperparameters": hp.as_dict()}
 
 
-def _guarded(settings: dict, guard: str) -> dict:
-    """``settings`` with the divergence guard's margin ``guard`` (``"default"``: kept; ``"off"``: none)."""
-    if guard == "default":
-        return settings
-    return {k: v for k, v in settings.items() if k != "guard"} | ({} if guard == "off" else {"guard": float(guard)})
+KEEP = "default"  # a setting left as moglm compress --dynamic sets it
 
 
-def _warmed(settings: dict, warmup: int | None) -> dict:
-    """``settings`` with the step's warm-up over ``warmup`` tokens (``None``: kept; 0: none)."""
-    if warmup is None:
+def _set(settings: dict, key: str, value) -> dict:
+    """``settings`` with ``key`` set to ``value`` (:data:`KEEP`: as they are; ``None``: left out)."""
+    if isinstance(value, str) and value == KEEP:
         return settings
-    return {k: v for k, v in settings.items() if k != "warmup"} | ({"warmup": warmup} if warmup else {})
+    rest = {k: v for k, v in settings.items() if k != key}
+    return rest if value is None else rest | {key: value}
 
 
 def measure(run_dir: Path, file: Path, run_lrs, scratch_lrs, seed: int, decays=(None,), segments=(None,),
-            block_size: int = BLOCK_SIZE, cache: bool = True, guards=("default",), warmups=(None,),
+            block_size: int = BLOCK_SIZE, cache: bool = True, guards=(KEEP,), warmups=(KEEP,),
             log=print) -> list[dict]:
+    """``guards`` / ``warmups``: the divergence margins and step warm-ups to code with (:data:`KEEP`: moglm
+    compress's; ``None``: none)."""
     data = file.read_bytes()
     blocks = streams(data, LanguageModelRun(run_dir).load_vocab(), block_size)
-    ways = [("run's weights", _warmed(_guarded(_with(dynamic_settings(run_dir, None, lr, blocks), decay=decay,
-                                                     segment_length=n), guard), warmup))
+    ways = [("run's weights", _set(_set(_with(dynamic_settings(run_dir, None, lr, blocks), decay=decay,
+                                              segment_length=n), "guard", guard), "warmup", warmup))
             for lr in run_lrs for decay in decays for n in segments for guard in guards for warmup in warmups]
     ways += [(f"from scratch (seed {seed})", scratch_settings(seed, None, lr)) for lr in scratch_lrs]
     rows = []
@@ -95,7 +94,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--cache", action=argparse.BooleanOptionalAction, default=True,
                         help="code with moglm compress's neural cache (--no-cache: without, as the searches "
                              "recorded before it were)")
-    parser.add_argument("--guard", nargs="+", default=["default"],
+    parser.add_argument("--guard", nargs="+", default=[KEEP],
                         help="--dynamic's divergence margins in nats per token ('default': moglm compress's; "
                              "'off': none, as files written before the guard)")
     parser.add_argument("--warmup", type=int, nargs="+", default=[None],
@@ -106,7 +105,9 @@ def main(argv=None) -> dict:
     data = args.file.read_bytes()
     xz = len(lzma.compress(data, preset=9))
     rows = measure(args.run, args.file, args.lr, args.scratch_lr, args.seed, args.decay, args.segment_length,
-                   args.block_size, args.cache, args.guard, args.warmup)
+                   args.block_size, args.cache,
+                   [None if g == "off" else g if g == KEEP else float(g) for g in args.guard],
+                   [KEEP if w is None else w or None for w in args.warmup])
     report = {"command": command_line(), "file": args.file.name, "bytes": len(data), "run": args.run.name,
               "block_size": args.block_size, "cache": vars(CACHE) if args.cache else None, "xz -9": xz, "rows": rows}
     write_report(report, args.out)

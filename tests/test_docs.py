@@ -81,7 +81,7 @@ def test_each_linked_number_equals_the_number_in_the_file_it_cites(page):
 def test_committed_results_hold_no_absolute_path_of_a_machine():
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout: the committed files are not known")
-    # a path where a value or a command's argument starts: "/tmp/...", -o /tmp/..., --out=/root/...
+    # a path where a JSON value or a command's argument starts: after a quote, a space, "=" or "("
     pattern = "([\"[:space:]=(]|^)/(root|home|work|tmp|Users)/"
     found = subprocess.run(["git", "-C", str(ROOT), "grep", "-l", "-E", pattern, "--", "docs", "benchmarks/results",
                             "README.md"], capture_output=True, text=True).stdout.split()
