@@ -53,6 +53,8 @@ def describe(as_json: bool, verbose: bool = False) -> str:
             f"{cache['cached_bytes'] / 2**20:.0f} MiB in {cache['cached_blocks']} blocks held, limit "
             f"{cache['limit_bytes'] / 2**20:.0f} MiB, {cache['hits']} hits, {cache['misses']} misses"
             if cache["limit_bytes"] else "off (MOGLM_WORKSPACE_CACHE_MB=0)")
+        lines["flush_denormals"] = ("yes (subnormals are zero in the windows)" if details["flush_denormals"]
+                                    else "no")
         choices = details["auto_backend"]
         lines["auto_backend"] = (f"{len(choices)} shape classes probed on this machine"
                                  + ("" if verbose else " (--verbose lists them)") if choices

@@ -4,7 +4,7 @@ that says what it needs to be decoded, and refuses anything else with a one-line
 The file is cut into B blocks of about ``block_size`` bytes (its tokens shared out evenly, so the blocks are
 read in step), coded side by side as one batch of B streams (:mod:`.coder`), one range-coder state per block.
 A block whose model code is no shorter than its bytes is stored raw and flagged, so no file grows by more than
-the header. Container, version 4 (little-endian)::
+the header. Container, version 5 (little-endian)::
 
     b"MOGLMZ" | version (1 byte) | header length (4 bytes)
     | header (compact JSON, UTF-8, zlib-deflated with the preset dictionary HEADER_DICTIONARY)
@@ -19,7 +19,9 @@ blocks and the block size, whether gaps are coded, the original length and its S
 library versions. Decoding checks the header's CRC, that the block table stays inside the file, every block's
 CRC (a damaged or truncated file, named by its block), the run's digest (another run, or a changed one) and,
 at the end, the output's SHA-256 and length before anything is written: a wrong output is never produced.
-Version 3 (the header deflated without a dictionary), version 2 (the header not deflated, no cache) and
+Version 5 is version 4 computed with the compiled windows flushing subnormal floats to zero
+(:func:`moglm.recurrence.compiled.flush_denormals`); a version 4 file or older decodes with them kept, as it was
+coded. Version 3 (the header deflated without a dictionary), version 2 (the header not deflated, no cache) and
 version 1 (one stream, no table, a CRC-32 after the little-endian payload) still decode, version 1 as one block.
 
 Determinism (docs/method.md, "Compression"): both sides run one loop (:mod:`.coder`) on the CPU in float32 with
@@ -49,12 +51,15 @@ import torch
 
 from ..errors import MoglmError
 from ..evaluation.neural_cache import StepCacheSettings
+from ..recurrence import compiled
 from .coder import Block, GapModel, Predictor, decode, encode
 from .layout import Layout
 from .run import guard_margin, warmup_tokens
 
 MAGIC = b"MOGLMZ"
-VERSION = 4
+VERSION = 5
+#: the first version coded with the compiled windows flushing subnormals to zero (before it they were kept)
+FLUSHED_FROM = 5
 #: version 4's header is deflated with this preset dictionary (zlib's ``zdict``): a typical header, so that what
 #: every header repeats (its field names, the usual settings) costs a few bytes, which matters on small files.
 #: Part of the format: never changed (a new dictionary is a new version).
@@ -186,7 +191,6 @@ def _environment(threads: int) -> dict[str, Any]:
     from importlib.metadata import version
 
     from .. import __version__
-    from ..recurrence import compiled
 
     return {"moglm": __version__, "torch": torch.__version__, "constriction": version("constriction"),
             "threads": threads, "recurrence": compiled.info().get("gemm_route") if compiled.available() else "python"}
@@ -235,7 +239,7 @@ def compress(data: bytes, model, vocab, *, factor: float = 1.0, adapter=None, se
     start, cpu = time.perf_counter(), time.process_time()
     blocks = _cut(layout, data, block_size)
     gaps = not layout.gapless
-    with fixed_threads(threads):
+    with fixed_threads(threads), compiled.flush_denormals(True):
         predictor = Predictor(model, layout.start, len(blocks), factor, adapter, cache,
                               guard=guard_margin(settings), warmup=warmup_tokens(settings))
         encode(predictor, blocks, _gap_model(layout, gaps), layout.start, progress)
@@ -424,7 +428,8 @@ def decompress(blob: bytes, model, vocab, *, adapter_for: Callable[[dict], Any] 
     blocks = [_raw_block(layout, content, n, b, len(counts), name) if isinstance(content, bytes) else Block()
               for b, (content, n) in enumerate(zip(stored, counts))]
     payloads = [None if isinstance(content, bytes) else content for content in stored]
-    with fixed_threads(header["threads"]):
+    version = _PREFIX.unpack_from(blob)[1]
+    with fixed_threads(header["threads"]), compiled.flush_denormals(version >= FLUSHED_FROM):
         predictor = Predictor(model, layout.start, len(blocks), float(header["factor"]), adapter,
                               recorded_cache(header, name), guard=guard_margin(header["adapt"]),
                               warmup=warmup_tokens(header["adapt"]))

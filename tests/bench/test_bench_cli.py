@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import tiny_config
+from conftest import tiny_config, tiny_format_run
 from moglm.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -288,3 +288,27 @@ def test_the_workspace_cache_benchmark_times_steps_with_the_cache_on_and_off_in_
     assert row["off"]["workspace_cache"]["limit_bytes"] == 0 and row["off"]["workspace_cache"]["hits"] == 0
     assert row["on"]["workspace_cache"]["limit_bytes"] > 0 and row["on"]["workspace_cache"]["cached_blocks"] > 0
     assert (tmp_path / "workspace.json").is_file()
+
+
+def test_the_subnormal_bench_times_a_runs_passes_flushed_and_kept_with_the_same_predictions(tmp_path):
+    """benchmarks/subnormals.py: per batch, the window pass and the one-step pass of a trained run, with the
+    compiled windows flushing subnormals and keeping them: both timed, their ratio, and predictions that agree
+    (a tiny run's steps make no subnormal that changes a log probability)."""
+    import importlib.util
+
+    run = tiny_format_run(tmp_path / "run", "char")
+    text = tmp_path / "text.txt"
+    text.write_text("the cat sees the dog .\nthe owl hears the cow .\n" * 4)
+    spec = importlib.util.spec_from_file_location("subnormals", ROOT / "benchmarks" / "subnormals.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "subnormals.json"
+    report = bench.main([str(run), str(text), "--batch", "3", "--bptt", "5", "--steps", "3", "--repeats", "2",
+                         "--threads", "1", "--out", str(out)])
+    assert [(r["pass"], r["batch"], r["steps"]) for r in report["results"]] == [("window", 3, 5), ("step", 3, 3)]
+    for row in report["results"]:
+        assert row["ms_per_step_flushed"] > 0 and row["ms_per_step_kept"] > 0
+        assert row["kept_over_flushed"] == pytest.approx(row["ms_per_step_kept"] / row["ms_per_step_flushed"])
+        assert row["max_abs_log_prob_difference"] < 1e-5
+    assert 0 <= report["embedding_subnormal_entries"] <= report["embedding_entries"]
+    assert json.loads(out.read_text())["results"] == report["results"]

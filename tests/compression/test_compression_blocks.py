@@ -231,6 +231,28 @@ def test_a_version_3_file_still_decodes_its_header_deflated_without_the_dictiona
     assert decompress(version_3, trained.model, trained.vocab, progress=False) == TEXT
 
 
+def test_a_version_4_file_decodes_with_the_windows_keeping_subnormals_as_it_was_coded(char_run, monkeypatch):
+    """Version 5 is coded with the compiled windows flushing subnormals to zero; a version 4 file was coded
+    with them kept, so it decodes with the flush off (the switch is back on after), and a version 5 file with
+    it on."""
+    trained = load_run(char_run)
+    blob, _ = compress(TEXT, trained.model, trained.vocab, factor=trained.temperature, block_size=300, progress=False)
+    assert blob[6] == container.VERSION == 5
+    asked = []
+    real = container.compiled.flush_denormals
+
+    def spy(on):
+        asked.append(on)
+        return real(on)
+
+    monkeypatch.setattr(container.compiled, "flush_denormals", spy)
+    assert decompress(forged(blob, version=4), trained.model, trained.vocab, progress=False) == TEXT
+    assert decompress(blob, trained.model, trained.vocab, progress=False) == TEXT
+    assert asked == [False, True]
+    assert container.compiled.flushes_denormals() == (container.compiled.available()
+                                                      and torch.ops.moglm.flush_denormals_supported())
+
+
 def test_a_version_1_file_still_decodes_as_one_block(char_run):
     """Version 1 (before blocks): a little-endian payload of one stream, one thread, then a CRC-32 of it all."""
     import json
@@ -294,7 +316,7 @@ def test_every_bad_input_is_a_one_line_error_that_touches_no_file(char_run, tmp_
                                                                  "its block size of 100 bytes cuts"),
         "raw-tokens.moglm": (forged(blob, tokens=header["tokens"] - header["blocks"]),
                              f"raw block {raw + 1} of {header['blocks']} does not hold the"),
-        "version-5.moglm": (blob[:6] + b"\x05" + blob[7:], "a version 5 moglm-compressed file; this moglm reads"),
+        "version-6.moglm": (blob[:6] + b"\x06" + blob[7:], "a version 6 moglm-compressed file; this moglm reads"),
         "forged-cache.moglm": (forged(blob, cache={"theta": 0.5, "lams": [1.5], "size": 10}),
                                "its header's cache settings are not settings"),
         "forged-cache-lams.moglm": (forged(blob, cache={"theta": 0.5, "lams": "0.5", "size": 10}),
@@ -305,7 +327,7 @@ def test_every_bad_input_is_a_one_line_error_that_touches_no_file(char_run, tmp_
                                     "its header's cache settings are not settings"),
         "forged-cache-empty.moglm": (forged(blob, cache={}), "its header's cache settings are not settings"),
         "version-0.moglm": (blob[:6] + b"\x00" + blob[7:], "a version 0 moglm-compressed file"),
-        "header-not-deflated.moglm": (forged(blob, version=2)[:6] + b"\x04" + forged(blob, version=2)[7:],
+        "header-not-deflated.moglm": (forged(blob, version=2)[:6] + b"\x05" + forged(blob, version=2)[7:],
                                       "damaged"),
     }
     out = tmp_path / "out.txt"

@@ -773,3 +773,44 @@ def test_two_installs_get_two_build_folders_and_the_same_install_one(tmp_path, m
     assert build.build_key() != key
     monkeypatch.setattr(build.sys, "prefix", "/another/venv")
     assert build.build_key() not in (key,)
+
+
+def _subnormal_cell_state(module: torch.nn.Module, batch: int) -> torch.Tensor:
+    """The final cell state of one step from a subnormal c0 (1e-39): zero weights, the forget and output gates
+    open (sigmoid(20)), the candidate zero (tanh(0)), so that exactly, c1 = f * c0 is subnormal too."""
+    hidden = module.hidden_size
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.zero_()
+            if name.startswith("bias_ih"):
+                p[hidden : 2 * hidden] = 20.0  # f
+                p[3 * hidden :] = 20.0  # o
+    xs = torch.zeros(1, batch, module.input_size)
+    c0 = torch.full((1, batch, hidden), 1e-39)
+    _, (_, c1) = module(xs, (torch.zeros(1, batch, hidden), c0))
+    return c1
+
+
+@pytest.mark.parametrize("batch", [1, 64])
+def test_the_compiled_windows_flush_subnormals_to_zero_and_compute_them_when_switched_off(built, batch):
+    """Subnormal floats cost a microcode assist per multiply-add on x86, and a trained model's steps make
+    them, so the windows compute with them as zero (csrc/window.h, DenormalScope), on the calling thread and
+    on every thread of a batch-parallel window; ``flush_denormals(False)`` restores IEEE arithmetic, which
+    the reference loop (plain torch ops) keeps."""
+    if not build.torch.ops.moglm.flush_denormals_supported():
+        pytest.skip("flushing subnormals is x86-64 only")
+    torch.manual_seed(0)
+    reference = _subnormal_cell_state(moglm.LSTM(5, 7, backend="reference").eval(), batch)
+    assert (reference > 0).all() and (reference < torch.finfo(torch.float32).tiny).all()  # subnormal, exactly
+    with torch.no_grad():
+        assert compiled.flushes_denormals()
+        flushed = on_two_threads(_subnormal_cell_state)(moglm.LSTM(5, 7, backend="compiled").eval(), batch)
+        with compiled.flush_denormals(False):
+            assert not compiled.flushes_denormals()
+            kept = on_two_threads(_subnormal_cell_state)(moglm.LSTM(5, 7, backend="compiled").eval(), batch)
+        assert compiled.flushes_denormals()  # the switch is back as it was
+    assert (flushed == 0).all()
+    torch.testing.assert_close(kept, reference, rtol=1e-6, atol=0)
+    assert compiled.info()["flush_denormals"]
+    # nothing leaks out of the windows: torch's own ops, on this thread and its workers, keep subnormals
+    assert on_two_threads(lambda: bool((torch.full((1 << 18,), 1e-30) * 1e-9 > 0).all()))()

@@ -21,7 +21,15 @@ from __future__ import annotations
 import torch
 
 from . import build, routes
-from .build import CompiledUnavailableWarning, available, empty_cache, unavailable_reason, workspace_cache
+from .build import (
+    CompiledUnavailableWarning,
+    available,
+    empty_cache,
+    flush_denormals,
+    flushes_denormals,
+    unavailable_reason,
+    workspace_cache,
+)
 from .functions import CompiledLSTMFunction, CompiledMultiplicativeLSTMFunction, can_run, run_compiled
 from .routes import (
     COLUMNS,
@@ -53,6 +61,7 @@ def info(paths: bool = True) -> dict:
         out["weight_gradient_route_probe_seconds"] = routes.probe_seconds(torch.float32, "weight_gradient_route")
         out["mkl_thread_control"] = bool(torch.ops.moglm.mkl_thread_control_available())
         out["workspace_cache"] = build.workspace_cache()
+        out["flush_denormals"] = build.flushes_denormals()
         out["auto_backend"] = routes.stored_backends()  # per shape class: compiled or fused, with the probe's timings
     return out
 
@@ -69,6 +78,8 @@ __all__ = [
     "candidate_routes",
     "class_route",
     "empty_cache",
+    "flush_denormals",
+    "flushes_denormals",
     "gemm_route",
     "info",
     "route_code",

@@ -205,3 +205,26 @@ def empty_cache() -> None:
         torch.ops.moglm.workspace_cache_clear()
 
 
+
+
+@contextmanager
+def flush_denormals(on: bool):
+    """While inside, the compiled windows flush subnormal floats to zero (``on``, the default outside) or
+    compute with them as IEEE 754 says (``off``), process-wide, then as before. Subnormals (below 1.2e-38 in
+    float32) cost a microcode assist per multiply-add on x86 CPUs, and a trained model's steps make them; the
+    windows flush them (``csrc/window.h``, ``DenormalScope``). Off is for what must round as before the flush
+    existed: a compressed file written then (:mod:`moglm.compression.container`). Loads the library (building
+    it on first use); a no-op where it is not loaded or the CPU is not x86-64."""
+    if not available() or not torch.ops.moglm.flush_denormals_supported():
+        yield
+        return
+    saved = torch.ops.moglm.set_flush_denormals(on)
+    try:
+        yield
+    finally:
+        torch.ops.moglm.set_flush_denormals(saved)
+
+
+def flushes_denormals() -> bool:
+    """Whether the compiled windows flush subnormals to zero now (False where they do not run)."""
+    return bool(_state["loaded"]) and bool(torch.ops.moglm.flush_denormals_enabled())

@@ -461,6 +461,8 @@ std::vector<at::Tensor> mogrifier_lstm_forward(const at::Tensor& xs, const at::T
                                                at::TensorList mats, at::TensorList lefts, at::TensorList rbias,
                                                int64_t rounds, int64_t rank, bool zigzag, bool capped, bool save,
                                                int64_t route, int64_t min_rows, const std::optional<at::Tensor>& adapt) {
+  ready_threads();
+  DenormalScope denormals;  // this thread's part; each parallel body has its own (window.h)
   Rounds R = make_rounds(rounds, rank, zigzag, mats, lefts, rbias);
   at::Tensor wih = w_ih.contiguous(), whh = w_hh.contiguous();
   at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
@@ -482,6 +484,8 @@ std::vector<at::Tensor> mogrifier_lstm_backward(
     const std::optional<at::Tensor>& dys, const std::optional<at::Tensor>& dhT, const std::optional<at::Tensor>& dcT,
     bool need_dx, bool need_weights, int64_t route, int64_t min_rows, const std::optional<at::Tensor>& adapt,
     int64_t tn_route) {
+  ready_threads();
+  DenormalScope denormals;  // this thread's part; each parallel body has its own (window.h)
   Rounds R = make_rounds(rounds, rank, zigzag, mats, lefts, rbias);
   std::vector<at::Tensor> sv(saved.begin(), saved.end());
   at::Tensor wih = w_ih.contiguous(), whh = w_hh.contiguous();

@@ -225,6 +225,8 @@ std::vector<at::Tensor> multiplicative_lstm_forward(const at::Tensor& xs, const 
                                                     const at::Tensor& w_mx, const at::Tensor& w_mh, bool capped,
                                                     bool save, int64_t route, int64_t min_rows,
                                                     const std::optional<at::Tensor>& adapt) {
+  ready_threads();
+  DenormalScope denormals;  // this thread's part; each parallel body has its own (window.h)
   at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
   at::Tensor mk = mask.has_value() ? mask->contiguous() : at::Tensor();
   check_window(xs, h0.contiguous(), c0.contiguous(), mk, w_ih, w_hh, b);
@@ -247,6 +249,8 @@ std::vector<at::Tensor> multiplicative_lstm_backward(
     bool capped, at::TensorList saved, const std::optional<at::Tensor>& dys, const std::optional<at::Tensor>& dhT,
     const std::optional<at::Tensor>& dcT, bool need_dx, bool need_weights, int64_t route, int64_t min_rows,
     const std::optional<at::Tensor>& adapt, int64_t tn_route) {
+  ready_threads();
+  DenormalScope denormals;  // this thread's part; each parallel body has its own (window.h)
   std::vector<at::Tensor> sv(saved.begin(), saved.end());
   at::Tensor mk = mask.has_value() ? mask->contiguous() : at::Tensor();
   at::Tensor gy = dys.has_value() ? dys->contiguous() : at::Tensor();
@@ -352,6 +356,10 @@ TORCH_LIBRARY_FRAGMENT(moglm, m) {
   m.def("brgemm_route_available() -> bool", &brgemm_route_available);
   m.def("workspace_cache_stats() -> int[]", [] { return WorkspaceCache::get().stats(); });
   m.def("workspace_cache_clear() -> ()", [] { WorkspaceCache::get().clear(); });
+  // the windows' denormals-are-zero switch (window.h, DenormalScope): sets it, returns what it was
+  m.def("set_flush_denormals(bool on) -> bool", [](bool on) { return flush_denormals_switch().exchange(on); });
+  m.def("flush_denormals_enabled() -> bool", [] { return bool(MOGLM_HAS_MXCSR) && flush_denormals_switch().load(); });
+  m.def("flush_denormals_supported() -> bool", [] { return bool(MOGLM_HAS_MXCSR); });
 }
 
 TORCH_LIBRARY_IMPL(moglm, CPU, m) {

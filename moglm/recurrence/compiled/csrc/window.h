@@ -45,6 +45,13 @@
 
 #include "workspace.h"
 
+#if defined(__x86_64__) || defined(_M_X64)
+#include <xmmintrin.h>
+#define MOGLM_HAS_MXCSR 1
+#else
+#define MOGLM_HAS_MXCSR 0
+#endif
+
 extern "C" {
 void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*, const float*, const int*,
             const float*, const int*, const float*, float*, const int*) __attribute__((weak));
@@ -83,6 +90,45 @@ inline bool blas_available(at::ScalarType dtype) {
 }
 
 inline bool mkl_local_threads_available() { return mkl_set_num_threads_local_ != nullptr; }
+
+// Denormals are zero inside the windows. A trained model's steps make subnormal floats (below 1.2e-38 in
+// float32: an embedding row the L2 penalty decayed, a saturated gate's exp(-z)), and every multiply-add that
+// reads or makes one takes a microcode assist, about a hundred cycles: a few subnormals in a step's batch slow
+// its whole product (docs/fused-recurrence.md, "Subnormals"). While alive, a DenormalScope sets this thread's
+// SSE/AVX control word (MXCSR) to flush subnormal results to zero (FTZ) and read subnormal operands as zero
+// (DAZ), or, with the process-wide switch off (``set_flush_denormals``; on by default), clears both, so that
+// the window computes with subnormals as IEEE 754 says whatever the thread inherited; then it puts the old
+// value back. The switch is for what must round as before the flush existed (a compressed file written
+// then). An op's entry first makes sure torch's thread pool is running (``ready_threads``), so that no worker
+// is created inside a scope and keeps its setting for the rest of the process. x86-64 only; elsewhere the
+// scope does nothing.
+inline std::atomic<bool>& flush_denormals_switch() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
+struct DenormalScope {
+#if MOGLM_HAS_MXCSR
+  static constexpr unsigned int BITS = 0x8040u;  // FTZ (bit 15) | DAZ (bit 6)
+  unsigned int saved;
+  DenormalScope() : saved(_mm_getcsr()) {
+    const bool on = flush_denormals_switch().load(std::memory_order_relaxed);
+    _mm_setcsr(on ? (saved | BITS) : (saved & ~BITS));
+  }
+  ~DenormalScope() { _mm_setcsr(saved); }
+#else
+  DenormalScope() = default;
+#endif
+  DenormalScope(const DenormalScope&) = delete;
+  DenormalScope& operator=(const DenormalScope&) = delete;
+};
+
+// Start torch's worker threads, if they are not running yet, outside any DenormalScope (a thread inherits
+// its creator's MXCSR).
+inline void ready_threads() {
+  if (!at::in_parallel_region() && at::get_num_threads() > 1)
+    at::parallel_for(0, at::get_num_threads(), 1, [](int64_t, int64_t) {});
+}
 
 // While alive inside a parallel worker: BLAS calls on this thread use one thread.
 struct ThreadGemmScope {
@@ -413,6 +459,7 @@ inline at::Tensor product(Route route, const at::Tensor& X, const at::Tensor& W,
   const T* x = X.data_ptr<T>();
   T* o = out.data_ptr<T>();
   at::parallel_for(0, (R + ROWS - 1) / ROWS, 1, [&](i64 c0, i64 c1) {
+    DenormalScope denormals;
     for (i64 c = c0; c < c1; ++c) {
       const i64 r0 = c * ROWS;
       packed(std::min(ROWS, R - r0), x + r0 * K, K, beta, o + r0 * N, N);
@@ -450,6 +497,7 @@ inline at::Tensor product_tn(Route route, const at::Tensor& A, const at::Tensor&
   const float* r = rhs.data_ptr<float>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, (M + MB - 1) / MB, 1, [&](i64 mb0, i64 mb1) {
+    DenormalScope denormals;
     for (i64 k0 = 0; k0 < R; k0 += KC) {
       const i64 kc = std::min(KC, R - k0);
       for (i64 mb = mb0; mb < mb1; ++mb) {
@@ -484,6 +532,7 @@ inline void for_row_blocks(i64 B, i64 min_rows, const F& fn) {
   const i64 grain = (B + threads - 1) / threads;
   at::parallel_for(0, B, grain, [&](i64 b0, i64 b1) {
     ThreadGemmScope scope(true);
+    DenormalScope denormals;
     fn(b0, b1, true);
   });
 }
@@ -594,6 +643,7 @@ inline void for_partitions(i64 P, const F& fn) {
   try {
     at::parallel_for(0, P, 1, [&](i64 p0, i64 p1) {
       ThreadGemmScope scope(true);
+      DenormalScope denormals;
       try {
         fn(p0, p1, barrier);
       } catch (const TeamBarrier::Aborted&) {
