@@ -92,16 +92,15 @@ inline bool blas_available(at::ScalarType dtype) {
 inline bool mkl_local_threads_available() { return mkl_set_num_threads_local_ != nullptr; }
 
 // Denormals are zero inside the windows. A trained model's steps can make subnormal floats (below 1.2e-38 in
-// float32; measured on text with tokens its training never saw, whose embedding rows the L2 penalty decayed),
-// and every multiply-add that reads or makes one takes a microcode assist, about a hundred cycles: a few
-// subnormals in a step's batch slow its whole product (docs/fused-recurrence.md, "Subnormals"). While alive, a DenormalScope sets this thread's
-// SSE/AVX control word (MXCSR) to flush subnormal results to zero (FTZ) and read subnormal operands as zero
-// (DAZ), or, with the process-wide switch off (``set_flush_denormals``; on by default), clears both, so that
-// the window computes with subnormals as IEEE 754 says whatever the thread inherited; then it puts the old
-// value back. The switch is for what must round as before the flush existed (a compressed file written
-// then). An op's entry first makes sure torch's thread pool is running (``ready_threads``), so that no worker
-// is created inside a scope and keeps its setting for the rest of the process. x86-64 only; elsewhere the
-// scope does nothing.
+// float32; measured on text with tokens its training never saw, whose embedding rows the L2 penalty decayed), and
+// every multiply-add that reads or makes one takes a microcode assist, about a hundred cycles: a few subnormals in
+// a step's batch slow its whole product (docs/fused-recurrence.md, "Subnormals"). While alive, a DenormalScope sets
+// this thread's SSE/AVX control word (MXCSR) to flush subnormal results to zero (FTZ) and read subnormal operands
+// as zero (DAZ), or, with the process-wide switch off (``set_flush_denormals``; on by default), clears both, so
+// that the window computes with subnormals as IEEE 754 says whatever the thread inherited; then it puts the old
+// value back. The switch is for what must round as before the flush existed (a compressed file written then). An
+// op's entry first makes sure torch's thread pool is running (``ready_threads``), so that no worker is created
+// inside a scope and keeps its setting for the rest of the process. x86-64 only; elsewhere the scope does nothing.
 inline std::atomic<bool>& flush_denormals_switch() {
   static std::atomic<bool> on{true};
   return on;
