@@ -30,7 +30,37 @@ def test_bench_throughput_writes_ratios_to_nn_lstm_for_every_model(tmp_path, cap
     assert report["gemm_gflops"]["peak"] > 0
     assert set(report["generation_ms_per_token"]["65"]) >= {"fused", "reference"}
     assert min(report["generation_ms_per_token"]["65"].values()) > 0
+    for row in rows.values():  # the ceiling is the ratio the model would have at the GEMM peak
+        for m in (row["train"], row["forward"]):
+            assert m["ceiling_vs_nn_lstm"] == pytest.approx(m["vs_nn_lstm"] / m["fraction_of_gemm_peak"])
     assert "| 65 | moglm Mogrifier r=5 k=64 |" in capsys.readouterr().out
+
+
+def test_the_ceiling_is_nn_lstms_time_over_the_models_products_at_the_gemm_peak_and_old_reports_show_a_dash():
+    """A model doing 1.25x nn.LSTM's multiply-adds, against an nn.LSTM at 80% of the peak, can reach at most
+    1 / (0.8 * 1.25) = 1.0x it; the table shows the ceiling beside the ratio, and '-' in a report without one."""
+    from moglm.bench.throughput import ceiling, markdown_table
+
+    nn_flops = 8e9
+    nn_seconds = nn_flops / (0.8 * 100e9)  # nn.LSTM at 80% of a 100 GFLOP/s peak
+    assert ceiling(nn_seconds, 1.25 * nn_flops, 100.0) == pytest.approx(1.0)
+    assert ceiling(nn_seconds, nn_flops, 100.0) == pytest.approx(1.25)
+
+    def measured(ratio, fraction, top=None):
+        m = {"tokens_per_s": 1000.0, "vs_nn_lstm": ratio, "fraction_of_gemm_peak": fraction}
+        return m if top is None else {**m, "ceiling_vs_nn_lstm": top}
+
+    report = {"gemm_gflops": {"peak": 100.0, "torch.mm": 100.0}, "machine": {"threads": 2},
+              "config": {"batch": 64, "bptt": 70},
+              "results": [{"hidden": 650, "model": "moglm multiplicative LSTM", "train": measured(0.85, 0.88, 0.97),
+                           "forward": measured(0.80, 0.91, 0.88)},
+                          {"hidden": 650, "model": "older report", "train": measured(0.9, 0.9),
+                           "forward": measured(0.9, 0.9)}]}
+    table = markdown_table(report)
+    row = "| 650 | moglm multiplicative LSTM | 1,000 | 0.85 | 88% | 0.97 | 1,000 | 0.80 | 91% | 0.88 | - | - |"
+    assert row in table
+    assert "| 650 | older report | 1,000 | 0.90 | 90% | - | 1,000 | 0.90 | 90% | - | - | - |" in table
+    assert "fwd ceiling" in table and "nothing else taking time" in table
 
 
 def test_bench_throughput_rejects_an_unknown_model_in_one_line(tmp_path, capsys):
