@@ -8,8 +8,9 @@ bits per byte of the coded file against xz -9's.
 
 Each setting compresses the file once as ``moglm compress`` does by default (blocks of 4096 bytes unless
 ``--block-size`` says, segments sized to them unless ``--segment-length`` says, the neural cache unless
-``--no-cache``, one thread); the coded size is the search's score, so nothing is decompressed (``moglm bench
-compress`` checks the round trip of the setting chosen). Writes JSON and prints a markdown table.
+``--no-cache``, the match model unless ``--match-min-length 0``, one thread; ``--static`` adds rows without
+adapting); the coded size is the search's score, so nothing is decompressed (``moglm bench compress`` checks
+the round trip of the setting chosen). Writes JSON and prints a markdown table.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from pathlib import Path
 from moglm.bench import command_line, write_report
 from moglm.compression import compress
 from moglm.compression.container import BLOCK_SIZE, streams
-from moglm.compression.run import CACHE, adapter_from_settings, coding_model, dynamic_settings, scratch_settings
+from moglm.compression.match import MatchSettings
+from moglm.compression.run import CACHE, MATCH, adapter_from_settings, coding_model, dynamic_settings, scratch_settings
 from moglm.runs.language_model import LanguageModelRun
 
 RUN_LRS = [3e-4, 1e-3, 2e-3, 3e-3, 5e-3, 7e-3, 1e-2]
@@ -49,31 +51,35 @@ def _set(settings: dict, key: str, value) -> dict:
 
 def measure(run_dir: Path, file: Path, run_lrs, scratch_lrs, seed: int, decays=(None,), segments=(None,),
             block_size: int = BLOCK_SIZE, cache: bool = True, guards=(KEEP,), warmups=(KEEP,),
-            log=print) -> list[dict]:
+            log=print, min_lengths=(MATCH.min_length,), static: bool = False) -> list[dict]:
     """``guards`` / ``warmups``: the divergence margins and step warm-ups to code with (:data:`KEEP`: moglm
-    compress's; ``None``: none)."""
+    compress's; ``None``: none); ``min_lengths``: the match model's (0: none); ``static``: also code without
+    adapting (a row per min_length, first)."""
     data = file.read_bytes()
     blocks = streams(data, LanguageModelRun(run_dir).load_vocab(), block_size)
     ways = [("run's weights", _set(_set(_with(dynamic_settings(run_dir, None, lr, blocks), decay=decay,
                                               segment_length=n), "guard", guard), "warmup", warmup))
             for lr in run_lrs for decay in decays for n in segments for guard in guards for warmup in warmups]
     ways += [(f"from scratch (seed {seed})", scratch_settings(seed, None, lr)) for lr in scratch_lrs]
+    ways = ([("run's weights, static", None)] if static else []) + ways
     rows = []
-    for name, settings in ways:
-        model, vocab, factor = coding_model(run_dir, "best", settings.get("from_scratch"))
-        adapter = adapter_from_settings(run_dir, model, "best", factor, settings)
+    for (name, settings), min_length in ((way, n) for way in ways for n in min_lengths):
+        model, vocab, factor = coding_model(run_dir, "best", (settings or {}).get("from_scratch"))
+        adapter = None if settings is None else adapter_from_settings(run_dir, model, "best", factor, settings)
         _, report = compress(data, model, vocab, factor=factor, adapter=adapter, settings=settings,
-                             cache=CACHE if cache else None, block_size=block_size, progress=False)
-        hp = settings["hyperparameters"]
-        rows.append({"weights": name, "rule": hp["rule"], "lr": hp["lr"], "decay": hp.get("decay"),
-                     "segment_length": hp["segment_length"], "guard": settings.get("guard"),
-                     "warmup": settings.get("warmup", 0),
+                             cache=CACHE if cache else None, block_size=block_size, progress=False,
+                             match=MatchSettings(min_length) if min_length else None)
+        settings = settings or {}  # static: no adaptation, its fields empty
+        hp = settings.get("hyperparameters", {})
+        rows.append({"weights": name, "rule": hp.get("rule", "-"), "lr": hp.get("lr"), "decay": hp.get("decay"),
+                     "segment_length": hp.get("segment_length"), "guard": settings.get("guard"),
+                     "warmup": settings.get("warmup", 0), "match_min_length": min_length,
                      "rollbacks": report.rollbacks, "compressed_bytes": report.compressed_bytes,
                      "header_bytes": report.header_bytes,
                      "bits_per_byte": 8 * report.compressed_bytes / len(data), "seconds": report.seconds})
-        log(f"{name}, {hp['rule']} lr {hp['lr']:g} decay {hp.get('decay', '-')} n {hp['segment_length']} "
-            f"guard {settings.get('guard', 'off')} warmup {settings.get('warmup', 0)}: {report.compressed_bytes:,} "
-            f"bytes, {report.rollbacks} rollbacks")
+        log(f"{name}, {hp.get('rule', '-')} lr {hp.get('lr', '-')} decay {hp.get('decay', '-')} n "
+            f"{hp.get('segment_length', '-')} guard {settings.get('guard', 'off')} warmup {settings.get('warmup', 0)} "
+            f"match {min_length or 'off'}: {report.compressed_bytes:,} bytes, {report.rollbacks} rollbacks")
     return rows
 
 
@@ -100,6 +106,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--warmup", type=int, nargs="+", default=[None],
                         help="tokens over which --dynamic's step grows to its full size (default: moglm "
                              "compress's; 0: none)")
+    parser.add_argument("--match-min-length", type=int, nargs="+", default=[MATCH.min_length],
+                        help=f"the match model's min_length (default: moglm compress's, {MATCH.min_length}; 0: "
+                             "none, as the searches recorded before it were)")
+    parser.add_argument("--static", action="store_true", help="also code without adapting (the first rows)")
     parser.add_argument("--out", default="compression_search.json")
     args = parser.parse_args(argv)
     data = args.file.read_bytes()
@@ -107,18 +117,18 @@ def main(argv=None) -> dict:
     rows = measure(args.run, args.file, args.lr, args.scratch_lr, args.seed, args.decay, args.segment_length,
                    args.block_size, args.cache,
                    [None if g == "off" else g if g == KEEP else float(g) for g in args.guard],
-                   [KEEP if w is None else w or None for w in args.warmup])
+                   [KEEP if w is None else w or None for w in args.warmup], min_lengths=args.match_min_length,
+                   static=args.static)
     report = {"command": command_line(), "file": args.file.name, "bytes": len(data), "run": args.run.name,
               "block_size": args.block_size, "cache": vars(CACHE) if args.cache else None, "xz -9": xz, "rows": rows}
     write_report(report, args.out)
     print(f"`{args.file.name}` ({len(data):,} bytes), xz -9 {xz:,} bytes ({8 * xz / len(data):.3f} bits per byte)\n")
-    print("| weights | rule | lr | decay | n | guard | rollbacks | bytes | bits per byte | against xz -9 |\n"
-          "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| weights | rule | lr | decay | n | guard | match | rollbacks | bytes | bits per byte | against xz -9 |\n"
+          "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        decay = "-" if r["decay"] is None else f"{r['decay']:g}"
-        guard = "-" if r["guard"] is None else f"{r['guard']:g}"
-        print(f"| {r['weights']} | {r['rule']} | {r['lr']:g} | {decay} | {r['segment_length']} | {guard} | "
-              f"{r['rollbacks']} | "
+        lr, decay, guard = ("-" if r[k] is None else f"{r[k]:g}" for k in ("lr", "decay", "guard"))
+        print(f"| {r['weights']} | {r['rule']} | {lr} | {decay} | {r['segment_length'] or '-'} | {guard} | "
+              f"{r['match_min_length'] or 'off'} | {r['rollbacks']} | "
               f"{r['compressed_bytes']:,} | {r['bits_per_byte']:.3f} | {100 * (r['compressed_bytes'] / xz - 1):+.1f}% |")
     print(f"written to {args.out}")
     return report

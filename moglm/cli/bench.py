@@ -252,6 +252,9 @@ def compress(
     cache: bool = typer.Option(True, help="Code with moglm compress's neural cache (--no-cache: without)."),
     without_cache: bool = typer.Option(False, "--without-cache", help="Also code every row without the neural "
                                        "cache (a row each, measured in the same run)."),
+    match: bool = typer.Option(True, help="Code with moglm compress's match model (--no-match: without)."),
+    without_match: bool = typer.Option(False, "--without-match", help="Also code every row without the match "
+                                       "model (a row each, measured in the same run)."),
     threads: Optional[int] = typer.Option(None, min=1, help="Torch threads (default: moglm compress's)."),
     progress: bool = typer.Option(True, help="Show progress bars."),
     out: Optional[Path] = typer.Option(None, help=OUT_HELP),
@@ -272,10 +275,11 @@ def compress(
         return [None] + ([dynamic_settings(run_dir, rule, adapt_learning_rate, file_streams(run_dir, file, size))]
                          if adapting else []) + scratch
 
-    caches = [cache] + ([False] if without_cache and cache else [])
+    mixes = ([(cache, match)] + ([(False, match)] if without_cache and cache else [])
+             + ([(cache, False)] if without_match and match else []))  # (cache, match model)
     rows = [run_compression(run_dir, file, each, size, threads or THREADS, progress=progress, cache=mixed,
-                            log=typer.echo)
-            for size in block_size or [BLOCK_SIZE] for each in ways(size) for mixed in caches]
+                            match=matched, log=typer.echo)
+            for size in block_size or [BLOCK_SIZE] for each in ways(size) for mixed, matched in mixes]
     write_report({"command": command_line(), "rows": rows}, out)
     typer.echo(markdown_table(rows))
     typer.echo(f"written to {out}")

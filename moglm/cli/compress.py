@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from ..atomic import check_free
-from ..compression.run import CACHE, COMPRESSION_DECAY, COMPRESSION_LR, SCRATCH_LR, SCRATCH_RULE, UPDATE_TOKENS
+from ..compression.run import CACHE, MATCH, COMPRESSION_DECAY, COMPRESSION_LR, SCRATCH_LR, SCRATCH_RULE, UPDATE_TOKENS
 from .common import Checkpoint, UpdateRule
 from ..errors import MoglmError
 
@@ -46,6 +46,9 @@ def compress(
     cache: bool = typer.Option(True, help="Mix the neural cache into the predictions: each block's last "
                                f"{CACHE.size} positions predict the next token beside the model, with a weight "
                                "learnt from the block as it is coded."),
+    match: bool = typer.Option(True, help="Then mix in the match model: what followed the last occurrence, in any "
+                               f"block, of a block's last {MATCH.min_length} tokens, at a probability learnt "
+                               "from how often such predictions came true."),
     block_size: Optional[int] = typer.Option(
         None, min=0, help="Bytes per block, about: the blocks are coded side by side as one batch of streams "
         "(default 4096; 0: the whole file as one block)."),
@@ -80,7 +83,8 @@ def compress(
     if settings is not None:
         adapter = adapter_from_settings(run_dir, model, checkpoint, factor, settings)
     blob, result = container.compress(data, model, vocab, factor=factor, adapter=adapter, settings=settings,
-                                      cache=CACHE if cache else None, progress=progress,
+                                      cache=CACHE if cache else None, match=MATCH if match else None,
+                                      progress=progress,
                                       **options)
     _write(target, blob, force)
     typer.echo(f"{file} -> {target}: {result.summary()}")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..errors import MoglmError
 from ..evaluation.neural_cache import StepCacheSettings
+from .match import MatchSettings
 
 
 #: ``moglm compress --dynamic``'s learning rate and decay (rule rms-rmsdecay) where the run has no
@@ -51,6 +52,11 @@ MAX_WARMUP = 1 << 40
 #: code 3% longer than no cache, hence the weight is learnt, from 0 (no cache) to 0.7. 2000 positions: 4000
 #: gained 0.1-0.8% more at twice the cost per step, 1000 lost 0.3-2.5%.
 CACHE = StepCacheSettings(theta=0.5, size=2000, lams=(0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7))
+
+#: ``moglm compress``'s match model (on unless ``--no-match``): what followed the last occurrence, in any block,
+#: of a block's last ``min_length`` tokens (:mod:`.match`). Searched on chapters 6-8 of the Vim user manual
+#: for the shipped byte model, static and adapting (docs/guides/compression.md).
+MATCH = MatchSettings(min_length=5)
 
 
 def step_scale(streams: int) -> float:

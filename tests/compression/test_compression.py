@@ -311,22 +311,27 @@ def test_an_empty_file_round_trips_and_reports_no_rate(char_run, tmp_path, capsy
 
 def test_a_forged_header_claiming_a_billion_tokens_stops_in_seconds_not_at_a_kill(char_run, tmp_path, capsys):
     """The header's token count is bounded by the payload: decoding past it is stopped as soon as the symbols
-    decoded would have needed more bits than the block holds (the CRC is recomputed, so only that catches it)."""
+    decoded would have needed more bits than the block holds (the CRC is recomputed, so only that catches it).
+    With the match model (the default), whose confident predictions leave the range decoder's state invalid
+    soon after the payload, the decoder's own failure stops it first, as the same one-line error."""
     import time
 
     from moglm.compression.container import read_header
 
     source = tmp_path / "text.txt"
     source.write_bytes(TEXT)
-    assert main(["compress", str(char_run), str(source), "-o", str(tmp_path / "t.moglm"), "--block-size", "0",
-                 "--no-progress"]) == 0
-    blob = (tmp_path / "t.moglm").read_bytes()
-    assert read_header(blob)[0]["blocks"] == 1
-    (tmp_path / "forged.moglm").write_bytes(forged(blob, tokens=10**9, bytes=10**9))
-    started = time.monotonic()
-    err = _error(capsys, ["decompress", str(char_run), str(tmp_path / "forged.moglm"), "-o", str(tmp_path / "f.txt"),
-                          "--no-progress"])
-    assert "claims more tokens than its" in err and time.monotonic() - started < 60
+    for match, message in (("--no-match", "claims more tokens than its"),
+                           ("--match", "the compressed data is damaged")):
+        assert main(["compress", str(char_run), str(source), "-o", str(tmp_path / "t.moglm"), "--block-size", "0",
+                     "--no-progress", "--force", match]) == 0
+        blob = (tmp_path / "t.moglm").read_bytes()
+        assert read_header(blob)[0]["blocks"] == 1
+        (tmp_path / "forged.moglm").write_bytes(forged(blob, tokens=10**9, bytes=10**9))
+        started = time.monotonic()
+        err = _error(capsys, ["decompress", str(char_run), str(tmp_path / "forged.moglm"), "-o",
+                              str(tmp_path / "f.txt"), "--no-progress"])
+        assert message in err and time.monotonic() - started < 60
+        assert not (tmp_path / "f.txt").exists()
     assert main(["decompress", str(char_run), str(tmp_path / "t.moglm"), "-o", str(tmp_path / "t.txt"),
                  "--no-progress"]) == 0  # an honest file still decodes
     assert (tmp_path / "t.txt").read_bytes() == TEXT
@@ -412,9 +417,9 @@ def test_the_compression_search_scores_every_learning_rate_both_ways(char_run, t
     search.main([str(char_run), str(source), "--lr", "0.001", "0.01", "--scratch-lr", "0.003", "--seed", "2",
                  "--out", str(out)])
     report = json.loads(out.read_text())
-    assert [(r["weights"], r["rule"], r["lr"]) for r in report["rows"]] == [
-        ("run's weights", "rms-rmsdecay", 0.001), ("run's weights", "rms-rmsdecay", 0.01),
-        ("from scratch (seed 2)", "rmsprop", 0.003)]
+    assert [(r["weights"], r["rule"], r["lr"], r["match_min_length"]) for r in report["rows"]] == [
+        ("run's weights", "rms-rmsdecay", 0.001, 5), ("run's weights", "rms-rmsdecay", 0.01, 5),
+        ("from scratch (seed 2)", "rmsprop", 0.003, 5)]
     assert report["bytes"] == len(TEXT) and report["xz -9"] > 0
     assert all(r["compressed_bytes"] > 0 and r["bits_per_byte"] == 8 * r["compressed_bytes"] / len(TEXT)
                for r in report["rows"])
@@ -422,6 +427,17 @@ def test_the_compression_search_scores_every_learning_rate_both_ways(char_run, t
     assert main(["compress", str(char_run), str(source), "-o", str(tmp_path / "c.moglm"), "--dynamic",
                  "--adapt-learning-rate", "0.01", "--no-progress"]) == 0
     assert (tmp_path / "c.moglm").stat().st_size == report["rows"][1]["compressed_bytes"]
+    # --static adds the rows without adaptation first, one per min_length of the match model (0: none)
+    search.main([str(char_run), str(source), "--lr", "0.01", "--scratch-lr", "--static", "--match-min-length", "0",
+                 "5", "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["weights"], r["lr"], r["match_min_length"]) for r in rows] == [
+        ("run's weights, static", None, 0), ("run's weights, static", None, 5), ("run's weights", 0.01, 0),
+        ("run's weights", 0.01, 5)]
+    for no, match in (("--no-match", 0), ("--match", 1)):  # the static rows are moglm compress's own sizes
+        assert main(["compress", str(char_run), str(source), "-o", str(tmp_path / "c.moglm"), "--force", no,
+                     "--no-progress"]) == 0
+        assert (tmp_path / "c.moglm").stat().st_size == rows[match]["compressed_bytes"]
 
 
 def test_the_cache_search_scores_the_grid_on_the_blocks_static_and_adapting(char_run, tmp_path):
@@ -457,17 +473,23 @@ def test_the_cache_search_scores_the_grid_on_the_blocks_static_and_adapting(char
     assert report["rows"][2]["segment_length"] == segment_length(blocks)
 
 
-def test_bench_compress_puts_each_row_beside_itself_without_the_cache_in_one_run(char_run, tmp_path, capsys):
+def test_bench_compress_puts_each_row_beside_itself_without_the_cache_or_the_match_model_in_one_run(char_run,
+                                                                                                    tmp_path, capsys):
     import json
+
+    from moglm.compression.run import MATCH
 
     source = tmp_path / "text.txt"
     source.write_bytes(TEXT * 2)
     out = tmp_path / "compression.json"
-    assert main(["bench", "compress", str(char_run), str(source), "--without-cache", "--no-progress",
-                 "--out", str(out)]) == 0
+    assert main(["bench", "compress", str(char_run), str(source), "--without-cache", "--without-match",
+                 "--no-progress", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert StepCacheSettings(**rows[0]["cache"]) == CACHE and rows[1]["cache"] is None
-    assert rows[0]["original_bytes"] == rows[1]["original_bytes"] == len(TEXT) * 2
+    assert rows[0]["match"] == rows[1]["match"] == {"min_length": MATCH.min_length} and rows[2]["match"] is None
+    assert rows[2]["cache"] == rows[0]["cache"]
+    assert rows[0]["original_bytes"] == rows[1]["original_bytes"] == rows[2]["original_bytes"] == len(TEXT) * 2
     table = capsys.readouterr().out
     assert "| moglm compress --block-size 4096 |" in table
     assert "| moglm compress --block-size 4096 --no-cache |" in table
+    assert "| moglm compress --block-size 4096 --no-match |" in table

@@ -177,9 +177,9 @@ def test_decoding_is_a_pure_function_of_the_file_and_an_interrupted_decode_write
 
 
 def test_without_adaptation_a_blocks_tokens_depend_on_its_own_bytes_only(char_run):
-    """The rows of the batch do not mix, the neural cache's included (each block caches its own positions): with
-    another block read in row 0 (other text, as a raw block), every other block still decodes to its own tokens
-    from its own bytes."""
+    """The rows of the batch do not mix, the neural cache's included (each block caches its own positions), without
+    the match model (which reads every block's tokens): with another block read in row 0 (other text, as a raw
+    block), every other block still decodes to its own tokens from its own bytes."""
     trained = load_run(char_run)
     layout = Layout.of(trained.vocab)
     data = TEXT * 2
@@ -232,12 +232,12 @@ def test_a_version_3_file_still_decodes_its_header_deflated_without_the_dictiona
 
 
 def test_a_version_4_file_decodes_with_the_windows_keeping_subnormals_as_it_was_coded(char_run, monkeypatch):
-    """Version 5 is coded with the compiled windows flushing subnormals to zero; a version 4 file was coded
-    with them kept, so it decodes with the flush off (the switch is back on after), and a version 5 file with
+    """Version 5 on is coded with the compiled windows flushing subnormals to zero; a version 4 file was coded
+    with them kept, so it decodes with the flush off (the switch is back on after), and a version 6 file with
     it on."""
     trained = load_run(char_run)
     blob, _ = compress(TEXT, trained.model, trained.vocab, factor=trained.temperature, block_size=300, progress=False)
-    assert blob[6] == container.VERSION == 5
+    assert blob[6] == container.VERSION == 6
     asked = []
     real = container.compiled.flush_denormals
 
@@ -246,7 +246,7 @@ def test_a_version_4_file_decodes_with_the_windows_keeping_subnormals_as_it_was_
         return real(on)
 
     monkeypatch.setattr(container.compiled, "flush_denormals", spy)
-    assert decompress(forged(blob, version=4), trained.model, trained.vocab, progress=False) == TEXT
+    assert decompress(forged(blob, version=4, match=None), trained.model, trained.vocab, progress=False) == TEXT
     assert decompress(blob, trained.model, trained.vocab, progress=False) == TEXT
     assert asked == [False, True]
     assert container.compiled.flushes_denormals() == (container.compiled.available()
@@ -316,7 +316,11 @@ def test_every_bad_input_is_a_one_line_error_that_touches_no_file(char_run, tmp_
                                                                  "its block size of 100 bytes cuts"),
         "raw-tokens.moglm": (forged(blob, tokens=header["tokens"] - header["blocks"]),
                              f"raw block {raw + 1} of {header['blocks']} does not hold the"),
-        "version-6.moglm": (blob[:6] + b"\x06" + blob[7:], "a version 6 moglm-compressed file; this moglm reads"),
+        "version-7.moglm": (blob[:6] + b"\x07" + blob[7:], "a version 7 moglm-compressed file; this moglm reads"),
+        "forged-match.moglm": (forged(blob, match={"min_length": 1}), "its header's match settings are not settings"),
+        "forged-match-field.moglm": (forged(blob, match={"min_length": 5, "order": 2}),
+                                     "its header's match settings are not settings"),
+        "match-not-a-dict.moglm": (forged(blob, match=5), "damaged header"),
         "forged-cache.moglm": (forged(blob, cache={"theta": 0.5, "lams": [1.5], "size": 10}),
                                "its header's cache settings are not settings"),
         "forged-cache-lams.moglm": (forged(blob, cache={"theta": 0.5, "lams": "0.5", "size": 10}),

@@ -1,0 +1,108 @@
+"""The match model (:mod:`moglm.compression.match`): what followed the last occurrence of a block's recent tokens,
+in any block, read so far; and files coded with it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("constriction", reason="the compress extra (constriction) is not installed")
+
+from conftest import tiny_format_run  # noqa: E402
+from moglm.compression import compress, decompress, read_header  # noqa: E402
+from moglm.compression.match import MatchModel, MatchSettings, table_bits  # noqa: E402
+from moglm.dynamic_evaluation import DynamicEvaluator, Hyperparameters  # noqa: E402
+from moglm.errors import MoglmError  # noqa: E402
+from moglm.runs.language_model import load_run  # noqa: E402
+
+V = 8  # the tiny vocabulary of the unit tests
+
+
+@pytest.fixture(scope="module")
+def byte_run(tmp_path_factory):
+    return tiny_format_run(tmp_path_factory.mktemp("byte"), "byte", hidden_size=16)
+
+
+def _read(model: MatchModel, columns) -> list[np.ndarray]:
+    """Feed ``columns`` (each ``[B]``) with uniform distributions; the mixed distributions of every step."""
+    out = []
+    for column in columns:
+        out.append(model.mix(np.full((model.streams, V), 1.0)))
+        model.append(np.asarray(column))
+    return out
+
+
+def test_a_block_predicts_what_followed_its_context_earlier_in_another_block():
+    """Block 0 reads 0 1 2 3 4 while block 1 reads 7 7 7; when block 1 then reads 0 1 2 it is predicted 3 (the
+    token that followed 0 1 2 in block 0), and its probability rises above the uniform 1/8."""
+    model = MatchModel(MatchSettings(min_length=3), 2)
+    _read(model, [[0, 7], [1, 7], [2, 7], [3, 7], [4, 0], [5, 1], [6, 2]])
+    rows, tokens = model.predicted()
+    assert rows.tolist() == [1] and tokens.tolist() == [3]
+    p = model.mix(np.full((2, V), 1.0))
+    assert p[1, 3] > 1 / V and p[0].tolist() == [1 / V] * V  # block 0 has no match: its row is only normalised
+    assert np.allclose(p.sum(axis=1), 1.0)
+
+
+def test_a_match_that_keeps_coming_true_is_given_more_probability_and_one_that_fails_is_dropped():
+    model = MatchModel(MatchSettings(min_length=2), 1)
+    cycle = [0, 1, 2, 3, 4, 5]
+    mixed = _read(model, [[t] for t in cycle * 20])
+    predicted_probability = [p[0, (cycle * 21)[i]] for i, p in enumerate(mixed)]
+    assert predicted_probability[-1] > 0.9 > 1 / V == predicted_probability[0]
+    assert model.predicted()[0].tolist() == [0]
+    model.append(np.array([7]))  # the cycle predicted 0 here
+    assert model.predicted()[0].tolist() == []  # the match failed, and 5 7 never occurred before
+
+
+def test_a_pointer_only_ever_names_a_token_already_read_by_every_block():
+    """The decoder knows at step t every block's tokens before t only: on random text with many repeats, no
+    prediction ever reads a position at or past the tokens read."""
+    rng = np.random.default_rng(0)
+    model = MatchModel(MatchSettings(min_length=2), 5)
+    seen = 0
+    for _ in range(400):
+        rows, _ = model.predicted()
+        assert (model._position[rows] < model._length).all()
+        seen += len(rows)
+        model.mix(rng.random((5, V)) + 0.01)
+        model.append(rng.integers(0, 3, 5))
+    assert seen > 500  # three symbols: matches are everywhere
+
+
+def test_the_table_grows_with_the_blocks_within_its_bounds_and_bad_settings_are_one_line_errors():
+    assert table_bits(1) == 13 and table_bits(25) == 18 and table_bits(10**6) == 22
+    for bad in (1, 33, 2.5, True, "5"):
+        with pytest.raises(MoglmError, match="min_length must be an integer from 2 to 32"):
+            MatchSettings(min_length=bad)
+
+
+def _code(run, data, match, hp=None, block_size=64):
+    trained = load_run(run)
+
+    def adapter(header=None):
+        return None if hp is None else DynamicEvaluator(trained.model, hp, factor=trained.temperature)
+
+    settings = None if hp is None else {"hyperparameters": hp.as_dict()}
+    blob, report = compress(data, trained.model, trained.vocab, factor=trained.temperature, adapter=adapter(),
+                            settings=settings, match=match, block_size=block_size, progress=False)
+    assert decompress(blob, trained.model, trained.vocab, progress=False, adapter_for=adapter) == data
+    return blob, report
+
+
+@pytest.mark.parametrize("hp", [None, Hyperparameters(rule="sgd", lr=0.3, segment_length=5)],
+                         ids=["static", "dynamic"])
+def test_text_repeated_across_blocks_codes_smaller_with_the_match_model_and_round_trips(byte_run, hp):
+    """Eight blocks of 64 bytes, the second half of the file repeating the first 16 bytes later: the match model
+    finds in the later blocks what the earlier ones read 16 steps before, which no block's own history holds (a
+    repeat at the same offset in two blocks is read at the same step, too late to predict); the header records
+    it."""
+    rng = np.random.default_rng(1)
+    half = rng.choice(np.frombuffer(b"abcdefgh .", dtype=np.uint8), 256).tobytes()
+    data = half + half[16:] + half[:16]
+    with_match, matched = _code(byte_run, data, MatchSettings(), hp)
+    without, plain = _code(byte_run, data, None, hp)
+    assert matched.blocks == plain.blocks == 8
+    assert matched.model_bits < 0.8 * plain.model_bits
+    assert read_header(with_match)[0]["match"] == {"min_length": 5} and read_header(without)[0]["match"] is None
+    assert matched.match == {"min_length": 5} and plain.match is None
