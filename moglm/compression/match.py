@@ -143,11 +143,13 @@ class MatchModel:
         found = entries > 0
         free, entries = free[found], entries[found] - 1
         source, position = entries >> 40, entries & ((1 << 40) - 1)  # [F'], [F']: the token after the context
-        for b, c, pos in zip(free.tolist(), source.tolist(), position.tolist()):
-            mine, theirs = self._history[b, : i + 1], self._history[c, :pos]
-            if pos < n or not np.array_equal(mine[-n:], theirs[-n:]):
-                continue  # a hash collision, not the same context
-            span = min(LONGEST, i + 1, pos)
-            same = mine[-span:][::-1] == theirs[-span:][::-1]  # [span]: backwards from the context's end
-            self._source[b], self._position[b] = c, pos
-            self._matched[b] = span if same.all() else int(np.argmin(same))
+        back = np.arange(LONGEST)  # [S]: tokens back from the end of each context
+        theirs_at = position[:, None] - 1 - back  # [F', S]
+        valid = (theirs_at >= 0) & (i - back >= 0)  # [F', S]
+        mine = self._history[free[:, None], np.maximum(i - back, 0)[None, :]]  # [F', S]
+        theirs = self._history[source[:, None], np.maximum(theirs_at, 0)]  # [F', S]
+        same = (mine == theirs) & valid  # [F', S]: true up to the first difference or the start of a block
+        real = (position >= n) & same[:, :n].all(axis=1)  # [F']: not a hash collision
+        free, source, position, same = free[real], source[real], position[real], same[real]
+        self._source[free], self._position[free] = source, position
+        self._matched[free] = np.where(same.all(axis=1), LONGEST, np.argmin(same, axis=1))

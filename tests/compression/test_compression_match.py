@@ -70,6 +70,49 @@ def test_a_pointer_only_ever_names_a_token_already_read_by_every_block():
     assert seen > 500  # three symbols: matches are everywhere
 
 
+def _reference_matches(history: np.ndarray, n: int, pointers: dict) -> dict:
+    """The reference twin of a step's lookups, a plain loop: for every block without a pointer, the most recent
+    earlier position (in block order within a step) whose preceding ``n`` tokens equal its last ``n``, and how
+    many tokens back, up to 32, the two agree. ``history`` ``[B, L]``: the tokens read so far."""
+    blocks, length = history.shape
+    out = dict(pointers)
+    for b in range(blocks):
+        if b in pointers or length < n:
+            continue
+        best = None
+        for pos in range(n, length):  # position pos follows the context history[c, pos - n : pos]
+            for c in range(blocks):
+                if np.array_equal(history[c, pos - n : pos], history[b, length - n :]):
+                    best = (c, pos)
+        if best is not None:
+            c, pos = best
+            k = 0
+            while k < 32 and pos - 1 - k >= 0 and history[c, pos - 1 - k] == history[b, length - 1 - k]:
+                k += 1
+            out[b] = (c, pos, k)
+    return out
+
+
+def test_the_lookups_agree_with_a_plain_loop_over_every_earlier_position():
+    """Where the hash table has no collision (a table of 2^13 slots for 30-token contexts over 3 symbols is
+    nearly free of them at these sizes), every new pointer and its match length are the reference loop's."""
+    rng = np.random.default_rng(3)
+    model = MatchModel(MatchSettings(min_length=3), 4)
+    for _ in range(60):
+        before = {b: (int(model._source[b]), int(model._position[b]), int(model._matched[b]))
+                  for b in range(4) if model._source[b] >= 0}
+        model.mix(np.full((4, V), 1.0))
+        column = rng.integers(0, 3, 4)
+        # the pointers that survive this token, as append moves them on
+        kept = {b: (c, pos + 1, k + 1) for b, (c, pos, k) in before.items() if model._history[c, pos] == column[b]}
+        model.append(column)
+        history = model._history[:, : model._length]
+        expected = _reference_matches(history, 3, kept)
+        got = {b: (int(model._source[b]), int(model._position[b]), int(model._matched[b]))
+               for b in range(4) if model._source[b] >= 0}
+        assert got == expected
+
+
 def test_the_table_grows_with_the_blocks_within_its_bounds_and_bad_settings_are_one_line_errors():
     assert table_bits(1) == 13 and table_bits(25) == 18 and table_bits(10**6) == 22
     for bad in (1, 33, 2.5, True, "5"):
