@@ -62,7 +62,7 @@ class MatchModel:
 
     def __init__(self, settings: MatchSettings, streams: int) -> None:
         self.settings, self.streams = settings, streams
-        self._history = np.zeros((streams, 1024), dtype=np.int64)  # [B, capacity]: the tokens read
+        self._history = np.zeros((streams, 1024), dtype=np.int32)  # [B, capacity]: the tokens read (4 bytes each)
         self._length = 0  # tokens read per block
         self._bits = table_bits(streams)
         self._table = np.zeros(1 << self._bits, dtype=np.int64)  # slot -> 1 + block * 2^40 + position; 0: empty
@@ -100,7 +100,7 @@ class MatchModel:
         """Read ``tokens`` (``[B]``, one per block): learn how the last predictions fared, move the matches that
         held on and drop the others, remember the contexts that just gained their next token, and look up a new
         match for every block without one."""
-        read = np.asarray(tokens, dtype=np.int64)  # [B]
+        read = np.asarray(tokens, dtype=np.int32)  # [B]
         if self._pending is not None:
             rows, predicted, bins = self._pending
             np.add.at(self._trials, bins, 1.0)
