@@ -46,6 +46,7 @@ import time
 import zlib
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -397,32 +398,29 @@ def check_settings(header: dict[str, Any], name: str = "the file", *, dynamic: b
                          "header decides how it decodes (drop --block-size)")
 
 
+def _recorded(header: dict[str, Any], key: str, kind, name: str):
+    """The settings of ``kind`` (a dataclass) a file was coded with, from its header's ``key`` (``None``: none),
+    or a one-line error where they are not such settings."""
+    recorded = header[key]
+    if recorded is None:
+        return None
+    try:
+        if set(recorded) != {f.name for f in dataclass_fields(kind)}:
+            raise TypeError
+        return kind(**recorded)
+    except (TypeError, MoglmError):
+        raise MoglmError(f"{name}: its header's {key} settings are not settings ({recorded!r}): damaged or "
+                         "forged") from None
+
+
 def recorded_cache(header: dict[str, Any], name: str = "the file") -> StepCacheSettings | None:
     """The neural cache a file was coded with (``None``: none)."""
-    if header["cache"] is None:
-        return None
-    fields = header["cache"]
-    try:
-        if set(fields) != {"theta", "size", "lams"}:
-            raise TypeError
-        return StepCacheSettings(**fields)
-    except (TypeError, MoglmError):
-        raise MoglmError(f"{name}: its header's cache settings are not settings ({header['cache']!r}): damaged or "
-                         "forged") from None
+    return _recorded(header, "cache", StepCacheSettings, name)
 
 
 def recorded_match(header: dict[str, Any], name: str = "the file") -> MatchSettings | None:
     """The match model a file was coded with (``None``: none)."""
-    if header["match"] is None:
-        return None
-    fields = header["match"]
-    try:
-        if set(fields) != {"min_length"}:
-            raise TypeError
-        return MatchSettings(**fields)
-    except (TypeError, MoglmError):
-        raise MoglmError(f"{name}: its header's match settings are not settings ({header['match']!r}): damaged or "
-                         "forged") from None
+    return _recorded(header, "match", MatchSettings, name)
 
 
 def scratch_seed(header: dict[str, Any], name: str = "the file") -> int | None:
