@@ -8,9 +8,10 @@ bits per byte of the coded file against xz -9's.
 
 Each setting compresses the file once as ``moglm compress`` does by default (blocks of 4096 bytes unless
 ``--block-size`` says, segments sized to them unless ``--segment-length`` says, the neural cache unless
-``--no-cache``, the match model unless ``--match-min-length 0``, one thread; ``--static`` adds rows without
-adapting); the coded size is the search's score, so nothing is decompressed (``moglm bench compress`` checks
-the round trip of the setting chosen). Writes JSON and prints a markdown table.
+``--no-cache``, the context mixer unless ``--contexts off``, the match model unless ``--match-min-length 0``,
+one thread; ``--static`` adds rows without adapting); the coded size is the search's score, so nothing is
+decompressed (``moglm bench compress`` checks the round trip of the setting chosen). Writes JSON and prints a
+markdown table.
 """
 
 from __future__ import annotations
@@ -22,8 +23,11 @@ from pathlib import Path
 from moglm.bench import command_line, write_report
 from moglm.compression import compress
 from moglm.compression.container import BLOCK_SIZE, streams
+from moglm.compression.context_mixing import ContextSettings
 from moglm.compression.match import MatchSettings
-from moglm.compression.run import CACHE, MATCH, adapter_from_settings, coding_model, dynamic_settings, scratch_settings
+from moglm.errors import MoglmError
+from moglm.compression.run import (CACHE, CONTEXTS, MATCH, adapter_from_settings, coding_model, dynamic_settings,
+                                   scratch_settings)
 from moglm.runs.language_model import LanguageModelRun
 
 RUN_LRS = [3e-4, 1e-3, 2e-3, 3e-3, 5e-3, 7e-3, 1e-2]
@@ -51,10 +55,11 @@ def _set(settings: dict, key: str, value) -> dict:
 
 def measure(run_dir: Path, file: Path, run_lrs, scratch_lrs, seed: int, decays=(None,), segments=(None,),
             block_size: int = BLOCK_SIZE, cache: bool = True, guards=(KEEP,), warmups=(KEEP,),
-            log=print, min_lengths=(MATCH.min_length,), static: bool = False) -> list[dict]:
+            log=print, min_lengths=(MATCH.min_length,), static: bool = False,
+            contexts=(CONTEXTS,)) -> list[dict]:
     """``guards`` / ``warmups``: the divergence margins and step warm-ups to code with (:data:`KEEP`: moglm
-    compress's; ``None``: none); ``min_lengths``: the match model's (0: none); ``static``: also code without
-    adapting (a row per min_length, first)."""
+    compress's; ``None``: none); ``min_lengths``: the match model's (0: none); ``contexts``: the context mixer's
+    settings (``None``: none); ``static``: also code without adapting (a row per min_length, first)."""
     data = file.read_bytes()
     blocks = streams(data, LanguageModelRun(run_dir).load_vocab(), block_size)
     ways = [("run's weights", _set(_set(_with(dynamic_settings(run_dir, None, lr, blocks), decay=decay,
@@ -63,24 +68,48 @@ def measure(run_dir: Path, file: Path, run_lrs, scratch_lrs, seed: int, decays=(
     ways += [(f"from scratch (seed {seed})", scratch_settings(seed, None, lr)) for lr in scratch_lrs]
     ways = ([("run's weights, static", None)] if static else []) + ways
     rows = []
-    for (name, settings), min_length in ((way, n) for way in ways for n in min_lengths):
+    for (name, settings), min_length, mixer in ((way, n, c) for way in ways for n in min_lengths for c in contexts):
         model, vocab, factor = coding_model(run_dir, "best", (settings or {}).get("from_scratch"))
         adapter = None if settings is None else adapter_from_settings(run_dir, model, "best", factor, settings)
         _, report = compress(data, model, vocab, factor=factor, adapter=adapter, settings=settings,
                              cache=CACHE if cache else None, block_size=block_size, progress=False,
-                             match=MatchSettings(min_length) if min_length else None)
+                             match=MatchSettings(min_length) if min_length else None, contexts=mixer)
         settings = settings or {}  # static: no adaptation, its fields empty
         hp = settings.get("hyperparameters", {})
         rows.append({"weights": name, "rule": hp.get("rule", "-"), "lr": hp.get("lr"), "decay": hp.get("decay"),
                      "segment_length": hp.get("segment_length"), "guard": settings.get("guard"),
                      "warmup": settings.get("warmup", 0), "match_min_length": min_length,
+                     "contexts": None if mixer is None else vars(mixer),
                      "rollbacks": report.rollbacks, "compressed_bytes": report.compressed_bytes,
                      "header_bytes": report.header_bytes,
                      "bits_per_byte": 8 * report.compressed_bytes / len(data), "seconds": report.seconds})
         log(f"{name}, {hp.get('rule', '-')} lr {hp.get('lr', '-')} decay {hp.get('decay', '-')} n "
             f"{hp.get('segment_length', '-')} guard {settings.get('guard', 'off')} warmup {settings.get('warmup', 0)} "
-            f"match {min_length or 'off'}: {report.compressed_bytes:,} bytes, {report.rollbacks} rollbacks")
+            f"match {min_length or 'off'} contexts {_spelled(mixer)}: {report.compressed_bytes:,} bytes, "
+            f"{report.rollbacks} rollbacks")
     return rows
+
+
+def _spelled(mixer: ContextSettings | None) -> str:
+    if mixer is None:
+        return "off"
+    return f"{','.join(map(str, mixer.orders))}/{mixer.words}/{mixer.alpha:g}/{mixer.lr:g}/{mixer.apm_lr:g}"
+
+
+def _mixer(spec: str) -> ContextSettings | None:
+    """``--contexts``' ORDERS/WORDS/ALPHA/LR/APM_LR (e.g. ``1,2,3,4/2/0.5/1e-3/0.02``; ``off``: none;
+    ``default``: moglm compress's)."""
+    if spec == "off":
+        return None
+    if spec == KEEP:
+        return CONTEXTS
+    try:
+        orders, words, alpha, lr, apm_lr = spec.split("/")
+        return ContextSettings(tuple(int(k) for k in orders.split(",")), int(words), float(alpha), float(lr),
+                               float(apm_lr))
+    except (ValueError, MoglmError):
+        raise SystemExit(f"--contexts: {spec!r} is not ORDERS/WORDS/ALPHA/LR/APM_LR (e.g. 1,2,3,4/2/0.5/1e-3/0.02), "
+                         "off or default") from None
 
 
 def main(argv=None) -> dict:
@@ -109,6 +138,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--match-min-length", type=int, nargs="+", default=[MATCH.min_length],
                         help=f"the match model's min_length (default: moglm compress's, {MATCH.min_length}; 0: "
                              "none, as the searches recorded before it were)")
+    parser.add_argument("--contexts", nargs="+", default=[KEEP],
+                        help="the context mixer's settings as ORDERS/WORDS/ALPHA/LR/APM_LR, e.g. "
+                             "1,2,3,4/2/0.5/1e-3/0.02 ('default': moglm compress's; 'off': none, as the searches "
+                             "recorded before it were)")
     parser.add_argument("--static", action="store_true", help="also code without adapting (the first rows)")
     parser.add_argument("--out", default="compression_search.json")
     args = parser.parse_args(argv)
@@ -118,18 +151,20 @@ def main(argv=None) -> dict:
                    args.block_size, args.cache,
                    [None if g == "off" else g if g == KEEP else float(g) for g in args.guard],
                    [KEEP if w is None else w or None for w in args.warmup], min_lengths=args.match_min_length,
-                   static=args.static)
+                   static=args.static, contexts=[_mixer(spec) for spec in args.contexts])
     report = {"command": command_line(), "file": args.file.name, "bytes": len(data), "run": args.run.name,
               "block_size": args.block_size, "cache": vars(CACHE) if args.cache else None, "xz -9": xz, "rows": rows}
     write_report(report, args.out)
     print(f"`{args.file.name}` ({len(data):,} bytes), xz -9 {xz:,} bytes ({8 * xz / len(data):.3f} bits per byte)\n")
-    print("| weights | rule | lr | decay | n | guard | match | rollbacks | bytes | bits per byte | against xz -9 |\n"
-          "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| weights | rule | lr | decay | n | guard | match | contexts | rollbacks | bytes | bits per byte | "
+          "against xz -9 |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |")
     for r in rows:
         lr, decay, guard = ("-" if r[k] is None else f"{r[k]:g}" for k in ("lr", "decay", "guard"))
         print(f"| {r['weights']} | {r['rule']} | {lr} | {decay} | {r['segment_length'] or '-'} | {guard} | "
-              f"{r['match_min_length'] or 'off'} | {r['rollbacks']} | "
-              f"{r['compressed_bytes']:,} | {r['bits_per_byte']:.3f} | {100 * (r['compressed_bytes'] / xz - 1):+.1f}% |")
+              f"{r['match_min_length'] or 'off'} | {_spelled(r['contexts'] and ContextSettings(**r['contexts']))} | "
+              f"{r['rollbacks']} | "
+              f"{r['compressed_bytes']:,} | {r['bits_per_byte']:.3f} | "
+              f"{100 * (r['compressed_bytes'] / xz - 1):+.1f}% |")
     print(f"written to {args.out}")
     return report
 

@@ -140,6 +140,26 @@ def tiny_format_run(root, fmt, **model):
     return root / "run"
 
 
+def coded_round_trip(run, data: bytes, hp=None, block_size: int = 64, **coding):
+    """``(container, report)`` of ``data`` compressed with the trained ``run`` (``hp``: adapting with these
+    dynamic-evaluation hyperparameters; ``coding``: compress's ``cache`` / ``match`` / ``contexts``), after checking
+    that it decompresses to ``data``."""
+    from moglm.compression import compress, decompress
+    from moglm.dynamic_evaluation import DynamicEvaluator
+    from moglm.runs.language_model import load_run
+
+    trained = load_run(run)
+
+    def adapter(header=None):
+        return None if hp is None else DynamicEvaluator(trained.model, hp, factor=trained.temperature)
+
+    settings = None if hp is None else {"hyperparameters": hp.as_dict()}
+    blob, report = compress(data, trained.model, trained.vocab, factor=trained.temperature, adapter=adapter(),
+                            settings=settings, block_size=block_size, progress=False, **coding)
+    assert decompress(blob, trained.model, trained.vocab, progress=False, adapter_for=adapter) == data
+    return blob, report
+
+
 def tiny_evaluated_run(root):
     """A tiny run trained and evaluated by ``moglm evaluate`` (``results.json``: its scores and logit factor) in
     ``root / "run"``, its test split starting with a blank line as WikiText's do: the rest of the split, read from

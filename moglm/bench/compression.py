@@ -38,13 +38,13 @@ def file_streams(run_dir: Path, file: Path, block_size: int) -> int:
 
 def run_compression(run_dir: Path, file: Path, settings: dict | None, block_size: int, threads: int,
                     checkpoint: str = "best", progress: bool = True, cache: bool = True, match: bool = True,
-                    log: Callable[[str], None] = print) -> dict[str, Any]:
+                    contexts: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
     """The report of one compression and decompression of ``file`` (a path, or one relative to ``$MOGLM_DATA``)
     with the run (``settings``: adapt while coding, as ``moglm compress --dynamic`` records them; None: static),
-    ``block_size`` bytes per block, ``threads`` torch threads and ``moglm compress``'s neural cache and match
-    model (or none)."""
+    ``block_size`` bytes per block, ``threads`` torch threads and ``moglm compress``'s neural cache, context
+    mixer and match model (or none)."""
     from ..compression import compress, decompress
-    from ..compression.run import CACHE, MATCH, adapter_from_settings, coding_model
+    from ..compression.run import CACHE, CONTEXTS, MATCH, adapter_from_settings, coding_model
     from ..recurrence.compiled import info
 
     file = _located(file)
@@ -55,7 +55,8 @@ def run_compression(run_dir: Path, file: Path, settings: dict | None, block_size
         adapter = adapter_from_settings(run_dir, model, checkpoint, factor, settings)
     blob, report = compress(data, model, vocab, factor=factor, adapter=adapter, settings=settings,
                             cache=CACHE if cache else None, match=MATCH if match else None,
-                            block_size=block_size, threads=threads, progress=progress)
+                            contexts=CONTEXTS if contexts else None, block_size=block_size, threads=threads,
+                            progress=progress)
     log(f"compressed: {report.summary()}")
     start, cpu = time.perf_counter(), time.process_time()
     restored = decompress(blob, model, vocab, progress=progress,
@@ -92,7 +93,8 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
         lines.append(f"| {name} | | {size:,} | {8 * size / first['original_bytes']:.3f} | | | | |")
     for r in rows:
         label = (f"moglm compress --block-size {r['block_size']}" + _adaptation(r["dynamic"])
-                 + ("" if r.get("cache") else " --no-cache") + ("" if r.get("match", True) else " --no-match"))
+                 + ("" if r.get("cache") else " --no-cache") + ("" if r.get("contexts", True) else " --no-contexts")
+                 + ("" if r.get("match", True) else " --no-match"))
         lines.append(f"| {label} | {r['blocks']} ({r['raw_blocks']}) | {r['compressed_bytes']:,} | "
                      f"{r['bits_per_byte']:.3f} | {r['model_bits_per_token']:.4f} | "
                      f"{100 * r['coding_overhead']:+.3f}% | "

@@ -252,6 +252,10 @@ def compress(
     cache: bool = typer.Option(True, help="Code with moglm compress's neural cache (--no-cache: without)."),
     without_cache: bool = typer.Option(False, "--without-cache", help="Also code every row without the neural "
                                        "cache (a row each, measured in the same run)."),
+    contexts: bool = typer.Option(True, help="Code with moglm compress's context mixer (--no-contexts: "
+                                  "without)."),
+    without_contexts: bool = typer.Option(False, "--without-contexts", help="Also code every row without the "
+                                          "context mixer (a row each, measured in the same run)."),
     match: bool = typer.Option(True, help="Code with moglm compress's match model (--no-match: without)."),
     without_match: bool = typer.Option(False, "--without-match", help="Also code every row without the match "
                                        "model (a row each, measured in the same run)."),
@@ -275,11 +279,13 @@ def compress(
         return [None] + ([dynamic_settings(run_dir, rule, adapt_learning_rate, file_streams(run_dir, file, size))]
                          if adapting else []) + scratch
 
-    mixes = ([(cache, match)] + ([(False, match)] if without_cache and cache else [])
-             + ([(cache, False)] if without_match and match else []))  # (cache, match model)
+    mixes = ([(cache, contexts, match)] + ([(False, contexts, match)] if without_cache and cache else [])
+             + ([(cache, False, match)] if without_contexts and contexts else [])
+             + ([(cache, contexts, False)] if without_match and match else []))  # (cache, context mixer, match)
     rows = [run_compression(run_dir, file, each, size, threads or THREADS, progress=progress, cache=mixed,
-                            match=matched, log=typer.echo)
-            for size in block_size or [BLOCK_SIZE] for each in ways(size) for mixed, matched in mixes]
+                            contexts=mixed_contexts, match=matched, log=typer.echo)
+            for size in block_size or [BLOCK_SIZE] for each in ways(size)
+            for mixed, mixed_contexts, matched in mixes]
     write_report({"command": command_line(), "rows": rows}, out)
     typer.echo(markdown_table(rows))
     typer.echo(f"written to {out}")

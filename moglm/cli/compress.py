@@ -8,7 +8,8 @@ from typing import Optional
 import typer
 
 from ..atomic import check_free
-from ..compression.run import CACHE, MATCH, COMPRESSION_DECAY, COMPRESSION_LR, SCRATCH_LR, SCRATCH_RULE, UPDATE_TOKENS
+from ..compression.run import (CACHE, COMPRESSION_DECAY, COMPRESSION_LR, CONTEXTS, MATCH, SCRATCH_LR, SCRATCH_RULE,
+                               UPDATE_TOKENS)
 from .common import Checkpoint, UpdateRule
 from ..errors import MoglmError
 
@@ -46,6 +47,9 @@ def compress(
     cache: bool = typer.Option(True, help="Mix the neural cache into the predictions: each block's last "
                                f"{CACHE.size} positions predict the next token beside the model, with a weight "
                                "learnt from the block as it is coded."),
+    contexts: bool = typer.Option(True, help="Then mix in the file's own statistics: which token followed each "
+                                  f"context of {', '.join(map(str, CONTEXTS.orders))} tokens so far, in every block, "
+                                  "with weights learnt while coding (context mixing)."),
     match: bool = typer.Option(True, help="Then mix in the match model: what followed the last occurrence, in any "
                                f"block, of a block's last {MATCH.min_length} tokens, at a probability learnt "
                                "from how often such predictions came true."),
@@ -84,7 +88,7 @@ def compress(
         adapter = adapter_from_settings(run_dir, model, checkpoint, factor, settings)
     blob, result = container.compress(data, model, vocab, factor=factor, adapter=adapter, settings=settings,
                                       cache=CACHE if cache else None, match=MATCH if match else None,
-                                      progress=progress,
+                                      contexts=CONTEXTS if contexts else None, progress=progress,
                                       **options)
     _write(target, blob, force)
     typer.echo(f"{file} -> {target}: {result.summary()}")

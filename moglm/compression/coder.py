@@ -10,8 +10,8 @@ header's number of threads). With adaptation the batch shares one set of weights
 --streams`` does): after each segment of n steps, one update on the segment's ``[n, B]`` tokens, with the state
 carried in from before it. With the neural cache (:class:`~moglm.evaluation.neural_cache.StepCache`) every
 block's distribution is mixed with its own cache of its recent positions, appended as the tokens are read.
-Then the match model (:mod:`.match`) raises the token that followed the last occurrence, in any block, of a
-block's recent tokens.
+Then the context mixer (:mod:`.context_mixing`) mixes in the file's own order-k statistics, and the match model
+(:mod:`.match`) raises the token that followed the last occurrence, in any block, of a block's recent tokens.
 Before each token the gap of characters that are not tokens (:mod:`.layout`) is coded with :class:`GapModel`, an
 adaptive frequency table of the gaps seen so far (one per block); a layout in which every character is a token
 (a byte-level run) has no gaps and codes none.
@@ -34,6 +34,7 @@ import torch
 from ..errors import MoglmError
 from ..evaluation.neural_cache import StepCache, fitted
 from ..progress import progress_bar
+from .context_mixing import ContextMixer, ContextSettings
 from .match import MatchModel, MatchSettings
 
 LITERAL_END = 256  # a new gap is spelled as bytes 0-255, then this symbol
@@ -65,11 +66,15 @@ class Predictor:
     than theirs by the margin over the recent text, it rolls back and its step halves (``None``: only a
     non-finite loss rolls back, as in files written before the guard); ``warmup``: with an adapter, its step
     grows linearly from 0 to its full size over the first ``warmup`` tokens read (all streams together; 0: full
-    from the start); ``match``: the :class:`~.match.MatchSettings` of the match model applied after the cache
-    (exact repeats of the recent tokens anywhere in the file read so far; ``None``: none)."""
+    from the start); ``contexts``: the :class:`~.context_mixing.ContextSettings` of the context mixer applied after
+    the cache (the file's own order-k statistics; ``None``: none), ``chars`` each token's character (the layout's,
+    read by its word contexts and its mixer); ``match``: the :class:`~.match.MatchSettings` of
+    the match model applied last (exact repeats of the recent tokens anywhere in the file read so far; ``None``:
+    none)."""
 
     def __init__(self, model, start: int, rows: int = 1, factor: float = 1.0, adapter=None, cache=None,
-                 guard: float | None = None, warmup: int = 0, match: MatchSettings | None = None) -> None:
+                 guard: float | None = None, warmup: int = 0, match: MatchSettings | None = None,
+                 contexts: ContextSettings | None = None, chars: dict[int, str] | None = None) -> None:
         self.net = model if adapter is None else adapter.model
         self.factor, self.adapter, self.warmup, self.steps = factor, adapter, warmup, 0
         self.static = model if adapter is not None and guard is not None else None
@@ -81,6 +86,7 @@ class Predictor:
         self.log_p, self.features, self.state = self._read(first, None)
         hidden, vocab = self.features.shape[-1], self.log_p.shape[-1]
         self.cache = None if cache is None else StepCache(fitted(cache, rows, hidden), rows, hidden, vocab)
+        self.contexts = None if contexts is None else ContextMixer(contexts, rows, vocab, chars)
         self.match = None if match is None else MatchModel(match, rows)
 
     def _read(self, tokens: torch.Tensor, state):
@@ -92,13 +98,15 @@ class Predictor:
     def probabilities(self) -> np.ndarray:
         """``[B, V]`` float64: every stream's distribution of its next token, mixed with the cache's (uniform in a
         row where it is not finite: an adaptation that diverged is rolled back after its segment, and both sides
-        see the same), then with the match model's prediction."""
+        see the same), then with the context mixer's statistics, then with the match model's prediction."""
         p = self.log_p.double().exp().numpy()  # [B, V]
         if self.cache is not None:
             p = self.cache.mix(p, self.features)  # [B, V]
         bad = ~(np.isfinite(p).all(axis=1) & (p.sum(axis=1) > 0))  # [B]
         if bad.any():
             p[bad] = 1.0
+        if self.contexts is not None:
+            p = self.contexts.mix(p)  # [B, V]
         return p if self.match is None else self.match.mix(p)
 
     def advance(self, tokens) -> None:
@@ -107,6 +115,8 @@ class Predictor:
         tokens = torch.tensor(np.asarray(tokens, dtype=np.int64))  # [B], a copy: the segment keeps it
         if self.cache is not None:
             self.cache.append(self.features, tokens)
+        if self.contexts is not None:
+            self.contexts.append(tokens)
         if self.match is not None:
             self.match.append(tokens)
         adapter = self.adapter

@@ -4,7 +4,7 @@ that says what it needs to be decoded, and refuses anything else with a one-line
 The file is cut into B blocks of about ``block_size`` bytes (its tokens shared out evenly, so the blocks are
 read in step), coded side by side as one batch of B streams (:mod:`.coder`), one range-coder state per block.
 A block whose model code is no shorter than its bytes is stored raw and flagged, so no file grows by more than
-the header. Container, version 6 (little-endian)::
+the header. Container, version 7 (little-endian)::
 
     b"MOGLMZ" | version (1 byte) | header length (4 bytes)
     | header (compact JSON, UTF-8, zlib-deflated with the preset dictionary HEADER_DICTIONARY)
@@ -14,13 +14,14 @@ the header. Container, version 6 (little-endian)::
 A coded block's stored bytes are its range coder's uint32 words, big-endian, with trailing zero bytes dropped
 (the decoder reads zeros past them); a raw block's are its bytes. The header records the run's digest (its
 vocabulary and every weight), the architecture, the dtype, the logit factor, the dynamic-evaluation settings
-and a digest of their statistics (or none), the neural cache's settings (or none), the match model's
-settings (:mod:`.match`, or none), the number of tokens,
+and a digest of their statistics (or none), the neural cache's settings (or none), the context mixer's settings
+(:mod:`.context_mixing`, or none), the match model's settings (:mod:`.match`, or none), the number of tokens,
 blocks and the block size, whether gaps are coded, the original length and its SHA-256, the threads and the
 library versions. Decoding checks the header's CRC, that the block table stays inside the file, every block's
 CRC (a damaged or truncated file, named by its block), the run's digest (another run, or a changed one) and,
 at the end, the output's SHA-256 and length before anything is written: a wrong output is never produced.
-Version 6 adds the match model (the header's ``match``; a file of version 5 or older has none). Version 5 is
+Version 7 adds the context mixer (the header's ``contexts``; a file of version 6 or older has none), version 6 the
+match model (the header's ``match``; a file of version 5 or older has none). Version 5 is
 version 4 computed with the compiled windows flushing subnormal floats to zero
 (:func:`moglm.recurrence.compiled.flush_denormals`); a version 4 file or older decodes with them kept, as it was
 coded. Version 3 (the header deflated without a dictionary), version 2 (the header not deflated, no cache) and
@@ -30,10 +31,10 @@ Determinism (docs/method.md, "Compression"): both sides run one loop (:mod:`.cod
 the header's number of torch threads, on the same ``[1, B]`` batch every step, so the same machine decodes what
 it encoded, whatever its own thread setting. Another CPU, another torch or another build of the compiled
 recurrence may round differently; the header names the versions, and a mismatch surfaces as an SHA-256 error,
-not as wrong output. Every block has its own coder state, bytes and CRC: without adaptation and without the
-match model the rows of the batch do not mix, so a block's tokens depend on its own bytes only; with ``--dynamic``
-the blocks share the adapted weights (as ``moglm dyneval --streams`` does), and the match model predicts a block
-from every block's earlier tokens, so then they decode together.
+not as wrong output. Every block has its own coder state, bytes and CRC: without adaptation, the context mixer
+and the match model the rows of the batch do not mix, so a block's tokens depend on its own bytes only; with
+``--dynamic`` the blocks share the adapted weights (as ``moglm dyneval --streams`` does), and the context mixer
+and the match model predict a block from every block's earlier tokens, so then they decode together.
 """
 
 from __future__ import annotations
@@ -58,13 +59,14 @@ from ..evaluation.neural_cache import StepCacheSettings
 from ..recurrence import compiled
 from .coder import Block, GapModel, Predictor, decode, encode
 from .layout import Layout
+from .context_mixing import ContextSettings
 from .match import MatchSettings
 from .run import guard_margin, warmup_tokens
 
 MAGIC = b"MOGLMZ"
-VERSION = 6
-#: the first version whose header records the match model's settings (before it there was none)
-MATCHED_FROM = 6
+VERSION = 7
+#: the header fields that later versions added, and the first version that records each (an older file has none)
+ADDED_FIELDS = {"cache": 3, "match": 6, "contexts": 7}
 #: the first version coded with the compiled windows flushing subnormals to zero (before it they were kept)
 FLUSHED_FROM = 5
 #: version 4's header is deflated with this preset dictionary (zlib's ``zdict``): a typical header, so that what
@@ -161,6 +163,7 @@ class Report:
     cache: dict[str, Any] | None = None  # the neural cache's settings as coded (the header's), or none
     rollbacks: int = 0  # times the adaptation's divergence guard rolled the weights back and halved the step
     match: dict[str, Any] | None = None  # the match model's settings as coded (the header's), or none
+    contexts: dict[str, Any] | None = None  # the context mixer's settings as coded (the header's), or none
 
     @property
     def payload_bits(self) -> int:
@@ -234,11 +237,13 @@ def _stored(layout: Layout, block: Block) -> tuple[int, bytes]:
 
 def compress(data: bytes, model, vocab, *, factor: float = 1.0, adapter=None, settings: dict | None = None,
              cache: StepCacheSettings | None = None, block_size: int = BLOCK_SIZE, threads: int = THREADS,
-             progress: bool = True, match: MatchSettings | None = None) -> tuple[bytes, Report]:
+             progress: bool = True, match: MatchSettings | None = None,
+             contexts: ContextSettings | None = None) -> tuple[bytes, Report]:
     """``data`` coded with ``model`` (eval mode, CPU, float32); returns the container and its report.
     ``adapter``: adapt while coding; ``settings``: what rebuilds it for decoding (recorded in the header);
-    ``cache``: mix the neural cache into the predictions (recorded in the header); ``match``: then the match
-    model's prediction (:mod:`.match`; recorded in the header); ``block_size``: bytes per
+    ``cache``: mix the neural cache into the predictions (recorded in the header); ``contexts``: then the context
+    mixer's statistics (:mod:`.context_mixing`; recorded in the header); ``match``: then the match model's
+    prediction (:mod:`.match`; recorded in the header); ``block_size``: bytes per
     block, about (0: one block); ``threads``: torch threads of both sides."""
     if (adapter is None) != (settings is None):
         raise ValueError("an adapter and the settings that rebuild it come together")
@@ -250,13 +255,15 @@ def compress(data: bytes, model, vocab, *, factor: float = 1.0, adapter=None, se
     gaps = not layout.gapless
     with fixed_threads(threads), compiled.flush_denormals(True):
         predictor = Predictor(model, layout.start, len(blocks), factor, adapter, cache,
-                              guard=guard_margin(settings), warmup=warmup_tokens(settings), match=match)
+                              guard=guard_margin(settings), warmup=warmup_tokens(settings), match=match,
+                              contexts=contexts, chars=layout.chars)
         encode(predictor, blocks, _gap_model(layout, gaps), layout.start, progress)
     stored = [_stored(layout, block) for block in blocks]
     tokens = sum(len(b.tokens) for b in blocks)
     header = {"run": run_digest(model, vocab), "architecture": model.architecture, "dtype": "float32",
               "factor": factor, "adapt": settings, "adapt_digest": adapter_digest(adapter),
               "cache": None if predictor.cache is None else asdict(predictor.cache.settings),
+              "contexts": None if contexts is None else asdict(contexts),
               "match": None if match is None else asdict(match), "tokens": tokens,
               "bytes": len(data), "blocks": len(blocks), "block_size": block_size, "gaps": gaps,
               "sha256": hashlib.sha256(data).hexdigest(), **_environment(threads)}
@@ -271,7 +278,7 @@ def compress(data: bytes, model, vocab, *, factor: float = 1.0, adapter=None, se
                     sum(b.gap_bits for b in blocks), time.perf_counter() - start, len(blocks),
                     len(blocks) - len(coded), threads, sum(len(c) for _, c in coded),
                     sum(b.model_bits + b.gap_bits for b, _ in coded), time.process_time() - cpu, header["cache"],
-                    0 if adapter is None else adapter.rollbacks, header["match"])
+                    0 if adapter is None else adapter.rollbacks, header["match"], header["contexts"])
     return blob, report
 
 
@@ -283,7 +290,7 @@ def _check_options(block_size: int, threads: int) -> None:
 
 
 _TYPES = {"run": str, "factor": (int, float), "adapt": (dict, type(None)), "adapt_digest": (str, type(None)),
-          "cache": (dict, type(None)), "match": (dict, type(None)),
+          "cache": (dict, type(None)), "match": (dict, type(None)), "contexts": (dict, type(None)),
           "tokens": int, "bytes": int, "sha256": str, "blocks": int, "block_size": int, "threads": int, "gaps": bool}
 
 
@@ -302,8 +309,7 @@ def read_header(blob: bytes, name: str = "the file") -> tuple[dict[str, Any], li
     table = _PREFIX.size + length
     if len(blob) < table:
         raise MoglmError(f"{name} is damaged or truncated (shorter than its header says)")
-    header = _parse_header(_header_json(blob[_PREFIX.size : table], version), name, cache_field=version >= 3,
-                           match_field=version >= MATCHED_FROM)
+    header = _parse_header(_header_json(blob[_PREFIX.size : table], version), name, version)
     end = table + header["blocks"] * _ENTRY.size
     if len(blob) < end + _CRC.size:
         raise MoglmError(f"{name} is damaged or truncated (shorter than its header and block table)")
@@ -345,19 +351,17 @@ def _header_json(stored: bytes, version: int) -> bytes | None:
     return encoded if inflate.eof and not inflate.unconsumed_tail else None
 
 
-def _parse_header(encoded: bytes | None, name: str, cache_field: bool = False,
-                  match_field: bool = False) -> dict[str, Any]:
-    """The header's fields, type-checked and consistent with each other, or a one-line error (a header before
-    version 3, ``cache_field`` false, has no cache; one before version 6, ``match_field`` false, no match
-    model)."""
+def _parse_header(encoded: bytes | None, name: str, version: int) -> dict[str, Any]:
+    """The header's fields, type-checked and consistent with each other, or a one-line error (a header of a
+    ``version`` before a field of :data:`ADDED_FIELDS` has none: it is set to ``None``)."""
     try:
         header = json.loads(encoded)
     except (TypeError, ValueError, RecursionError):  # RecursionError: JSON nested deeper than Python recurses
         header = None
-    if isinstance(header, dict) and not cache_field:
-        header.setdefault("cache", None)
-    if isinstance(header, dict) and not match_field:
-        header.setdefault("match", None)
+    if isinstance(header, dict):
+        for key, first in ADDED_FIELDS.items():
+            if version < first:
+                header.setdefault(key, None)
     if not isinstance(header, dict) or any(not isinstance(header.get(k, ...), t) for k, t in _TYPES.items()) \
             or not 0 <= header["tokens"] <= header["bytes"] \
             or not 1 <= header["threads"] <= MAX_THREADS or header["block_size"] < 0:  # a token spells >= 1 byte
@@ -382,7 +386,7 @@ def _read_version_1(blob: bytes, length: int, name: str) -> tuple[dict[str, Any]
         header = {**header, "blocks": 1, "block_size": 0, "threads": 1, "gaps": True}
     except (ValueError, TypeError):
         header = None
-    header = _parse_header(json.dumps(header).encode(), name)
+    header = _parse_header(json.dumps(header).encode(), name, 1)
     return header, [_words(blob[_PREFIX.size + length : payload_end], "<u4")]
 
 
@@ -423,6 +427,11 @@ def recorded_match(header: dict[str, Any], name: str = "the file") -> MatchSetti
     return _recorded(header, "match", MatchSettings, name)
 
 
+def recorded_contexts(header: dict[str, Any], name: str = "the file") -> ContextSettings | None:
+    """The context mixer a file was coded with (``None``: none)."""
+    return _recorded(header, "contexts", ContextSettings, name)
+
+
 def scratch_seed(header: dict[str, Any], name: str = "the file") -> int | None:
     """The seed of a file coded ``--from-scratch`` (its weights drawn afresh), else ``None``."""
     seed = (header["adapt"] or {}).get("from_scratch")
@@ -458,7 +467,8 @@ def decompress(blob: bytes, model, vocab, *, adapter_for: Callable[[dict], Any] 
     with fixed_threads(header["threads"]), compiled.flush_denormals(version >= FLUSHED_FROM):
         predictor = Predictor(model, layout.start, len(blocks), float(header["factor"]), adapter,
                               recorded_cache(header, name), guard=guard_margin(header["adapt"]),
-                              warmup=warmup_tokens(header["adapt"]), match=recorded_match(header, name))
+                              warmup=warmup_tokens(header["adapt"]), match=recorded_match(header, name),
+                              contexts=recorded_contexts(header, name), chars=layout.chars)
         decode(predictor, blocks, payloads, counts, _gap_model(layout, header["gaps"], header["bytes"]),
                layout.start, progress)
     try:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..errors import MoglmError
 from ..evaluation.neural_cache import StepCacheSettings
+from .context_mixing import ContextSettings
 from .match import MatchSettings
 
 
@@ -57,6 +58,13 @@ CACHE = StepCacheSettings(theta=0.5, size=2000, lams=(0.0, 0.1, 0.2, 0.3, 0.4, 0
 #: of a block's last ``min_length`` tokens (:mod:`.match`). Searched on chapters 6-8 of the Vim user manual
 #: for the shipped byte model, static and adapting (docs/guides/compression.md).
 MATCH = MatchSettings(min_length=5)
+
+#: ``moglm compress``'s context mixer (on unless ``--no-contexts``): the file's own statistics of orders 1, 2, 3,
+#: 4 and 6 and of two word contexts, each smoothed towards the model's distribution by alpha counts, mixed
+#: geometrically with it by weights learnt while coding, then refined by an adaptive probability map
+#: (:mod:`.context_mixing`). Searched on chapters 6-8 of the Vim user manual with the 413K-parameter byte model,
+#: static and adapting (docs/guides/compression.md).
+CONTEXTS = ContextSettings(orders=(1, 2, 3, 4, 6), words=2, alpha=0.25, lr=1e-3, apm_lr=0.02)
 
 
 def step_scale(streams: int) -> float:

@@ -312,18 +312,19 @@ def test_an_empty_file_round_trips_and_reports_no_rate(char_run, tmp_path, capsy
 def test_a_forged_header_claiming_a_billion_tokens_stops_in_seconds_not_at_a_kill(char_run, tmp_path, capsys):
     """The header's token count is bounded by the payload: decoding past it is stopped as soon as the symbols
     decoded would have needed more bits than the block holds (the CRC is recomputed, so only that catches it).
-    With the match model (the default), whose confident predictions leave the range decoder's state invalid
-    soon after the payload, the decoder's own failure stops it first, as the same one-line error."""
+    With the match model and the context mixer (the defaults), whose confident predictions leave the range
+    decoder's state invalid soon after the payload, the decoder's own failure stops it first, as the same one-line
+    error."""
     import time
 
     from moglm.compression.container import read_header
 
     source = tmp_path / "text.txt"
     source.write_bytes(TEXT)
-    for match, message in (("--no-match", "claims more tokens than its"),
-                           ("--match", "the compressed data is damaged")):
+    for mixers, message in ((["--no-match", "--no-contexts"], "claims more tokens than its"),
+                            (["--match", "--contexts"], "the compressed data is damaged")):
         assert main(["compress", str(char_run), str(source), "-o", str(tmp_path / "t.moglm"), "--block-size", "0",
-                     "--no-progress", "--force", match]) == 0
+                     "--no-progress", "--force", *mixers]) == 0
         blob = (tmp_path / "t.moglm").read_bytes()
         assert read_header(blob)[0]["blocks"] == 1
         (tmp_path / "forged.moglm").write_bytes(forged(blob, tokens=10**9, bytes=10**9))
@@ -473,23 +474,27 @@ def test_the_cache_search_scores_the_grid_on_the_blocks_static_and_adapting(char
     assert report["rows"][2]["segment_length"] == segment_length(blocks)
 
 
-def test_bench_compress_puts_each_row_beside_itself_without_the_cache_or_the_match_model_in_one_run(char_run,
-                                                                                                    tmp_path, capsys):
+def test_bench_compress_puts_each_row_beside_itself_without_the_cache_the_mixer_or_the_match_model(char_run,
+                                                                                                   tmp_path, capsys):
     import json
 
-    from moglm.compression.run import MATCH
+    from moglm.compression.context_mixing import ContextSettings
+    from moglm.compression.run import CONTEXTS, MATCH
 
     source = tmp_path / "text.txt"
     source.write_bytes(TEXT * 2)
     out = tmp_path / "compression.json"
-    assert main(["bench", "compress", str(char_run), str(source), "--without-cache", "--without-match",
-                 "--no-progress", "--out", str(out)]) == 0
+    assert main(["bench", "compress", str(char_run), str(source), "--without-cache", "--without-contexts",
+                 "--without-match", "--no-progress", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert StepCacheSettings(**rows[0]["cache"]) == CACHE and rows[1]["cache"] is None
-    assert rows[0]["match"] == rows[1]["match"] == {"min_length": MATCH.min_length} and rows[2]["match"] is None
-    assert rows[2]["cache"] == rows[0]["cache"]
-    assert rows[0]["original_bytes"] == rows[1]["original_bytes"] == rows[2]["original_bytes"] == len(TEXT) * 2
+    assert ContextSettings(**rows[0]["contexts"]) == CONTEXTS and rows[2]["contexts"] is None
+    assert rows[1]["contexts"] == rows[3]["contexts"] == rows[0]["contexts"]
+    assert rows[0]["match"] == rows[1]["match"] == rows[2]["match"] == {"min_length": MATCH.min_length}
+    assert rows[3]["match"] is None and rows[2]["cache"] == rows[3]["cache"] == rows[0]["cache"]
+    assert {r["original_bytes"] for r in rows} == {len(TEXT) * 2}
     table = capsys.readouterr().out
     assert "| moglm compress --block-size 4096 |" in table
     assert "| moglm compress --block-size 4096 --no-cache |" in table
+    assert "| moglm compress --block-size 4096 --no-contexts |" in table
     assert "| moglm compress --block-size 4096 --no-match |" in table

@@ -233,11 +233,11 @@ def test_a_version_3_file_still_decodes_its_header_deflated_without_the_dictiona
 
 def test_a_version_4_file_decodes_with_the_windows_keeping_subnormals_as_it_was_coded(char_run, monkeypatch):
     """Version 5 on is coded with the compiled windows flushing subnormals to zero; a version 4 file was coded
-    with them kept, so it decodes with the flush off (the switch is back on after), and a version 6 file with
+    with them kept, so it decodes with the flush off (the switch is back on after), and a version 7 file with
     it on."""
     trained = load_run(char_run)
     blob, _ = compress(TEXT, trained.model, trained.vocab, factor=trained.temperature, block_size=300, progress=False)
-    assert blob[6] == container.VERSION == 6
+    assert blob[6] == container.VERSION == 7
     asked = []
     real = container.compiled.flush_denormals
 
@@ -303,6 +303,7 @@ def test_every_bad_input_is_a_one_line_error_that_touches_no_file(char_run, tmp_
 
     outside = [list(e) for e in entries]
     outside[-1][0] += 50
+    mixer = {"orders": [1, 2], "words": 1, "alpha": 0.5, "lr": 1e-3, "apm_lr": 0.02}  # settings, forged one field each
     cases = {
         "truncated.moglm": (blob[:-7], "damaged or truncated: its block table points outside the file"),
         "cut-in-the-header.moglm": (blob[: table // 2], "damaged or truncated"),
@@ -316,11 +317,20 @@ def test_every_bad_input_is_a_one_line_error_that_touches_no_file(char_run, tmp_
                                                                  "its block size of 100 bytes cuts"),
         "raw-tokens.moglm": (forged(blob, tokens=header["tokens"] - header["blocks"]),
                              f"raw block {raw + 1} of {header['blocks']} does not hold the"),
-        "version-7.moglm": (blob[:6] + b"\x07" + blob[7:], "a version 7 moglm-compressed file; this moglm reads"),
+        "version-8.moglm": (blob[:6] + b"\x08" + blob[7:], "a version 8 moglm-compressed file; this moglm reads"),
         "forged-match.moglm": (forged(blob, match={"min_length": 1}), "its header's match settings are not settings"),
         "forged-match-field.moglm": (forged(blob, match={"min_length": 5, "order": 2}),
                                      "its header's match settings are not settings"),
         "match-not-a-dict.moglm": (forged(blob, match=5), "damaged header"),
+        "forged-contexts.moglm": (forged(blob, contexts=mixer | {"orders": [3, 1]}),
+                                  "its header's contexts settings are not settings"),
+        "forged-contexts-alpha.moglm": (forged(blob, contexts=mixer | {"alpha": -1}),
+                                        "its header's contexts settings are not settings"),
+        "forged-contexts-words.moglm": (forged(blob, contexts=mixer | {"words": 7}),
+                                        "its header's contexts settings are not settings"),
+        "forged-contexts-field.moglm": (forged(blob, contexts=mixer | {"bits": 9}),
+                                        "its header's contexts settings are not settings"),
+        "contexts-not-a-dict.moglm": (forged(blob, contexts=[1, 2]), "damaged header"),
         "forged-cache.moglm": (forged(blob, cache={"theta": 0.5, "lams": [1.5], "size": 10}),
                                "its header's cache settings are not settings"),
         "forged-cache-lams.moglm": (forged(blob, cache={"theta": 0.5, "lams": "0.5", "size": 10}),

@@ -8,12 +8,11 @@ import pytest
 
 pytest.importorskip("constriction", reason="the compress extra (constriction) is not installed")
 
-from conftest import tiny_format_run  # noqa: E402
-from moglm.compression import compress, decompress, read_header  # noqa: E402
+from conftest import coded_round_trip, tiny_format_run  # noqa: E402
+from moglm.compression import read_header  # noqa: E402
 from moglm.compression.match import MatchModel, MatchSettings, table_bits  # noqa: E402
-from moglm.dynamic_evaluation import DynamicEvaluator, Hyperparameters  # noqa: E402
+from moglm.dynamic_evaluation import Hyperparameters  # noqa: E402
 from moglm.errors import MoglmError  # noqa: E402
-from moglm.runs.language_model import load_run  # noqa: E402
 
 V = 8  # the tiny vocabulary of the unit tests
 
@@ -120,19 +119,6 @@ def test_the_table_grows_with_the_blocks_within_its_bounds_and_bad_settings_are_
             MatchSettings(min_length=bad)
 
 
-def _code(run, data, match, hp=None, block_size=64):
-    trained = load_run(run)
-
-    def adapter(header=None):
-        return None if hp is None else DynamicEvaluator(trained.model, hp, factor=trained.temperature)
-
-    settings = None if hp is None else {"hyperparameters": hp.as_dict()}
-    blob, report = compress(data, trained.model, trained.vocab, factor=trained.temperature, adapter=adapter(),
-                            settings=settings, match=match, block_size=block_size, progress=False)
-    assert decompress(blob, trained.model, trained.vocab, progress=False, adapter_for=adapter) == data
-    return blob, report
-
-
 @pytest.mark.parametrize("hp", [None, Hyperparameters(rule="sgd", lr=0.3, segment_length=5)],
                          ids=["static", "dynamic"])
 def test_text_repeated_across_blocks_codes_smaller_with_the_match_model_and_round_trips(byte_run, hp):
@@ -143,8 +129,8 @@ def test_text_repeated_across_blocks_codes_smaller_with_the_match_model_and_roun
     rng = np.random.default_rng(1)
     half = rng.choice(np.frombuffer(b"abcdefgh .", dtype=np.uint8), 256).tobytes()
     data = half + half[16:] + half[:16]
-    with_match, matched = _code(byte_run, data, MatchSettings(), hp)
-    without, plain = _code(byte_run, data, None, hp)
+    with_match, matched = coded_round_trip(byte_run, data, hp, match=MatchSettings())
+    without, plain = coded_round_trip(byte_run, data, hp, match=None)
     assert matched.blocks == plain.blocks == 8
     assert matched.model_bits < 0.8 * plain.model_bits
     assert read_header(with_match)[0]["match"] == {"min_length": 5} and read_header(without)[0]["match"] is None

@@ -1,0 +1,218 @@
+"""Context mixing: adaptive order-k statistics of the file read so far, mixed with the model's distribution while
+coding (the context models and the mixer of the PAQ compressors, with geometric mixing of whole distributions).
+
+In words: for each order k (say 1 to 4), a table counts which token followed each context of k tokens, in every
+block read so far (the blocks share the tables; a context is hashed to one of the table's rows). Before a step,
+every block's own last k tokens name a row, whose counts n (N in all) give the estimate
+
+    q_k(v) = (n(v) + alpha p(v)) / (N + alpha),
+
+the counts smoothed towards p, the model's distribution (after the neural cache): with no counts q_k is p, with
+many it is the file's own statistics. Word contexts (PAQ's word model) count the same way what followed the
+letters of the current word so far (case folded), and those together with the previous word's. The mixer
+combines p and the q_k geometrically,
+
+    log p_mix(v) = sum_j w_j log q_j(v) - log Z,
+
+with weights w learnt online, by a gradient step on each coded token's code length (lr times
+``log q_j(y) - E_{p_mix}[log q_j]``), one set of weights per mixer context: the last table (orders, then
+words) whose row has counts, how many (4 bins), and the kind of the token just read (a letter, a space, a line
+break, a digit or anything else). Last, an adaptive probability map (PAQ's APM, or SSE) refines the mixture: for
+the token before and the bin of each token's log-probability (12 bins over -12 to 0 nats), a learnt correction
+is added to the log-probability, and the corrections take a gradient step on each coded token's code length.
+
+A language model trained on other text is sure of the wrong things; the counts learn the file's own spelling
+and vocabulary within a few repeats, and the weights learn when to trust them. Everything is float64 numpy
+arithmetic in a fixed order, the same on both sides; the blocks advance in step, so the tables hold only tokens
+read at earlier steps, which the decoder knows too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import MoglmError
+
+MAX_ORDER = 16
+MAX_ORDERS = 8
+MAX_WORDS = 2  # word contexts: the current word, then it and the previous one
+#: the most counts a table holds (2^24 cells of 2 bytes, 32 MB an order): a vocabulary of 256 gets 2^16 rows
+TABLE_CELLS = 1 << 24
+TABLE_BITS_RANGE = (8, 16)
+COUNT_BINS = 4  # bins of the top row's count in the mixer's context: log2(N + 1) / 1.5, capped
+KINDS = 5  # kinds of the last token in the mixer's context: a letter, a space, a line break, a digit, other
+COUNT_LIMIT = np.iinfo(np.uint16).max  # a row whose count would pass this is halved first
+TINY = 1e-300  # probabilities are floored here before their logarithm
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # multiplicative hashing's constant (2^64 / the golden ratio)
+_PRIME = np.uint64(1_000_003)  # a context's tokens are hashed as a polynomial in this
+#: the edges of the adaptive probability map's bins of log-probability (nats): 12 bins, the outer ones open
+APM_EDGES = np.linspace(-12.0, 0.0, 13)[1:-1]
+
+
+@dataclass(frozen=True)
+class ContextSettings:
+    """``orders``: the context lengths counted, increasing; ``words``: how many word contexts (0; 1: the current
+    word's letters so far; 2: also with the previous word); ``alpha``: how many counts the model's distribution is
+    worth in each estimate; ``lr``: the mixer's step; ``apm_lr``: the adaptive probability map's step (0: no map).
+    Searched on chapters 6-8 of the Vim user manual (docs/guides/compression.md)."""
+
+    orders: tuple[int, ...] = (1, 2, 3, 4, 6)
+    words: int = 2
+    alpha: float = 0.25
+    lr: float = 1e-3
+    apm_lr: float = 0.02
+
+    def __post_init__(self) -> None:
+        orders = self.orders
+        if not isinstance(orders, (list, tuple)) or not 1 <= len(orders) <= MAX_ORDERS \
+                or any(isinstance(k, bool) or not isinstance(k, int) for k in orders) \
+                or list(orders) != sorted(set(orders)) or not 1 <= orders[0] <= orders[-1] <= MAX_ORDER:
+            raise MoglmError(f"context orders must be 1 to {MAX_ORDERS} increasing integers from 1 to {MAX_ORDER}, "
+                             f"not {orders!r}")
+        object.__setattr__(self, "orders", tuple(orders))
+        if isinstance(self.words, bool) or not isinstance(self.words, int) or not 0 <= self.words <= MAX_WORDS:
+            raise MoglmError(f"a context mixer's words must be an integer from 0 to {MAX_WORDS}, not {self.words!r}")
+        for name, value, high in (("alpha", self.alpha, 1e6), ("lr", self.lr, 1.0), ("apm_lr", self.apm_lr, 1.0)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= high \
+                    or (name == "alpha" and value == 0):
+                raise MoglmError(f"a context mixer's {name} must be a number in {'(0' if name == 'alpha' else '[0'}, "
+                                 f"{high:g}], not {value!r}")
+
+
+def table_bits(vocab: int) -> int:
+    """log2 of each order's rows for a vocabulary of ``vocab`` tokens: as many as :data:`TABLE_CELLS` allow,
+    within :data:`TABLE_BITS_RANGE`; both sides compute it from the run's vocabulary."""
+    low, high = TABLE_BITS_RANGE
+    return int(min(high, max(low, math.floor(math.log2(TABLE_CELLS / max(vocab, 1))))))
+
+
+def letters(chars: dict[int, str], vocab: int) -> np.ndarray:
+    """``[V]``: each token's letter as the word contexts read it (the id of its lower case where the vocabulary
+    has one, else its own id), -1 for a token that is not a letter (``chars``: token id -> character)."""
+    ids = {c: i for i, c in chars.items()}
+    out = np.full(vocab, -1, dtype=np.int64)
+    for i, c in chars.items():
+        if 0 <= i < vocab and c.isalpha():
+            out[i] = ids.get(c.lower(), i)
+    return out
+
+
+def kinds(chars: dict[int, str], vocab: int) -> np.ndarray:
+    """``[V]``: each token's kind in the mixer's context: 0 a letter, 1 a space, 2 a line break, 3 a digit, 4
+    anything else (a token with no character too)."""
+    out = np.full(vocab, KINDS - 1, dtype=np.int64)
+    for i, c in chars.items():
+        if 0 <= i < vocab:
+            out[i] = 0 if c.isalpha() else 1 if c == " " else 2 if c in "\r\n" else 3 if c.isdigit() else KINDS - 1
+    return out
+
+
+class ContextMixer:
+    """The context models and mixer of ``streams`` blocks read side by side over a vocabulary of ``vocab``:
+    :meth:`mix` a step's distributions, then :meth:`append` the tokens that were read. ``chars``: each token's
+    character (token id -> character; the word contexts' letters and the mixer's kinds of token are read from it,
+    and a token without one is neither a letter nor a space)."""
+
+    def __init__(self, settings: ContextSettings, streams: int, vocab: int,
+                 chars: dict[int, str] | None = None) -> None:
+        self.settings, self.streams, self.vocab = settings, streams, vocab
+        self._letters, self._kinds = letters(chars or {}, vocab), kinds(chars or {}, vocab)  # [V], [V]
+        self._last = np.full(streams, KINDS - 1, dtype=np.int64)  # [B]: the kind of each block's last token
+        self._bits = table_bits(vocab)
+        orders = settings.orders
+        tables = len(orders) + settings.words
+        self._tables = [np.zeros((1 << self._bits, vocab), dtype=np.uint16) for _ in range(tables)]  # K x [S, V]
+        self._recent = np.zeros((streams, orders[-1]), dtype=np.uint64)  # [B, k_max]: token + 1; 0 before the start
+        self._word = np.zeros((streams, 2), dtype=np.uint64)  # [B, 2]: hashes of the current and the previous word
+        inputs = tables + 1  # the model's distribution, then one estimate per table
+        self._weights = np.full((inputs * COUNT_BINS * KINDS, inputs), 1.0 / inputs)  # [C, M]
+        self._pending: tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._before = np.full(streams, vocab, dtype=np.int64)  # [B]: each block's last token (vocab: none yet)
+        self._corrections = np.zeros(((vocab + 1) * (len(APM_EDGES) + 1)))  # the map's, per (token before, bin)
+        self._refined: tuple[np.ndarray, np.ndarray] | None = None
+
+    def _rows(self) -> list[np.ndarray]:
+        """Each table's row (``[B]``) for every block's context: its last k tokens hashed with k, then its current
+        word, then that and the previous word."""
+        keys = []
+        for k in self.settings.orders:
+            key = np.full(self.streams, k, dtype=np.uint64)  # [B]
+            for j in range(self._recent.shape[1] - k, self._recent.shape[1]):
+                key = key * _PRIME + self._recent[:, j]
+            keys.append(key)
+        current, previous = self._word[:, 0], self._word[:, 1]  # [B], [B]
+        keys += [current * _PRIME + np.uint64(MAX_ORDER + 1),
+                 (current * _PRIME + previous) * _PRIME + np.uint64(MAX_ORDER + 2)][: self.settings.words]
+        return [((key * _GOLDEN) >> np.uint64(64 - self._bits)).astype(np.int64) for key in keys]
+
+    def mix(self, p: np.ndarray) -> np.ndarray:
+        """``[B, V]``: the distributions ``p`` (each row normalised here) mixed with the context models'."""
+        p = p / p.sum(axis=1, keepdims=True)  # [B, V]
+        alpha = self.settings.alpha
+        rows = self._rows()
+        estimates, totals = [p], []
+        for table, row in zip(self._tables, rows):
+            n = table[row].astype(np.float64)  # [B, V]
+            total = n.sum(axis=1, keepdims=True)  # [B, 1]
+            estimates.append((n + alpha * p) / (total + alpha))  # [B, V]
+            totals.append(total[:, 0])
+        log_q = np.log(np.maximum(np.stack(estimates, axis=1), TINY))  # [B, M, V]
+        counted = np.stack(totals) > 0  # [K, B]
+        top = np.where(counted.any(axis=0), len(totals) - np.argmax(counted[::-1], axis=0), 0)  # [B]: 0 = none
+        top_total = np.where(top > 0, np.stack(totals)[np.maximum(top - 1, 0), np.arange(self.streams)], 0.0)
+        count_bin = np.minimum(COUNT_BINS - 1, np.floor(np.log2(top_total + 1) / 1.5).astype(np.int64))  # [B]
+        context = (top * COUNT_BINS + count_bin) * KINDS + self._last  # [B]
+        log_mixed = np.einsum("bm,bmv->bv", self._weights[context], log_q)  # [B, V]
+        mixed = np.exp(log_mixed - log_mixed.max(axis=1, keepdims=True))  # [B, V]
+        mixed /= mixed.sum(axis=1, keepdims=True)
+        self._pending = (rows, context, log_q, mixed)
+        return mixed if not self.settings.apm_lr else self._refine(mixed)
+
+    def _refine(self, p: np.ndarray) -> np.ndarray:
+        """``[B, V]``: ``p`` through the adaptive probability map, each token's log-probability corrected by the
+        map's entry for the block's token before and the bin of that log-probability."""
+        log_p = np.log(np.maximum(p, TINY))  # [B, V]
+        cells = self._before[:, None] * (len(APM_EDGES) + 1) + np.searchsorted(APM_EDGES, log_p)  # [B, V]
+        refined = log_p + self._corrections[cells]  # [B, V]
+        refined = np.exp(refined - refined.max(axis=1, keepdims=True))
+        refined /= refined.sum(axis=1, keepdims=True)
+        self._refined = (cells, refined)
+        return refined
+
+    def append(self, tokens) -> None:
+        """Read ``tokens`` (``[B]``, one per block): one gradient step of the mixer's weights on their code
+        lengths, count them in their contexts' rows, and move every block's context on."""
+        read = np.asarray(tokens, dtype=np.int64)  # [B]
+        rows = self._pending[0] if self._pending is not None else self._rows()
+        if self._refined is not None:
+            cells, refined = self._refined
+            gradient = -refined  # [B, V]: -d(code length)/d(correction) of every token's cell
+            gradient[np.arange(self.streams), read] += 1.0
+            self._corrections += self.settings.apm_lr * np.bincount(cells.ravel(), gradient.ravel(),
+                                                                    len(self._corrections))
+            self._refined = None
+        if self._pending is not None:
+            _, context, log_q, mixed = self._pending
+            expected = np.einsum("bv,bmv->bm", mixed, log_q)  # [B, M]
+            gradient = log_q[np.arange(self.streams), :, read] - expected  # [B, M]: -d(code length)/dw
+            order = np.argsort(context, kind="stable")  # the blocks that share a mixer context, side by side
+            contexts, first = np.unique(context[order], return_index=True)
+            self._weights[contexts] += self.settings.lr * np.add.reduceat(gradient[order], first, axis=0)
+            self._pending = None
+        for table, row in zip(self._tables, rows):
+            full = np.unique(row[table[row, read] >= COUNT_LIMIT - self.streams])  # rows that could overflow
+            table[full] //= 2
+            cells, counts = np.unique(row * self.vocab + read, return_counts=True)  # a cell two blocks share: 2
+            table.reshape(-1)[cells] += counts.astype(np.uint16)
+        self._recent = np.concatenate([self._recent[:, 1:], (read + 1).astype(np.uint64)[:, None]], axis=1)
+        self._last = self._kinds[read]
+        self._before = read
+        if self.settings.words:
+            letter = self._letters[read]  # [B]: -1 where not a letter
+            ended = (letter < 0) & (self._word[:, 0] != 0)  # [B]: a word just ended
+            self._word[ended, 1] = self._word[ended, 0]
+            self._word[:, 0] = np.where(letter >= 0, self._word[:, 0] * _PRIME + (letter + 1).astype(np.uint64),
+                                        np.where(ended, np.uint64(0), self._word[:, 0]))

@@ -1,0 +1,271 @@
+"""The context mixer (:mod:`moglm.compression.context_mixing`): the file's own order-k statistics, mixed
+geometrically with the model's distribution by weights learnt while coding; and files coded with it."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+pytest.importorskip("constriction", reason="the compress extra (constriction) is not installed")
+
+from conftest import coded_round_trip, tiny_format_run  # noqa: E402
+from moglm.compression import container, read_header  # noqa: E402
+from moglm.compression.context_mixing import (APM_EDGES, COUNT_BINS, KINDS, MAX_ORDER,  # noqa: E402
+                                              ContextMixer, ContextSettings, kinds, letters, table_bits)
+from moglm.dynamic_evaluation import Hyperparameters  # noqa: E402
+from moglm.errors import MoglmError  # noqa: E402
+
+V = 7  # the tiny vocabulary of the unit tests
+
+
+@pytest.fixture(scope="module")
+def byte_run(tmp_path_factory):
+    return tiny_format_run(tmp_path_factory.mktemp("byte"), "byte", hidden_size=16)
+
+
+class ReferenceMixer:
+    """The reference twin, a plain loop over blocks, tables, tokens and inputs: each table's counts in a dict
+    per row (the row named by the same hash of the block's last k tokens, or of its words), the estimates, the
+    weighted sum of their logarithms, and the weights' steps one block after another."""
+
+    def __init__(self, settings: ContextSettings, streams: int, vocab: int, letter_of: list[int],
+                 kind_of: list[int]) -> None:
+        self.s, self.streams, self.vocab, self.letter_of, self.kind_of = settings, streams, vocab, letter_of, kind_of
+        self.last = [KINDS - 1] * streams
+        self.before = [vocab] * streams  # each block's last token (vocab: none yet)
+        self.corrections = [0.0] * ((vocab + 1) * (len(APM_EDGES) + 1))
+        self.bits = table_bits(vocab)
+        self.tables = len(settings.orders) + settings.words
+        self.counts = [{} for _ in range(self.tables)]  # per table: row -> [V] counts
+        self.recent = [[0] * settings.orders[-1] for _ in range(streams)]  # token + 1, 0 before the start
+        self.words = [[0, 0] for _ in range(streams)]  # hashes of the current and the previous word
+        self.weights = [[1.0 / (self.tables + 1)] * (self.tables + 1)
+                        for _ in range((self.tables + 1) * COUNT_BINS * KINDS)]
+
+    def row(self, b: int, table: int) -> int:
+        m = 2**64
+        if table < len(self.s.orders):
+            k = self.s.orders[table]
+            key = k
+            for token in self.recent[b][-k:]:
+                key = (key * 1_000_003 + token) % m
+        elif table == len(self.s.orders):
+            key = (self.words[b][0] * 1_000_003 + MAX_ORDER + 1) % m
+        else:
+            key = (((self.words[b][0] * 1_000_003 + self.words[b][1]) % m) * 1_000_003 + MAX_ORDER + 2) % m
+        return ((key * 0x9E3779B97F4A7C15) % m) >> (64 - self.bits)
+
+    def mix(self, p: np.ndarray) -> np.ndarray:
+        out, self.saved = np.zeros_like(p), []
+        for b in range(self.streams):
+            base = [x / sum(p[b]) for x in p[b]]
+            estimates, totals = [base], []
+            for i in range(self.tables):
+                n = self.counts[i].get(self.row(b, i), [0] * self.vocab)
+                total = sum(n)
+                totals.append(total)
+                estimates.append([(n[v] + self.s.alpha * base[v]) / (total + self.s.alpha) for v in range(self.vocab)])
+            top = max([i + 1 for i, t in enumerate(totals) if t > 0], default=0)
+            count_bin = 0 if top == 0 else min(COUNT_BINS - 1, math.floor(math.log2(totals[top - 1] + 1) / 1.5))
+            context = (top * COUNT_BINS + count_bin) * KINDS + self.last[b]
+            w = self.weights[context]
+            logs = [[math.log(max(q, 1e-300)) for q in estimate] for estimate in estimates]
+            mixed = [math.exp(sum(w[j] * logs[j][v] for j in range(len(w)))) for v in range(self.vocab)]
+            mixed = [m / sum(mixed) for m in mixed]
+            cells = None
+            if self.s.apm_lr:
+                cells = [self.before[b] * (len(APM_EDGES) + 1) + sum(1 for e in APM_EDGES if e < math.log(m))
+                         for m in mixed]
+                refined = [math.exp(math.log(m) + self.corrections[c]) for m, c in zip(mixed, cells)]
+                out[b] = [r / sum(refined) for r in refined]
+            else:
+                out[b] = mixed
+            self.saved.append((context, logs, mixed, cells, out[b].copy()))
+        return out
+
+    def append(self, tokens) -> None:
+        for b, y in enumerate(tokens):
+            context, logs, mixed, cells, refined = self.saved[b]
+            if cells is not None:
+                for v, cell in enumerate(cells):
+                    self.corrections[cell] += self.s.apm_lr * ((v == y) - refined[v])
+            for j in range(len(logs)):
+                expected = sum(mixed[v] * logs[j][v] for v in range(self.vocab))
+                self.weights[context][j] += self.s.lr * (logs[j][y] - expected)
+        for b, y in enumerate(tokens):
+            for i in range(self.tables):
+                self.counts[i].setdefault(self.row(b, i), [0] * self.vocab)[int(y)] += 1
+        for b, y in enumerate(tokens):
+            self.recent[b] = self.recent[b][1:] + [int(y) + 1]
+            self.last[b] = self.kind_of[int(y)]
+            self.before[b] = int(y)
+            letter = self.letter_of[int(y)]
+            if letter >= 0:
+                self.words[b][0] = (self.words[b][0] * 1_000_003 + letter + 1) % 2**64
+            elif self.words[b][0]:
+                self.words[b] = [0, self.words[b][0]]
+
+
+CHARS = {0: "a", 1: "B", 2: " ", 3: "b", 4: ".", 5: "\u00e9", 6: "7"}  # token id -> character
+
+
+def test_letters_fold_case_within_the_vocabulary_and_leave_out_what_is_not_a_letter():
+    assert letters(CHARS, V).tolist() == [0, 3, -1, 3, -1, 5, -1]
+    assert letters({0: "A"}, 2).tolist() == [0, -1]  # no lower case in the vocabulary: itself
+
+
+def test_every_token_has_a_kind_for_the_mixers_context():
+    assert kinds(CHARS, V).tolist() == [0, 0, 1, 0, 4, 0, 3]
+    assert kinds({0: "\n", 1: "\r", 2: "9"}, 4).tolist() == [2, 2, 3, 4]  # token 3 has no character: other
+
+
+@pytest.mark.parametrize("words, apm_lr", [(0, 0.0), (1, 0.1), (2, 0.1)])
+def test_the_mixer_agrees_with_a_plain_loop_at_every_step(words, apm_lr):
+    """Random distributions and tokens over a small alphabet with letters and separators (contexts and words
+    repeat often, so every mixer context and count bin is met): every step's mixed distributions equal the
+    reference loop's, and so do the weights."""
+    rng = np.random.default_rng(words)
+    settings = ContextSettings(orders=(1, 2, 4), words=words, alpha=0.7, lr=0.05, apm_lr=apm_lr)
+    fast = ContextMixer(settings, 3, V, CHARS)
+    slow = ReferenceMixer(settings, 3, V, letters(CHARS, V).tolist(), kinds(CHARS, V).tolist())
+    for _ in range(150):
+        p = rng.random((3, V)) + 0.01
+        np.testing.assert_allclose(fast.mix(p), slow.mix(p), rtol=1e-12, atol=1e-15)
+        tokens = rng.choice([0, 1, 2, 3, 4, 6], 3, p=[0.3, 0.15, 0.2, 0.2, 0.1, 0.05])
+        fast.append(tokens)
+        slow.append(tokens)
+    np.testing.assert_allclose(fast._weights, np.array(slow.weights), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(fast._corrections, slow.corrections, rtol=1e-12, atol=1e-15)
+    assert (np.count_nonzero(fast._corrections) > 20) == (apm_lr > 0)
+    assert len({c for c in range(len(slow.weights)) if slow.weights[c] != slow.weights[-1]}) > 5
+
+
+def test_a_repeated_pattern_is_learnt_well_beyond_a_uniform_model():
+    mixer = ContextMixer(ContextSettings(), 2, V, CHARS)
+    cycle = [0, 3, 1, 4, 1, 5]
+    right = []
+    for t in range(300):
+        p = mixer.mix(np.ones((2, V)))
+        right.append(p[0, cycle[t % 6]])
+        mixer.append(np.array([cycle[t % 6], cycle[(t + 2) % 6]]))
+    assert right[0] == pytest.approx(1 / V) and min(right[-30:]) > 0.9
+    assert np.allclose(p.sum(axis=1), 1.0)
+
+
+def test_the_weights_learn_to_keep_a_model_that_is_already_right():
+    """Tokens drawn from the model's own skewed distribution: the counts only add noise, and over 3,000 steps the
+    mixed code is within 3% of the model's own (the entropy)."""
+    rng = np.random.default_rng(1)
+    truth = np.array([0.5, 0.2, 0.1, 0.1, 0.05, 0.03, 0.02])
+    mixer = ContextMixer(ContextSettings(), 4, V, CHARS)
+    mixed_bits = model_bits = 0.0
+    for _ in range(3000):
+        p = mixer.mix(np.tile(truth, (4, 1)))
+        tokens = rng.choice(V, 4, p=truth)
+        mixed_bits -= np.log2(p[np.arange(4), tokens]).sum()
+        model_bits -= np.log2(truth[tokens]).sum()
+        mixer.append(tokens)
+    assert mixed_bits < 1.03 * model_bits
+
+
+def test_the_previous_word_predicts_past_what_the_orders_see():
+    """Two-letter words of a and b, each followed by a space and starting with the letter that ended the word
+    before: an order-1 context sees only the space, the word context with the previous word sees that letter."""
+    rng = np.random.default_rng(4)
+    first_letter = {}
+    for words in (0, 2):
+        mixer = ContextMixer(ContextSettings(orders=(1,), words=words), 1, V, CHARS)
+        probabilities, last = [], 0
+        for _ in range(200):
+            word = [last, int(rng.choice([0, 3]))]  # tokens 0 and 3 are a and b
+            for position, token in enumerate(word + [2]):
+                p = mixer.mix(np.ones((1, V)))
+                if position == 0:
+                    probabilities.append(p[0, token])
+                mixer.append(np.array([token]))
+            last = word[-1]
+        first_letter[words] = np.mean(probabilities[-20:])
+    assert first_letter[2] > 0.85 and first_letter[0] < 0.6, first_letter
+
+
+def test_without_characters_no_token_is_a_letter_and_the_word_contexts_stay_empty():
+    mixer = ContextMixer(ContextSettings(orders=(1,), words=2), 1, V)
+    for token in [0, 1, 2, 3]:
+        mixer.mix(np.ones((1, V)))
+        mixer.append(np.array([token]))
+    assert mixer._word.tolist() == [[0, 0]] and mixer._last.tolist() == [KINDS - 1]
+
+
+def test_blocks_share_their_statistics_and_the_tables_fit_their_bounds():
+    """What block 0 read teaches block 1: after block 0 reads 2 6 2 6 ..., block 1's first 2 predicts 6."""
+    mixer = ContextMixer(ContextSettings(orders=(1,), words=0), 2, V)
+    for t in range(40):
+        mixer.mix(np.ones((2, V)))
+        mixer.append(np.array([[2, 6][t % 2], 0]))
+    mixer.mix(np.ones((2, V)))
+    mixer.append(np.array([2, 2]))
+    p = mixer.mix(np.ones((2, V)))
+    assert p[1].argmax() == 6 and p[1, 6] > 0.5
+    assert table_bits(256) == 16 and table_bits(7) == 16 and table_bits(10**6) == 8
+    assert mixer._tables[0].shape == (1 << 16, V) and mixer._tables[0].dtype == np.uint16
+
+
+def test_a_count_that_would_overflow_halves_its_row():
+    mixer = ContextMixer(ContextSettings(orders=(1,), words=0), 1, V)
+    for _ in range(3):
+        mixer.mix(np.ones((1, V)))
+        mixer.append(np.array([3]))
+    row = mixer._rows()[0][0]
+    mixer._tables[0][row, 3] = np.iinfo(np.uint16).max - 1
+    mixer._tables[0][row, 5] = 9
+    mixer.mix(np.ones((1, V)))
+    mixer.append(np.array([3]))
+    assert mixer._tables[0][row, 3] == (np.iinfo(np.uint16).max - 1) // 2 + 1 and mixer._tables[0][row, 5] == 4
+
+
+@pytest.mark.parametrize("bad", [{"orders": ()}, {"orders": (2, 1)}, {"orders": (1, 1)}, {"orders": (0, 1)},
+                                 {"orders": (1, 17)}, {"orders": tuple(range(1, 10))}, {"orders": (1.5,)},
+                                 {"orders": "12"}, {"alpha": 0}, {"alpha": -1}, {"alpha": float("nan")},
+                                 {"lr": -1e-3}, {"lr": 2.0}, {"lr": True}, {"words": 3}, {"words": -1},
+                                 {"words": 1.0}, {"words": False}, {"apm_lr": -0.1}, {"apm_lr": 1.5}])
+def test_bad_settings_are_one_line_errors(bad):
+    with pytest.raises(MoglmError, match="context"):
+        ContextSettings(**bad)
+
+
+def test_settings_read_back_from_json_as_they_were():
+    settings = ContextSettings(orders=(1, 3), words=1, alpha=2, lr=0.0, apm_lr=0.5)
+    assert ContextSettings(**json.loads(json.dumps(vars(settings)))) == settings
+
+
+@pytest.mark.parametrize("hp", [None, Hyperparameters(rule="sgd", lr=0.3, segment_length=5)],
+                         ids=["static", "dynamic"])
+def test_text_with_its_own_vocabulary_codes_smaller_with_the_mixer_and_round_trips(byte_run, hp):
+    """Words of a made-up vocabulary in random order, eight blocks: the tiny model never saw them, the counts
+    learn their spellings; the header records the settings."""
+    rng = np.random.default_rng(2)
+    words = [b"zqx", b"vrbol", b"kw", b"jjyup", b"ohmz"]
+    data = b" ".join(words[i] for i in rng.integers(0, len(words), 150))[:512]
+    with_mixer, mixed = coded_round_trip(byte_run, data, hp, contexts=ContextSettings())
+    without, plain = coded_round_trip(byte_run, data, hp, contexts=None)
+    assert mixed.blocks == plain.blocks == 8
+    assert mixed.model_bits < 0.8 * plain.model_bits
+    recorded = {"orders": [1, 2, 3, 4, 6], "words": 2, "alpha": 0.25, "lr": 0.001, "apm_lr": 0.02}
+    assert read_header(with_mixer)[0]["contexts"] == recorded and read_header(without)[0]["contexts"] is None
+    assert ContextSettings(**mixed.contexts) == ContextSettings() and plain.contexts is None
+
+
+def test_a_header_before_version_7_has_no_mixer_and_one_of_version_7_must_say():
+    header = {"run": "r", "factor": 1.0, "adapt": None, "adapt_digest": None, "cache": None, "match": None,
+              "tokens": 3, "bytes": 3, "sha256": "", "blocks": 1, "block_size": 4096, "threads": 1, "gaps": False}
+    assert container._parse_header(json.dumps(header).encode(), "f", 6)["contexts"] is None
+    with pytest.raises(MoglmError, match="damaged header"):
+        container._parse_header(json.dumps(header).encode(), "f", 7)
+    assert container._parse_header(json.dumps({**header, "contexts": None}).encode(), "f", 7)["contexts"] is None
+    older = {k: v for k, v in header.items() if k not in ("cache", "match")}
+    assert container._parse_header(json.dumps(older).encode(), "f", 2)["match"] is None
+    with pytest.raises(MoglmError, match="damaged header"):
+        container._parse_header(json.dumps(older).encode(), "f", 6)
