@@ -20,8 +20,9 @@ from .match import MatchSettings
 #: dynamic-evaluation settings of its own, searched on held-out English (chapters 6-8 of the Vim user manual;
 #: docs/guides/compression.md): decay 0 and segments of 20 for a 400-step WikiText-2 byte model (lr 3e-4 .. 1e-2,
 #: decay 0 .. 1e-2, segments 10 .. 40), then the step for the shipped ``wikitext-2-byte-mogrifier-cpu`` trained
-#: to its 3000 steps (lr 2e-3 .. 1.5e-2 at decay 0, segments of 20). Text unlike the training data wants 5x
-#: dynamic evaluation's default step and no pull back towards the trained weights.
+#: to its 3000 steps (lr 2e-3 .. 1.5e-2 at decay 0, segments of 20; with the context mixer, 3e-3 .. 7e-3 again).
+#: Text unlike the training data wants 5x dynamic evaluation's default step and no pull back towards the trained
+#: weights.
 COMPRESSION_LR = 5e-3
 COMPRESSION_DECAY = 0.0
 #: The blocks share one set of weights, so one update reads a segment of every block: n steps x B streams
