@@ -7,7 +7,7 @@ A block whose model code is no shorter than its bytes is stored raw and flagged,
 the header. Container, version 7 (little-endian)::
 
     b"MOGLMZ" | version (1 byte) | header length (4 bytes)
-    | header (compact JSON, UTF-8, zlib-deflated with the preset dictionary HEADER_DICTIONARY)
+    | header (compact JSON, UTF-8, zlib-deflated with the preset dictionary header_dictionary(7))
     | block table: per block, stored length (4 bytes), flags (1 byte: 1 = raw), CRC-32 of its stored bytes (4)
     | CRC-32 of everything before it (4 bytes) | the blocks' stored bytes, in order
 
@@ -20,8 +20,9 @@ blocks and the block size, whether gaps are coded, the original length and its S
 library versions. Decoding checks the header's CRC, that the block table stays inside the file, every block's
 CRC (a damaged or truncated file, named by its block), the run's digest (another run, or a changed one) and,
 at the end, the output's SHA-256 and length before anything is written: a wrong output is never produced.
-Version 7 adds the context mixer (the header's ``contexts``; a file of version 6 or older has none), version 6 the
-match model (the header's ``match``; a file of version 5 or older has none). Version 5 is
+Version 7 adds the context mixer (the header's ``contexts``; a file of version 6 or older has none) and deflates
+the header with a longer preset dictionary (:data:`HEADER_DICTIONARY_7`); version 6 added the match model (the
+header's ``match``; a file of version 5 or older has none). Version 5 is
 version 4 computed with the compiled windows flushing subnormal floats to zero
 (:func:`moglm.recurrence.compiled.flush_denormals`); a version 4 file or older decodes with them kept, as it was
 coded. Version 3 (the header deflated without a dictionary), version 2 (the header not deflated, no cache) and
@@ -83,6 +84,12 @@ HEADER_DICTIONARY = (
     b'"size":2000,"lams":[0.0,0.1,0.2,0.3,0.4,0.5,0.6,0.7]},"tokens":1,"bytes":1,"blocks":1,"block_size":4096,'
     b'"gaps":false,"sha256":"","moglm":"0.1.0","torch":"2.13.0+cpu","constriction":"0.5.0","threads":1,'
     b'"recurrence":"mkl_packed"}'
+)
+#: version 7's dictionary: version 4's, then the context mixer's and the match model's default settings as a
+#: header spells them (without it they would cost about 40 bytes more, which matters on files of a few KB)
+HEADER_DICTIONARY_7 = HEADER_DICTIONARY + (
+    b'"contexts":{"orders":[1,2,3,4,6],"words":2,"alpha":0.25,"lr":0.001,"apm_lr":0.02},"match":{"min_length":5},'
+    b'"tokens":'
 )
 MAX_HEADER = 1 << 20  # bytes of JSON an inflated header may have (a forged one cannot exhaust memory)
 BLOCK_SIZE = 4_096  # bytes per block, about (0: the whole file in one block); measured in docs/guides/compression.md
@@ -267,7 +274,7 @@ def compress(data: bytes, model, vocab, *, factor: float = 1.0, adapter=None, se
               "match": None if match is None else asdict(match), "tokens": tokens,
               "bytes": len(data), "blocks": len(blocks), "block_size": block_size, "gaps": gaps,
               "sha256": hashlib.sha256(data).hexdigest(), **_environment(threads)}
-    deflate = zlib.compressobj(9, zdict=HEADER_DICTIONARY)
+    deflate = zlib.compressobj(9, zdict=header_dictionary(VERSION))
     encoded = deflate.compress(json.dumps(header, separators=(",", ":")).encode()) + deflate.flush()
     head = _PREFIX.pack(MAGIC, VERSION, len(encoded)) + encoded + b"".join(
         _ENTRY.pack(len(content), flags, zlib.crc32(content)) for flags, content in stored)
@@ -338,12 +345,17 @@ def _words(content: bytes, dtype: str) -> np.ndarray:
     return np.frombuffer(content, dtype=dtype).astype(np.uint32)
 
 
+def header_dictionary(version: int) -> bytes:
+    """The preset dictionary a header of ``version`` (4 or later) is deflated with."""
+    return HEADER_DICTIONARY_7 if version >= 7 else HEADER_DICTIONARY
+
+
 def _header_json(stored: bytes, version: int) -> bytes | None:
     """The header's JSON: stored as it is up to version 2, deflated (zlib) in version 3, deflated with
-    :data:`HEADER_DICTIONARY` from version 4 (``None``: not inflatable, or longer than any header)."""
+    :func:`header_dictionary` from version 4 (``None``: not inflatable, or longer than any header)."""
     if version < 3:
         return stored
-    inflate = zlib.decompressobj(zdict=HEADER_DICTIONARY) if version >= 4 else zlib.decompressobj()
+    inflate = zlib.decompressobj(zdict=header_dictionary(version)) if version >= 4 else zlib.decompressobj()
     try:
         encoded = inflate.decompress(stored, MAX_HEADER)
     except zlib.error:

@@ -124,48 +124,45 @@ class ContextMixer:
         self._bits = table_bits(vocab)
         orders = settings.orders
         tables = len(orders) + settings.words
-        self._tables = [np.zeros((1 << self._bits, vocab), dtype=np.uint16) for _ in range(tables)]  # K x [S, V]
+        self._tables = np.zeros((tables, 1 << self._bits, vocab), dtype=np.uint16)  # [K, S, V]: the counts
         self._recent = np.zeros((streams, orders[-1]), dtype=np.uint64)  # [B, k_max]: token + 1; 0 before the start
         self._word = np.zeros((streams, 2), dtype=np.uint64)  # [B, 2]: hashes of the current and the previous word
         inputs = tables + 1  # the model's distribution, then one estimate per table
         self._weights = np.full((inputs * COUNT_BINS * KINDS, inputs), 1.0 / inputs)  # [C, M]
-        self._pending: tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._pending: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._before = np.full(streams, vocab, dtype=np.int64)  # [B]: each block's last token (vocab: none yet)
         self._corrections = np.zeros(((vocab + 1) * (len(APM_EDGES) + 1)))  # the map's, per (token before, bin)
         self._refined: tuple[np.ndarray, np.ndarray] | None = None
 
-    def _rows(self) -> list[np.ndarray]:
-        """Each table's row (``[B]``) for every block's context: its last k tokens hashed with k, then its current
-        word, then that and the previous word."""
-        keys = []
-        for k in self.settings.orders:
-            key = np.full(self.streams, k, dtype=np.uint64)  # [B]
-            for j in range(self._recent.shape[1] - k, self._recent.shape[1]):
-                key = key * _PRIME + self._recent[:, j]
-            keys.append(key)
+    def _rows(self) -> np.ndarray:
+        """``[K, B]``: each table's row for every block's context: its last k tokens (a polynomial from the most
+        recent back) hashed with k, then its current word, then that and the previous word."""
+        keys, suffix = [], np.zeros(self.streams, dtype=np.uint64)  # [B]: the hash of the last j tokens
+        for j in range(1, self.settings.orders[-1] + 1):
+            suffix = suffix * _PRIME + self._recent[:, -j]
+            if j in self.settings.orders:
+                keys.append(suffix * _PRIME + np.uint64(j))
         current, previous = self._word[:, 0], self._word[:, 1]  # [B], [B]
         keys += [current * _PRIME + np.uint64(MAX_ORDER + 1),
                  (current * _PRIME + previous) * _PRIME + np.uint64(MAX_ORDER + 2)][: self.settings.words]
-        return [((key * _GOLDEN) >> np.uint64(64 - self._bits)).astype(np.int64) for key in keys]
+        return ((np.stack(keys) * _GOLDEN) >> np.uint64(64 - self._bits)).astype(np.int64)
 
     def mix(self, p: np.ndarray) -> np.ndarray:
         """``[B, V]``: the distributions ``p`` (each row normalised here) mixed with the context models'."""
         p = p / p.sum(axis=1, keepdims=True)  # [B, V]
         alpha = self.settings.alpha
-        rows = self._rows()
-        estimates, totals = [p], []
-        for table, row in zip(self._tables, rows):
-            n = table[row].astype(np.float64)  # [B, V]
-            total = n.sum(axis=1, keepdims=True)  # [B, 1]
-            estimates.append((n + alpha * p) / (total + alpha))  # [B, V]
-            totals.append(total[:, 0])
-        log_q = np.log(np.maximum(np.stack(estimates, axis=1), TINY))  # [B, M, V]
-        counted = np.stack(totals) > 0  # [K, B]
-        top = np.where(counted.any(axis=0), len(totals) - np.argmax(counted[::-1], axis=0), 0)  # [B]: 0 = none
-        top_total = np.where(top > 0, np.stack(totals)[np.maximum(top - 1, 0), np.arange(self.streams)], 0.0)
+        rows = self._rows()  # [K, B]
+        tables = len(rows)
+        n = self._tables[np.arange(tables)[:, None], rows].astype(np.float64)  # [K, B, V]
+        totals = n.sum(axis=2)  # [K, B]
+        estimates = (n + alpha * p) / (totals[:, :, None] + alpha)  # [K, B, V]
+        log_q = np.log(np.maximum(np.concatenate([p[None], estimates]), TINY))  # [M, B, V]
+        counted = totals > 0  # [K, B]
+        top = np.where(counted.any(axis=0), tables - np.argmax(counted[::-1], axis=0), 0)  # [B]: 0 = none
+        top_total = np.where(top > 0, totals[np.maximum(top - 1, 0), np.arange(self.streams)], 0.0)  # [B]
         count_bin = np.minimum(COUNT_BINS - 1, np.floor(np.log2(top_total + 1) / 1.5).astype(np.int64))  # [B]
         context = (top * COUNT_BINS + count_bin) * KINDS + self._last  # [B]
-        log_mixed = np.einsum("bm,bmv->bv", self._weights[context], log_q)  # [B, V]
+        log_mixed = np.einsum("bm,mbv->bv", self._weights[context], log_q)  # [B, V]
         mixed = np.exp(log_mixed - log_mixed.max(axis=1, keepdims=True))  # [B, V]
         mixed /= mixed.sum(axis=1, keepdims=True)
         self._pending = (rows, context, log_q, mixed)
@@ -196,17 +193,19 @@ class ContextMixer:
             self._refined = None
         if self._pending is not None:
             _, context, log_q, mixed = self._pending
-            expected = np.einsum("bv,bmv->bm", mixed, log_q)  # [B, M]
-            gradient = log_q[np.arange(self.streams), :, read] - expected  # [B, M]: -d(code length)/dw
+            expected = np.einsum("bv,mbv->bm", mixed, log_q)  # [B, M]
+            gradient = log_q[:, np.arange(self.streams), read].T - expected  # [B, M]: -d(code length)/dw
             order = np.argsort(context, kind="stable")  # the blocks that share a mixer context, side by side
             contexts, first = np.unique(context[order], return_index=True)
             self._weights[contexts] += self.settings.lr * np.add.reduceat(gradient[order], first, axis=0)
             self._pending = None
-        for table, row in zip(self._tables, rows):
-            full = np.unique(row[table[row, read] >= COUNT_LIMIT - self.streams])  # rows that could overflow
-            table[full] //= 2
-            cells, counts = np.unique(row * self.vocab + read, return_counts=True)  # a cell two blocks share: 2
-            table.reshape(-1)[cells] += counts.astype(np.uint16)
+        tables = np.arange(len(rows))[:, None]  # [K, 1]
+        full = self._tables[tables, rows, read] >= COUNT_LIMIT - self.streams  # [K, B]: rows that could overflow
+        if full.any():
+            table, row = np.unique(np.stack([np.broadcast_to(tables, rows.shape)[full], rows[full]]), axis=1)
+            self._tables[table, row] //= 2
+        cells, counts = np.unique((tables * self._tables.shape[1] + rows) * self.vocab + read, return_counts=True)
+        self._tables.reshape(-1)[cells] += counts.astype(np.uint16)  # a cell that two blocks share: 2
         self._recent = np.concatenate([self._recent[:, 1:], (read + 1).astype(np.uint64)[:, None]], axis=1)
         self._last = self._kinds[read]
         self._before = read

@@ -346,7 +346,7 @@ def forged(blob: bytes, table=None, version=None, **fields) -> bytes:
     import json
     import zlib
 
-    from moglm.compression.container import _CRC, _ENTRY, _PREFIX, HEADER_DICTIONARY, _header_json
+    from moglm.compression.container import _CRC, _ENTRY, _PREFIX, _header_json, header_dictionary
 
     magic, stored_version, length = _PREFIX.unpack_from(blob)
     stored = blob[_PREFIX.size : _PREFIX.size + length]
@@ -361,7 +361,7 @@ def forged(blob: bytes, table=None, version=None, **fields) -> bytes:
     if version == 3:
         encoded = zlib.compress(encoded, 9)
     elif version > 3:
-        deflate = zlib.compressobj(9, zdict=HEADER_DICTIONARY)
+        deflate = zlib.compressobj(9, zdict=header_dictionary(version))
         encoded = deflate.compress(encoded) + deflate.flush()
     head = _PREFIX.pack(magic, version, len(encoded)) + encoded + b"".join(_ENTRY.pack(*e) for e in entries)
     return head + _CRC.pack(zlib.crc32(head)) + blob[end + _CRC.size :]

@@ -49,9 +49,10 @@ class ReferenceMixer:
         m = 2**64
         if table < len(self.s.orders):
             k = self.s.orders[table]
-            key = k
-            for token in self.recent[b][-k:]:
+            key = 0
+            for token in reversed(self.recent[b][-k:]):  # the most recent first
                 key = (key * 1_000_003 + token) % m
+            key = (key * 1_000_003 + k) % m
         elif table == len(self.s.orders):
             key = (self.words[b][0] * 1_000_003 + MAX_ORDER + 1) % m
         else:
