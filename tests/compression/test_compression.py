@@ -401,17 +401,36 @@ def test_from_scratch_codes_with_weights_drawn_from_its_seed_and_the_decoder_dra
     assert "--from-scratch 5 (rmsprop, lr 0.01)" in capsys.readouterr().out
 
 
-def test_the_compression_search_scores_every_learning_rate_both_ways(char_run, tmp_path):
-    """benchmarks/compression_search.py: one row per setting, the run's weights and from scratch, sizes that
-    are moglm compress's own."""
+def _search_module():
     import importlib.util
-    import json
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "compression_search.py"
     spec = importlib.util.spec_from_file_location("compression_search", path)
     search = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(search)
+    return search
+
+
+def test_the_compression_search_reads_context_mixer_settings_and_refuses_others_in_one_line():
+    from moglm.compression.context_mixing import ContextSettings
+    from moglm.compression.run import CONTEXTS
+
+    search = _search_module()
+    assert search._mixer("1,3/1/0.5/2e-3/0") == ContextSettings((1, 3), 1, 0.5, 2e-3, 0.0)
+    assert search._mixer("off") is None and search._mixer("default") == CONTEXTS
+    assert search._spelled(CONTEXTS) == "1,2,3,4,6/2/0.25/0.001/0.02" and search._spelled(None) == "off"
+    for bad in ("1,2/2/0.5", "3,1/2/0.5/1e-3/0.02", "1/9/0.5/1e-3/0.02", "a/2/0.5/1e-3/0.02"):
+        with pytest.raises(SystemExit, match="is not ORDERS/WORDS/ALPHA/LR/APM_LR"):
+            search._mixer(bad)
+
+
+def test_the_compression_search_scores_every_learning_rate_both_ways(char_run, tmp_path):
+    """benchmarks/compression_search.py: one row per setting, the run's weights and from scratch, sizes that
+    are moglm compress's own."""
+    import json
+
+    search = _search_module()
     source = tmp_path / "text.txt"
     source.write_bytes(TEXT)
     out = tmp_path / "search.json"
