@@ -39,12 +39,13 @@ from ..errors import MoglmError
 MAX_ORDER = 16
 MAX_ORDERS = 8
 MAX_WORDS = 2  # word contexts: the current word, then it and the previous one
-#: the most counts a table holds (2^24 cells of 2 bytes, 32 MB an order): a vocabulary of 256 gets 2^16 rows
+#: the most counts a table holds (2^24 cells of 2 bytes, 32 MB a table): a vocabulary of 256 gets 2^16 rows
 TABLE_CELLS = 1 << 24
 TABLE_BITS_RANGE = (8, 16)
 COUNT_BINS = 4  # bins of the top row's count in the mixer's context: log2(N + 1) / 1.5, capped
 KINDS = 5  # kinds of the last token in the mixer's context: a letter, a space, a line break, a digit, other
-COUNT_LIMIT = np.iinfo(np.uint16).max  # a row whose count would pass this is halved first
+COUNT_LIMIT = np.iinfo(np.uint16).max  # a row whose count could pass this is halved first
+STEP_COUNTS = COUNT_LIMIT // 2  # the most one cell gains in a step (more than 32,767 blocks: capped there)
 TINY = 1e-300  # probabilities are floored here before their logarithm
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # multiplicative hashing's constant (2^64 / the golden ratio)
 _PRIME = np.uint64(1_000_003)  # a context's tokens are hashed as a polynomial in this
@@ -199,13 +200,13 @@ class ContextMixer:
             contexts, first = np.unique(context[order], return_index=True)
             self._weights[contexts] += self.settings.lr * np.add.reduceat(gradient[order], first, axis=0)
             self._pending = None
-        tables = np.arange(len(rows))[:, None]  # [K, 1]
-        full = self._tables[tables, rows, read] >= COUNT_LIMIT - self.streams  # [K, B]: rows that could overflow
+        tables, most = np.arange(len(rows))[:, None], min(self.streams, STEP_COUNTS)  # [K, 1], a cell's gain at most
+        full = self._tables[tables, rows, read] >= COUNT_LIMIT - most  # [K, B]: rows that could overflow
         if full.any():
             table, row = np.unique(np.stack([np.broadcast_to(tables, rows.shape)[full], rows[full]]), axis=1)
             self._tables[table, row] //= 2
         cells, counts = np.unique((tables * self._tables.shape[1] + rows) * self.vocab + read, return_counts=True)
-        self._tables.reshape(-1)[cells] += counts.astype(np.uint16)  # a cell that two blocks share: 2
+        self._tables.reshape(-1)[cells] += np.minimum(counts, most).astype(np.uint16)  # a cell two blocks share: 2
         self._recent = np.concatenate([self._recent[:, 1:], (read + 1).astype(np.uint64)[:, None]], axis=1)
         self._last = self._kinds[read]
         self._before = read

@@ -227,6 +227,18 @@ def test_a_count_that_would_overflow_halves_its_row():
     assert mixer._tables[0][row, 3] == (np.iinfo(np.uint16).max - 1) // 2 + 1 and mixer._tables[0][row, 5] == 4
 
 
+def test_more_blocks_than_a_count_can_hold_never_wrap_a_count():
+    """40,000 blocks reading the same token in the same context: a cell gains at most 32,767 a step, and is halved
+    before it could pass 65,535 (uint16 would wrap silently)."""
+    blocks = 40_000
+    mixer = ContextMixer(ContextSettings(orders=(1,), words=0, apm_lr=0.0), blocks, V)
+    for _ in range(6):
+        mixer.mix(np.ones((blocks, V)))
+        mixer.append(np.zeros(blocks, dtype=np.int64))
+    row = mixer._rows()[0, 0]
+    assert mixer._tables[0][row, 0] == np.iinfo(np.uint16).max // 2 * 2
+
+
 @pytest.mark.parametrize("bad", [{"orders": ()}, {"orders": (2, 1)}, {"orders": (1, 1)}, {"orders": (0, 1)},
                                  {"orders": (1, 17)}, {"orders": tuple(range(1, 10))}, {"orders": (1.5,)},
                                  {"orders": "12"}, {"alpha": 0}, {"alpha": -1}, {"alpha": float("nan")},
