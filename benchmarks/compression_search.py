@@ -25,9 +25,9 @@ from moglm.compression import compress
 from moglm.compression.container import BLOCK_SIZE, streams
 from moglm.compression.context_mixing import ContextSettings
 from moglm.compression.match import MatchSettings
-from moglm.errors import MoglmError
 from moglm.compression.run import (CACHE, CONTEXTS, MATCH, adapter_from_settings, coding_model, dynamic_settings,
                                    scratch_settings)
+from moglm.errors import MoglmError
 from moglm.runs.language_model import LanguageModelRun
 
 RUN_LRS = [3e-4, 1e-3, 2e-3, 3e-3, 5e-3, 7e-3, 1e-2]

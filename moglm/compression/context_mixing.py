@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import MoglmError
+from .hashing import PRIME, table_slots
 
 MAX_ORDER = 16
 MAX_ORDERS = 8
@@ -47,8 +48,6 @@ KINDS = 5  # kinds of the last token in the mixer's context: a letter, a space, 
 COUNT_LIMIT = np.iinfo(np.uint16).max  # a row whose count could pass this is halved first
 STEP_COUNTS = COUNT_LIMIT // 2  # the most one cell gains in a step (more than 32,767 blocks: capped there)
 TINY = 1e-300  # probabilities are floored here before their logarithm
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # multiplicative hashing's constant (2^64 / the golden ratio)
-_PRIME = np.uint64(1_000_003)  # a context's tokens are hashed as a polynomial in this
 #: the edges of the adaptive probability map's bins of log-probability (nats): 12 bins, the outer ones open
 APM_EDGES = np.linspace(-12.0, 0.0, 13)[1:-1]
 
@@ -140,13 +139,13 @@ class ContextMixer:
         recent back) hashed with k, then its current word, then that and the previous word."""
         keys, suffix = [], np.zeros(self.streams, dtype=np.uint64)  # [B]: the hash of the last j tokens
         for j in range(1, self.settings.orders[-1] + 1):
-            suffix = suffix * _PRIME + self._recent[:, -j]
+            suffix = suffix * PRIME + self._recent[:, -j]
             if j in self.settings.orders:
-                keys.append(suffix * _PRIME + np.uint64(j))
+                keys.append(suffix * PRIME + np.uint64(j))
         current, previous = self._word[:, 0], self._word[:, 1]  # [B], [B]
-        keys += [current * _PRIME + np.uint64(MAX_ORDER + 1),
-                 (current * _PRIME + previous) * _PRIME + np.uint64(MAX_ORDER + 2)][: self.settings.words]
-        return ((np.stack(keys) * _GOLDEN) >> np.uint64(64 - self._bits)).astype(np.int64)
+        keys += [current * PRIME + np.uint64(MAX_ORDER + 1),
+                 (current * PRIME + previous) * PRIME + np.uint64(MAX_ORDER + 2)][: self.settings.words]
+        return table_slots(np.stack(keys), self._bits)
 
     def mix(self, p: np.ndarray) -> np.ndarray:
         """``[B, V]``: the distributions ``p`` (each row normalised here) mixed with the context models'."""
@@ -214,5 +213,5 @@ class ContextMixer:
             letter = self._letters[read]  # [B]: -1 where not a letter
             ended = (letter < 0) & (self._word[:, 0] != 0)  # [B]: a word just ended
             self._word[ended, 1] = self._word[ended, 0]
-            self._word[:, 0] = np.where(letter >= 0, self._word[:, 0] * _PRIME + (letter + 1).astype(np.uint64),
+            self._word[:, 0] = np.where(letter >= 0, self._word[:, 0] * PRIME + (letter + 1).astype(np.uint64),
                                         np.where(ended, np.uint64(0), self._word[:, 0]))

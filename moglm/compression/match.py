@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import MoglmError
+from .hashing import PRIME, table_slots
 
 #: lower edges of the match-length bins (tokens matched before the predicted one)
 LENGTH_EDGES = np.array([0, 8, 12, 16, 24, 32])
@@ -32,7 +33,6 @@ PROBABILITY_EDGES = np.array([0.0, 1e-3, 1e-2, 0.05, 0.2, 0.5, 0.8, 0.95])
 LONGEST = 32  # tokens a new match's length is counted back to
 P_HIT_RANGE = (1e-4, 1 - 1e-4)  # p_hit is kept inside this, so no token's probability becomes 0 or 1
 MIN_LENGTH_RANGE = (2, 32)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # multiplicative hashing's constant (2^64 / the golden ratio)
 
 
 @dataclass(frozen=True)
@@ -130,8 +130,8 @@ class MatchModel:
         hashing; collisions are caught by :meth:`_look_up` comparing the tokens)."""
         key = np.zeros(len(contexts), dtype=np.uint64)
         for j in range(contexts.shape[1]):
-            key = key * np.uint64(1_000_003) + contexts[:, j].astype(np.uint64)
-        return ((key * _GOLDEN) >> np.uint64(64 - self._bits)).astype(np.int64)
+            key = key * PRIME + contexts[:, j].astype(np.uint64)
+        return table_slots(key, self._bits)
 
     def _look_up(self, i: int) -> None:
         """A new match for every block without one, from its context ending at ``i`` (the token just read)."""
