@@ -48,7 +48,8 @@ KINDS = 5  # kinds of the last token in the mixer's context: a letter, a space, 
 COUNT_LIMIT = np.iinfo(np.uint16).max  # a row whose count could pass this is halved first
 STEP_COUNTS = COUNT_LIMIT // 2  # the most one cell gains in a step (more than 32,767 blocks: capped there)
 TINY = 1e-300  # probabilities are floored here before their logarithm
-#: the edges of the adaptive probability map's bins of log-probability (nats): 12 bins, the outer ones open
+#: the edges of the adaptive probability map's bins of log-probability (nats): 12 bins, the outer ones open. They
+#: are the integers -11 .. -1, so a log-probability's bin (how many edges lie below it) is its ceiling + 11.
 APM_EDGES = np.linspace(-12.0, 0.0, 13)[1:-1]
 
 
@@ -110,6 +111,12 @@ def kinds(chars: dict[int, str], vocab: int) -> np.ndarray:
     return out
 
 
+def map_bins(log_p: np.ndarray) -> np.ndarray:
+    """The adaptive probability map's bin of each log-probability: how many of :data:`APM_EDGES` lie below it
+    (``np.searchsorted(APM_EDGES, log_p)``), computed from its ceiling as the edges are consecutive integers."""
+    return (np.clip(np.ceil(log_p), APM_EDGES[0], APM_EDGES[-1] + 1) - APM_EDGES[0]).astype(np.int64)
+
+
 class ContextMixer:
     """The context models and mixer of ``streams`` blocks read side by side over a vocabulary of ``vocab``:
     :meth:`mix` a step's distributions, then :meth:`append` the tokens that were read. ``chars``: each token's
@@ -129,7 +136,8 @@ class ContextMixer:
         self._word = np.zeros((streams, 2), dtype=np.uint64)  # [B, 2]: hashes of the current and the previous word
         inputs = tables + 1  # the model's distribution, then one estimate per table
         self._weights = np.full((inputs * COUNT_BINS * KINDS, inputs), 1.0 / inputs)  # [C, M]
-        self._pending: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._pending: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._log_q = np.zeros((inputs, streams, vocab))  # [M, B, V]: one step's log-estimates, reused
         self._before = np.full(streams, vocab, dtype=np.int64)  # [B]: each block's last token (vocab: none yet)
         self._corrections = np.zeros(((vocab + 1) * (len(APM_EDGES) + 1)))  # the map's, per (token before, bin)
         self._refined: tuple[np.ndarray, np.ndarray] | None = None
@@ -153,10 +161,14 @@ class ContextMixer:
         alpha = self.settings.alpha
         rows = self._rows()  # [K, B]
         tables = len(rows)
-        n = self._tables[np.arange(tables)[:, None], rows].astype(np.float64)  # [K, B, V]
+        log_q = self._log_q  # [M, B, V]: the model's distribution, then each table's estimate (logarithms below)
+        n = log_q[1:]  # [K, B, V]: written in place, as no fresh array is, to spare the page faults of one per step
+        n[...] = self._tables[np.arange(tables)[:, None], rows]
         totals = n.sum(axis=2)  # [K, B]
-        estimates = (n + alpha * p) / (totals[:, :, None] + alpha)  # [K, B, V]
-        log_q = np.log(np.maximum(np.concatenate([p[None], estimates]), TINY))  # [M, B, V]
+        n += alpha * p
+        n /= totals[:, :, None] + alpha  # the estimates (n + alpha p) / (N + alpha)
+        log_q[0] = p
+        np.log(np.maximum(log_q, TINY, out=log_q), out=log_q)
         counted = totals > 0  # [K, B]
         top = np.where(counted.any(axis=0), tables - np.argmax(counted[::-1], axis=0), 0)  # [B]: 0 = none
         top_total = np.where(top > 0, totals[np.maximum(top - 1, 0), np.arange(self.streams)], 0.0)  # [B]
@@ -165,14 +177,14 @@ class ContextMixer:
         log_mixed = np.einsum("bm,mbv->bv", self._weights[context], log_q)  # [B, V]
         mixed = np.exp(log_mixed - log_mixed.max(axis=1, keepdims=True))  # [B, V]
         mixed /= mixed.sum(axis=1, keepdims=True)
-        self._pending = (rows, context, log_q, mixed)
+        self._pending = (rows, context, mixed)
         return mixed if not self.settings.apm_lr else self._refine(mixed)
 
     def _refine(self, p: np.ndarray) -> np.ndarray:
         """``[B, V]``: ``p`` through the adaptive probability map, each token's log-probability corrected by the
         map's entry for the block's token before and the bin of that log-probability."""
         log_p = np.log(np.maximum(p, TINY))  # [B, V]
-        cells = self._before[:, None] * (len(APM_EDGES) + 1) + np.searchsorted(APM_EDGES, log_p)  # [B, V]
+        cells = self._before[:, None] * (len(APM_EDGES) + 1) + map_bins(log_p)  # [B, V]
         refined = log_p + self._corrections[cells]  # [B, V]
         refined = np.exp(refined - refined.max(axis=1, keepdims=True))
         refined /= refined.sum(axis=1, keepdims=True)
@@ -192,7 +204,8 @@ class ContextMixer:
                                                                     len(self._corrections))
             self._refined = None
         if self._pending is not None:
-            _, context, log_q, mixed = self._pending
+            _, context, mixed = self._pending
+            log_q = self._log_q  # [M, B, V]
             expected = np.einsum("bv,mbv->bm", mixed, log_q)  # [B, M]
             gradient = log_q[:, np.arange(self.streams), read].T - expected  # [B, M]: -d(code length)/dw
             order = np.argsort(context, kind="stable")  # the blocks that share a mixer context, side by side

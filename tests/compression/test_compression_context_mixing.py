@@ -14,7 +14,8 @@ pytest.importorskip("constriction", reason="the compress extra (constriction) is
 from conftest import coded_round_trip, tiny_format_run  # noqa: E402
 from moglm.compression import container, read_header  # noqa: E402
 from moglm.compression.context_mixing import (APM_EDGES, COUNT_BINS, KINDS, MAX_ORDER,  # noqa: E402
-                                              ContextMixer, ContextSettings, kinds, letters, table_bits)
+                                              ContextMixer, ContextSettings, kinds, letters, map_bins,
+                                              table_bits)
 from moglm.dynamic_evaluation import Hyperparameters  # noqa: E402
 from moglm.errors import MoglmError  # noqa: E402
 
@@ -121,6 +122,16 @@ def test_letters_fold_case_within_the_vocabulary_and_leave_out_what_is_not_a_let
 def test_every_token_has_a_kind_for_the_mixers_context():
     assert kinds(CHARS, V).tolist() == [0, 0, 1, 0, 4, 0, 3]
     assert kinds({0: "\n", 1: "\r", 2: "9"}, 4).tolist() == [2, 2, 3, 4]  # token 3 has no character: other
+
+
+def test_the_maps_bin_is_the_count_of_edges_below_a_log_probability_on_and_between_the_edges():
+    rng = np.random.default_rng(0)
+    edges = np.arange(-15.0, 1.0)  # [16]: every integer around the edges, on them and just either side
+    log_p = np.concatenate([rng.uniform(-30.0, 0.0, 10_000), edges, np.nextafter(edges, -np.inf),
+                            np.nextafter(edges, np.inf), [-0.0, -1e-300, -700.0]])
+    bins = map_bins(log_p)
+    assert bins.dtype == np.int64 and bins.min() == 0 and bins.max() == len(APM_EDGES)
+    np.testing.assert_array_equal(bins, np.searchsorted(APM_EDGES, log_p))
 
 
 @pytest.mark.parametrize("words, apm_lr", [(0, 0.0), (1, 0.1), (2, 0.1)])
