@@ -4,11 +4,12 @@ that says what it needs to be decoded, and refuses anything else with a one-line
 The file is cut into B blocks of about ``block_size`` bytes (its tokens shared out evenly, so the blocks are
 read in step), coded side by side as one batch of B streams (:mod:`.coder`), one range-coder state per block.
 A block whose model code is no shorter than its bytes is stored raw and flagged, so no file grows by more than
-the header. Container, version 7 (little-endian)::
+the header. Container, version 8 (little-endian)::
 
     b"MOGLMZ" | version (1 byte) | header length (4 bytes)
-    | header (compact JSON, UTF-8, zlib-deflated with the preset dictionary header_dictionary(7))
-    | block table: per block, stored length (4 bytes), flags (1 byte: 1 = raw), CRC-32 of its stored bytes (4)
+    | header (compact JSON, UTF-8, zlib-deflated with the preset dictionary header_dictionary(8))
+    | block table: per block, its stored length times 2 plus 1 if it is raw (a LEB128 varint: 2 bytes for a
+      block of up to 8 KB stored), then the CRC-16 of its stored bytes (2 bytes; CCITT, ``binascii.crc_hqx``)
     | CRC-32 of everything before it (4 bytes) | the blocks' stored bytes, in order
 
 A coded block's stored bytes are its range coder's uint32 words, big-endian, with trailing zero bytes dropped
@@ -20,7 +21,9 @@ blocks and the block size, whether gaps are coded, the original length and its S
 library versions. Decoding checks the header's CRC, that the block table stays inside the file, every block's
 CRC (a damaged or truncated file, named by its block), the run's digest (another run, or a changed one) and,
 at the end, the output's SHA-256 and length before anything is written: a wrong output is never produced.
-Version 7 adds the context mixer (the header's ``contexts``; a file of version 6 or older has none) and deflates
+Version 8 writes the block table compactly, about 4 bytes a block where version 7's took 9 (a stored length of 4
+bytes, flags of 1, a CRC-32 of 4), which is 0.5% of the test text's code (docs/guides/compression.md); a block's
+CRC-16 names a damaged block, and the output's SHA-256 still checks every byte. Version 7 added the context mixer (the header's ``contexts``; a file of version 6 or older has none) and deflates
 the header with a longer preset dictionary (:data:`HEADER_DICTIONARY_7`); version 6 added the match model (the
 header's ``match``; a file of version 5 or older has none). Version 5 is
 version 4 computed with the compiled windows flushing subnormal floats to zero
@@ -40,6 +43,7 @@ and the match model predict a block from every block's earlier tokens, so then t
 
 from __future__ import annotations
 
+import binascii
 import hashlib
 import json
 import math
@@ -65,7 +69,9 @@ from .match import MatchSettings
 from .run import guard_margin, warmup_tokens
 
 MAGIC = b"MOGLMZ"
-VERSION = 7
+VERSION = 8
+#: the first version whose block table is compact (varint lengths with the raw flag, CRC-16s)
+COMPACT_FROM = 8
 #: the header fields that later versions added, and the first version that records each (an older file has none)
 ADDED_FIELDS = {"cache": 3, "match": 6, "contexts": 7}
 #: the first version coded with the compiled windows flushing subnormals to zero (before it they were kept)
@@ -85,7 +91,7 @@ HEADER_DICTIONARY = (
     b'"gaps":false,"sha256":"","moglm":"0.1.0","torch":"2.13.0+cpu","constriction":"0.5.0","threads":1,'
     b'"recurrence":"mkl_packed"}'
 )
-#: version 7's dictionary: version 4's, then the context mixer's and the match model's default settings as a
+#: version 7's dictionary (version 8's too): version 4's, then the context mixer's and the match model's default settings as a
 #: header spells them (without it they would cost about 40 bytes more, which matters on files of a few KB)
 HEADER_DICTIONARY_7 = HEADER_DICTIONARY + (
     b'"contexts":{"orders":[1,2,3,4,6],"words":2,"alpha":0.25,"lr":0.001,"apm_lr":0.02},"match":{"min_length":5},'
@@ -98,7 +104,8 @@ MAX_THREADS = 256
 SUFFIX = ".moglm"
 RAW = 1  # a block table flag: the block's bytes are stored as they are
 _PREFIX = struct.Struct("<6sBI")  # magic, version, header length
-_ENTRY = struct.Struct("<IBI")  # a block: stored length, flags, CRC-32 of its stored bytes
+_ENTRY = struct.Struct("<IBI")  # a block before version 8: stored length, flags, CRC-32 of its stored bytes
+_CRC16 = struct.Struct("<H")  # a block's CRC-16 from version 8
 _CRC = struct.Struct("<I")
 
 
@@ -276,8 +283,8 @@ def compress(data: bytes, model, vocab, *, factor: float = 1.0, adapter=None, se
               "sha256": hashlib.sha256(data).hexdigest(), **_environment(threads)}
     deflate = zlib.compressobj(9, zdict=header_dictionary(VERSION))
     encoded = deflate.compress(json.dumps(header, separators=(",", ":")).encode()) + deflate.flush()
-    head = _PREFIX.pack(MAGIC, VERSION, len(encoded)) + encoded + b"".join(
-        _ENTRY.pack(len(content), flags, zlib.crc32(content)) for flags, content in stored)
+    head = _PREFIX.pack(MAGIC, VERSION, len(encoded)) + encoded + pack_table(
+        [(len(content), flags, block_crc(content, VERSION)) for flags, content in stored], VERSION)
     head += _CRC.pack(zlib.crc32(head))
     blob = head + b"".join(content for _, content in stored)
     coded = [(block, content) for block, (flags, content) in zip(blocks, stored) if not flags & RAW]
@@ -317,14 +324,11 @@ def read_header(blob: bytes, name: str = "the file") -> tuple[dict[str, Any], li
     if len(blob) < table:
         raise MoglmError(f"{name} is damaged or truncated (shorter than its header says)")
     header = _parse_header(_header_json(blob[_PREFIX.size : table], version), name, version)
-    end = table + header["blocks"] * _ENTRY.size
-    if len(blob) < end + _CRC.size:
-        raise MoglmError(f"{name} is damaged or truncated (shorter than its header and block table)")
+    entries, end = unpack_table(blob, table, header["blocks"], version, name)
     if zlib.crc32(blob[:end]) != _CRC.unpack_from(blob, end)[0]:
         raise MoglmError(f"{name} is damaged (the CRC-32 of its header and block table does not match)")
     blocks, offset = [], end + _CRC.size
-    for b in range(header["blocks"]):
-        size, flags, crc = _ENTRY.unpack_from(blob, table + b * _ENTRY.size)
+    for b, (size, flags, crc) in enumerate(entries):
         where = f"block {b + 1} of {header['blocks']}"
         if offset + size > len(blob):
             raise MoglmError(f"{name} is damaged or truncated: its block table points outside the file ({where} "
@@ -332,13 +336,65 @@ def read_header(blob: bytes, name: str = "the file") -> tuple[dict[str, Any], li
         content = blob[offset : offset + size]
         if flags & ~RAW:
             raise MoglmError(f"{name} is damaged: {where} has unknown flags {flags:#x}")
-        if zlib.crc32(content) != crc:
-            raise MoglmError(f"{name} is damaged: {where} does not match its CRC-32 (altered or truncated)")
+        if block_crc(content, version) != crc:
+            kind = "CRC-32" if version < COMPACT_FROM else "CRC-16"
+            raise MoglmError(f"{name} is damaged: {where} does not match its {kind} (altered or truncated)")
         blocks.append(content if flags & RAW else _words(content + b"\0" * (-size % 4), ">u4"))
         offset += size
     if offset != len(blob):
         raise MoglmError(f"{name} is damaged: {len(blob) - offset:,} bytes follow its last block")
     return header, blocks
+
+
+def block_crc(content: bytes, version: int) -> int:
+    """A block's check in the table of a ``version`` file: CRC-32 before :data:`COMPACT_FROM`, CRC-16 from it."""
+    return zlib.crc32(content) if version < COMPACT_FROM else binascii.crc_hqx(content, 0)
+
+
+def pack_table(entries: list[tuple[int, int, int]], version: int) -> bytes:
+    """The block table of a ``version`` file, from each block's (stored length, flags, check)."""
+    if version < COMPACT_FROM:
+        return b"".join(_ENTRY.pack(*entry) for entry in entries)
+    out = bytearray()
+    for size, flags, crc in entries:
+        value = size << 1 | (flags & RAW)
+        while value >= 0x80:  # LEB128: seven bits a byte, the high bit set on all but the last
+            out.append(value & 0x7F | 0x80)
+            value >>= 7
+        out.append(value)
+        out += _CRC16.pack(crc)
+    return bytes(out)
+
+
+def unpack_table(blob: bytes, start: int, blocks: int, version: int,
+                 name: str = "the file") -> tuple[list[tuple[int, int, int]], int]:
+    """The (stored length, flags, check) of ``blocks`` blocks in the table of a ``version`` file from byte
+    ``start``, and where the table ends (its CRC-32 follows), or a one-line error if the file ends first."""
+    short = MoglmError(f"{name} is damaged or truncated (shorter than its header and block table)")
+    if version < COMPACT_FROM:
+        end = start + blocks * _ENTRY.size
+        if len(blob) < end + _CRC.size:
+            raise short
+        return [_ENTRY.unpack_from(blob, start + b * _ENTRY.size) for b in range(blocks)], end
+    if len(blob) < start + blocks * (1 + _CRC16.size) + _CRC.size:  # an entry takes 3 bytes at least
+        raise short
+    entries, at = [], start
+    for _ in range(blocks):
+        value, shift = 0, 0
+        while True:
+            if at >= len(blob) or shift > 42:  # past the file, or longer than any block (2^42 bytes)
+                raise short if at >= len(blob) else MoglmError(f"{name} is damaged (its block table)")
+            byte = blob[at]
+            at += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                break
+        if len(blob) < at + _CRC16.size + _CRC.size:
+            raise short
+        entries.append((value >> 1, value & RAW, _CRC16.unpack_from(blob, at)[0]))
+        at += _CRC16.size
+    return entries, at
 
 
 def _words(content: bytes, dtype: str) -> np.ndarray:

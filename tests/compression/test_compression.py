@@ -338,32 +338,34 @@ def test_a_forged_header_claiming_a_billion_tokens_stops_in_seconds_not_at_a_kil
     assert (tmp_path / "t.txt").read_bytes() == TEXT
 
 
-def forged(blob: bytes, table=None, version=None, **fields) -> bytes:
-    """A container with header ``fields`` replaced (and its block table, a list of ``(stored length, flags,
-    CRC)``, if given), its header CRC recomputed so that only the other checks see it; ``version``: written
-    as that format version (2: the header's JSON stored as it is, not deflated; 3: deflated without the preset
-    dictionary)."""
+def forged(blob: bytes, table=None, version=None, drop=(), **fields) -> bytes:
+    """A container with header ``fields`` replaced and the header fields ``drop`` left out (and its block table,
+    a list of ``(stored length, flags, check)``, if given), its header CRC recomputed so that only the other
+    checks see it; ``version``: written as that format version (2: the header's JSON stored as it is, not
+    deflated; 3: deflated without the preset dictionary; before 8, the blocks' checks become CRC-32s)."""
     import json
     import zlib
 
-    from moglm.compression.container import _CRC, _ENTRY, _PREFIX, _header_json, header_dictionary
+    from moglm.compression.container import (_CRC, _PREFIX, _header_json, block_crc, header_dictionary,
+                                             pack_table, unpack_table)
 
     magic, stored_version, length = _PREFIX.unpack_from(blob)
     stored = blob[_PREFIX.size : _PREFIX.size + length]
     header = json.loads(_header_json(stored, stored_version))
-    start = _PREFIX.size + length
-    end = start + header["blocks"] * _ENTRY.size
-    entries = table if table is not None else [_ENTRY.unpack_from(blob, start + i * _ENTRY.size)
-                                               for i in range(header["blocks"])]
-    header.update(fields)
+    entries, end = unpack_table(blob, _PREFIX.size + length, header["blocks"], stored_version)
     version = stored_version if version is None else version
+    if table is None:  # the same blocks, each with its check as the version computes it
+        offsets = np.cumsum([end + _CRC.size] + [size for size, _, _ in entries])
+        table = [(size, flags, block_crc(blob[offsets[b] : offsets[b + 1]], version))
+                 for b, (size, flags, _) in enumerate(entries)]
+    header = {k: v for k, v in {**header, **fields}.items() if k not in drop}
     encoded = json.dumps(header, separators=(",", ":")).encode()
     if version == 3:
         encoded = zlib.compress(encoded, 9)
     elif version > 3:
         deflate = zlib.compressobj(9, zdict=header_dictionary(version))
         encoded = deflate.compress(encoded) + deflate.flush()
-    head = _PREFIX.pack(magic, version, len(encoded)) + encoded + b"".join(_ENTRY.pack(*e) for e in entries)
+    head = _PREFIX.pack(magic, version, len(encoded)) + encoded + pack_table(table, version)
     return head + _CRC.pack(zlib.crc32(head)) + blob[end + _CRC.size :]
 
 

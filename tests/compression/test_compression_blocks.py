@@ -201,22 +201,39 @@ def test_without_adaptation_a_blocks_tokens_depend_on_its_own_bytes_only(char_ru
 
 def test_a_version_2_file_still_decodes_without_a_cache_and_its_header_not_deflated(char_run):
     """Version 2 (before the neural cache): the header's JSON stored as it is, with no cache field."""
-    import json
-    import struct
-    import zlib
-
     trained = load_run(char_run)
     blob, _ = compress(TEXT, trained.model, trained.vocab, factor=trained.temperature, block_size=300, progress=False)
-    _, _, length = container._PREFIX.unpack_from(blob)
-    header = json.loads(container._header_json(blob[container._PREFIX.size : container._PREFIX.size + length],
-                                                container.VERSION))
-    encoded = json.dumps({k: v for k, v in header.items() if k != "cache"}).encode()
-    rest = blob[container._PREFIX.size + length :]  # the block table, its CRC (recomputed below) and the blocks
-    table = rest[: header["blocks"] * container._ENTRY.size]
-    head = container._PREFIX.pack(container.MAGIC, 2, len(encoded)) + encoded + table
-    version_2 = head + struct.pack("<I", zlib.crc32(head)) + rest[len(table) + 4 :]
+    version_2 = forged(blob, version=2, drop=("cache", "match", "contexts"))
+    assert version_2[6] == 2 and b'"cache"' not in version_2
     assert read_header(version_2)[0]["cache"] is None
     assert decompress(version_2, trained.model, trained.vocab, progress=False) == TEXT
+
+
+def test_a_version_7_file_still_decodes_its_block_table_of_fixed_entries_and_crc_32s(char_run):
+    """Version 7 (before the compact block table): 9 bytes a block, a CRC-32 each; version 8 takes 4-5."""
+    trained = load_run(char_run)
+    blob, _ = compress(TEXT, trained.model, trained.vocab, factor=trained.temperature, block_size=300, progress=False)
+    header, blocks = read_header(blob)
+    version_7 = forged(blob, version=7)
+    assert version_7[6] == 7 and len(version_7) - len(blob) >= 4 * header["blocks"]
+    assert read_header(version_7)[0] == header
+    assert decompress(version_7, trained.model, trained.vocab, progress=False) == TEXT
+
+
+@pytest.mark.parametrize("size", [0, 1, 63, 64, 127, 128, 8191, 8192, 1 << 20, (1 << 41) - 1])
+def test_the_compact_block_table_reads_back_every_length_raw_flag_and_check(size):
+    entries = [(size, 0, 0xBEEF), (size, container.RAW, 0), (3, 0, 0xFFFF)]
+    table = container.pack_table(entries, container.VERSION)
+    assert len(table) <= 3 * (2 + 7) and (size >= 64 or len(table) == 3 * 3)  # a length below 64: 1 byte
+    blob = b"?" * 5 + table + b"\0" * 4
+    assert container.unpack_table(blob, 5, 3, container.VERSION) == (entries, 5 + len(table))
+    for cut in (len(table) - 1, len(table) + 3, 5 + 1):  # the table, or its CRC-32 after it, cut short
+        with pytest.raises(MoglmError, match="damaged or truncated"):
+            container.unpack_table(blob[: 5 + cut], 5, 3, container.VERSION)
+    with pytest.raises(MoglmError, match="damaged or truncated"):
+        container.unpack_table(blob, 5, 10**9, container.VERSION)  # a forged count of blocks: refused at once
+    with pytest.raises(MoglmError, match="damaged \\(its block table\\)"):
+        container.unpack_table(b"\xff" * 40, 0, 1, container.VERSION)  # a length longer than any block
 
 
 def test_a_version_3_file_still_decodes_its_header_deflated_without_the_dictionary(char_run):
@@ -237,7 +254,7 @@ def test_a_version_4_file_decodes_with_the_windows_keeping_subnormals_as_it_was_
     it on."""
     trained = load_run(char_run)
     blob, _ = compress(TEXT, trained.model, trained.vocab, factor=trained.temperature, block_size=300, progress=False)
-    assert blob[6] == container.VERSION == 7
+    assert blob[6] == container.VERSION == 8
     asked = []
     real = container.compiled.flush_denormals
 
@@ -283,7 +300,7 @@ def test_every_bad_input_is_a_one_line_error_that_touches_no_file(char_run, tmp_
     a newer version, forged cache settings: each refused in one line, and the output, an existing file kept by
     --force, is untouched."""
     import json
-    from moglm.compression.container import _ENTRY, _PREFIX
+    from moglm.compression.container import _PREFIX, unpack_table
 
     source = tmp_path / "text.txt"
     source.write_bytes(TEXT + bytes(np.random.default_rng(2).integers(0, 256, 4000, dtype=np.uint8)) + TEXT)
@@ -293,7 +310,7 @@ def test_every_bad_input_is_a_one_line_error_that_touches_no_file(char_run, tmp_
     blob = good.read_bytes()
     header, stored = read_header(blob)
     table = _PREFIX.size + _PREFIX.unpack_from(blob)[2]
-    entries = [_ENTRY.unpack_from(blob, table + i * _ENTRY.size) for i in range(header["blocks"])]
+    entries, _ = unpack_table(blob, table, header["blocks"], container.VERSION)
     raw = next(i for i, b in enumerate(stored) if isinstance(b, bytes))
     first = len(blob) - sum(e[0] for e in entries)  # where block 1's bytes start
     second = first + entries[0][0]
@@ -307,9 +324,9 @@ def test_every_bad_input_is_a_one_line_error_that_touches_no_file(char_run, tmp_
     cases = {
         "truncated.moglm": (blob[:-7], "damaged or truncated: its block table points outside the file"),
         "cut-in-the-header.moglm": (blob[: table // 2], "damaged or truncated"),
-        "altered-block.moglm": (flip(second + 2), f"block 2 of {header['blocks']} does not match its CRC-32"),
+        "altered-block.moglm": (flip(second + 2), f"block 2 of {header['blocks']} does not match its CRC-16"),
         "altered-raw-block.moglm": (flip(first + sum(e[0] for e in entries[:raw]) + 5),
-                                    f"block {raw + 1} of {header['blocks']} does not match its CRC-32"),
+                                    f"block {raw + 1} of {header['blocks']} does not match its CRC-16"),
         "altered-header.moglm": (flip(_PREFIX.size + 3), "damaged"),
         "table-outside.moglm": (forged(blob, [tuple(e) for e in outside]), "points outside the file"),
         "trailing.moglm": (blob + b"\0" * 3, "3 bytes follow its last block"),
@@ -317,7 +334,7 @@ def test_every_bad_input_is_a_one_line_error_that_touches_no_file(char_run, tmp_
                                                                  "its block size of 100 bytes cuts"),
         "raw-tokens.moglm": (forged(blob, tokens=header["tokens"] - header["blocks"]),
                              f"raw block {raw + 1} of {header['blocks']} does not hold the"),
-        "version-8.moglm": (blob[:6] + b"\x08" + blob[7:], "a version 8 moglm-compressed file; this moglm reads"),
+        "version-9.moglm": (blob[:6] + b"\x09" + blob[7:], "a version 9 moglm-compressed file; this moglm reads"),
         "forged-match.moglm": (forged(blob, match={"min_length": 1}), "its header's match settings are not settings"),
         "forged-match-field.moglm": (forged(blob, match={"min_length": 5, "order": 2}),
                                      "its header's match settings are not settings"),
