@@ -23,7 +23,8 @@ CRC (a damaged or truncated file, named by its block), the run's digest (another
 at the end, the output's SHA-256 and length before anything is written: a wrong output is never produced.
 Version 8 writes the block table compactly, about 4 bytes a block where version 7's took 9 (a stored length of 4
 bytes, flags of 1, a CRC-32 of 4), which is 0.5% of the test text's code (docs/guides/compression.md); a block's
-CRC-16 names a damaged block, and the output's SHA-256 still checks every byte. Version 7 added the context mixer (the header's ``contexts``; a file of version 6 or older has none) and deflates
+CRC-16 names a damaged block, and the output's SHA-256 still checks every byte. Version 7 added the context
+mixer (the header's ``contexts``; a file of version 6 or older has none) and deflates
 the header with a longer preset dictionary (:data:`HEADER_DICTIONARY_7`); version 6 added the match model (the
 header's ``match``; a file of version 5 or older has none). Version 5 is
 version 4 computed with the compiled windows flushing subnormal floats to zero
@@ -91,8 +92,9 @@ HEADER_DICTIONARY = (
     b'"gaps":false,"sha256":"","moglm":"0.1.0","torch":"2.13.0+cpu","constriction":"0.5.0","threads":1,'
     b'"recurrence":"mkl_packed"}'
 )
-#: version 7's dictionary (version 8's too): version 4's, then the context mixer's and the match model's default settings as a
-#: header spells them (without it they would cost about 40 bytes more, which matters on files of a few KB)
+#: version 7's dictionary (version 8's too): version 4's, then the context mixer's and the match model's default
+#: settings as a header spells them (without it they would cost about 40 bytes more, which matters on files of a
+#: few KB)
 HEADER_DICTIONARY_7 = HEADER_DICTIONARY + (
     b'"contexts":{"orders":[1,2,3,4,6],"words":2,"alpha":0.25,"lr":0.001,"apm_lr":0.02},"match":{"min_length":5},'
     b'"tokens":'
