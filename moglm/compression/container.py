@@ -384,8 +384,10 @@ def unpack_table(blob: bytes, start: int, blocks: int, version: int,
     for _ in range(blocks):
         value, shift = 0, 0
         while True:
-            if at >= len(blob) or shift > 42:  # past the file, or longer than any block (2^42 bytes)
-                raise short if at >= len(blob) else MoglmError(f"{name} is damaged (its block table)")
+            if at >= len(blob):
+                raise short
+            if shift > 42:  # a length longer than any block (2^42 bytes)
+                raise MoglmError(f"{name} is damaged (its block table)")
             byte = blob[at]
             at += 1
             value |= (byte & 0x7F) << shift
