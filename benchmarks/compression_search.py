@@ -93,23 +93,29 @@ def measure(run_dir: Path, file: Path, run_lrs, scratch_lrs, seed: int, decays=(
 def _spelled(mixer: ContextSettings | None) -> str:
     if mixer is None:
         return "off"
-    return f"{','.join(map(str, mixer.orders))}/{mixer.words}/{mixer.alpha:g}/{mixer.lr:g}/{mixer.apm_lr:g}"
+    spelled = f"{','.join(map(str, mixer.orders))}/{mixer.words}/{mixer.alpha:g}/{mixer.lr:g}/{mixer.apm_lr:g}"
+    return spelled + (f"/{','.join(mixer.mixers)}/{mixer.final_lr:g}" if mixer.mixers else "")
 
 
 def _mixer(spec: str) -> ContextSettings | None:
-    """``--contexts``' ORDERS/WORDS/ALPHA/LR/APM_LR (e.g. ``1,2,3,4/2/0.5/1e-3/0.02``; ``off``: none;
-    ``default``: moglm compress's)."""
+    """``--contexts``' ORDERS/WORDS/ALPHA/LR/APM_LR[/MIXERS/FINAL_LR] (e.g. ``1,2,3,4/2/0.5/1e-3/0.02``, or with
+    further weight sets ``1,2,3,4,6/2/0.25/4e-3/0.02/token,order2,kinds,word/5e-4``; ``off``: none; ``default``:
+    moglm compress's)."""
     if spec == "off":
         return None
     if spec == KEEP:
         return CONTEXTS
     try:
-        orders, words, alpha, lr, apm_lr = spec.split("/")
+        parts = spec.split("/")
+        if len(parts) not in (5, 7):
+            raise ValueError(spec)
+        orders, words, alpha, lr, apm_lr = parts[:5]
+        mixers, final_lr = parts[5:] or ("", CONTEXTS.final_lr)
         return ContextSettings(tuple(int(k) for k in orders.split(",")), int(words), float(alpha), float(lr),
-                               float(apm_lr))
+                               float(apm_lr), tuple(m for m in mixers.split(",") if m), float(final_lr))
     except (ValueError, MoglmError):
-        raise SystemExit(f"--contexts: {spec!r} is not ORDERS/WORDS/ALPHA/LR/APM_LR (e.g. 1,2,3,4/2/0.5/1e-3/0.02), "
-                         "off or default") from None
+        raise SystemExit(f"--contexts: {spec!r} is not ORDERS/WORDS/ALPHA/LR/APM_LR[/MIXERS/FINAL_LR] (e.g. "
+                         "1,2,3,4/2/0.5/1e-3/0.02), off or default") from None
 
 
 def main(argv=None) -> dict:
@@ -139,7 +145,7 @@ def main(argv=None) -> dict:
                         help=f"the match model's min_length (default: moglm compress's, {MATCH.min_length}; 0: "
                              "none, as the searches recorded before it were)")
     parser.add_argument("--contexts", nargs="+", default=[KEEP],
-                        help="the context mixer's settings as ORDERS/WORDS/ALPHA/LR/APM_LR, e.g. "
+                        help="the context mixer's settings as ORDERS/WORDS/ALPHA/LR/APM_LR[/MIXERS/FINAL_LR], e.g. "
                              "1,2,3,4/2/0.5/1e-3/0.02 ('default': moglm compress's; 'off': none, as the searches "
                              "recorded before it were)")
     parser.add_argument("--static", action="store_true", help="also code without adapting (the first rows)")

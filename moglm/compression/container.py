@@ -4,10 +4,10 @@ that says what it needs to be decoded, and refuses anything else with a one-line
 The file is cut into B blocks of about ``block_size`` bytes (its tokens shared out evenly, so the blocks are
 read in step), coded side by side as one batch of B streams (:mod:`.coder`), one range-coder state per block.
 A block whose model code is no shorter than its bytes is stored raw and flagged, so no file grows by more than
-the header. Container, version 8 (little-endian)::
+the header. Container, version 9 (little-endian)::
 
     b"MOGLMZ" | version (1 byte) | header length (4 bytes)
-    | header (compact JSON, UTF-8, zlib-deflated with the preset dictionary header_dictionary(8))
+    | header (compact JSON, UTF-8, zlib-deflated with the preset dictionary header_dictionary(9))
     | block table: per block, its stored length times 2 plus 1 if it is raw (a LEB128 varint: 2 bytes for a
       block of up to 8 KB stored), then the CRC-16 of its stored bytes (2 bytes; CCITT, ``binascii.crc_hqx``)
     | CRC-32 of everything before it (4 bytes) | the blocks' stored bytes, in order
@@ -21,8 +21,11 @@ blocks and the block size, whether gaps are coded, the original length and its S
 library versions. Decoding checks the header's CRC, that the block table stays inside the file, every block's
 CRC (a damaged or truncated file, named by its block), the run's digest (another run, or a changed one) and,
 at the end, the output's SHA-256 and length before anything is written: a wrong output is never produced.
-Version 8 writes the block table compactly, about 4 bytes a block where version 7's took 9 (a stored length of 4
-bytes, flags of 1, a CRC-32 of 4), which is 0.5% of the test text's code (docs/guides/compression.md); a block's
+Version 9 records the context mixer's further weight sets and second layer (the header's ``contexts`` gains
+``mixers`` and ``final_lr``; a file of version 8 or older has none: one set, as it was coded) and deflates the header
+with :data:`HEADER_DICTIONARY_9`. Version 8 writes the block table compactly, about 4 bytes a block where version
+7's took 9 (a stored length of 4 bytes, flags of 1, a CRC-32 of 4), which is 0.5% of the test text's code
+(docs/guides/compression.md); a block's
 CRC-16 names a damaged block, and the output's SHA-256 still checks every byte. Version 7 added the context
 mixer (the header's ``contexts``; a file of version 6 or older has none) and deflates
 the header with a longer preset dictionary (:data:`HEADER_DICTIONARY_7`); version 6 added the match model (the
@@ -70,7 +73,11 @@ from .match import MatchSettings
 from .run import guard_margin, warmup_tokens
 
 MAGIC = b"MOGLMZ"
-VERSION = 8
+VERSION = 9
+#: the first version whose context mixer may have further weight sets and a second layer (``mixers``)
+MIXERS_FROM = 9
+#: the context settings a header of an older version leaves out, as it was coded: one set of weights
+MIXERS_BEFORE = {"mixers": [], "final_lr": 0.0}
 #: the first version whose block table is compact (varint lengths with the raw flag, CRC-16s)
 COMPACT_FROM = 8
 #: the header fields that later versions added, and the first version that records each (an older file has none)
@@ -98,6 +105,12 @@ HEADER_DICTIONARY = (
 HEADER_DICTIONARY_7 = HEADER_DICTIONARY + (
     b'"contexts":{"orders":[1,2,3,4,6],"words":2,"alpha":0.25,"lr":0.001,"apm_lr":0.02},"match":{"min_length":5},'
     b'"tokens":'
+)
+#: version 9's dictionary: version 7's, then the context mixer's default settings with its weight sets, as a header
+#: spells them
+HEADER_DICTIONARY_9 = HEADER_DICTIONARY_7 + (
+    b'"contexts":{"orders":[1,2,3,4,6],"words":2,"alpha":0.25,"lr":0.004,"apm_lr":0.02,'
+    b'"mixers":["token","order2","kinds","word"],"final_lr":0.0005},"match":{"min_length":5},"tokens":'
 )
 MAX_HEADER = 1 << 20  # bytes of JSON an inflated header may have (a forged one cannot exhaust memory)
 BLOCK_SIZE = 4_096  # bytes per block, about (0: the whole file in one block); measured in docs/guides/compression.md
@@ -407,7 +420,7 @@ def _words(content: bytes, dtype: str) -> np.ndarray:
 
 def header_dictionary(version: int) -> bytes:
     """The preset dictionary a header of ``version`` (4 or later) is deflated with."""
-    return HEADER_DICTIONARY_7 if version >= 7 else HEADER_DICTIONARY
+    return HEADER_DICTIONARY_9 if version >= 9 else HEADER_DICTIONARY_7 if version >= 7 else HEADER_DICTIONARY
 
 
 def _header_json(stored: bytes, version: int) -> bytes | None:
@@ -434,6 +447,8 @@ def _parse_header(encoded: bytes | None, name: str, version: int) -> dict[str, A
         for key, first in ADDED_FIELDS.items():
             if version < first:
                 header.setdefault(key, None)
+        if version < MIXERS_FROM and isinstance(header.get("contexts"), dict):
+            header["contexts"] = {**MIXERS_BEFORE, **header["contexts"]}
     if not isinstance(header, dict) or any(not isinstance(header.get(k, ...), t) for k, t in _TYPES.items()) \
             or not 0 <= header["tokens"] <= header["bytes"] \
             or not 1 <= header["threads"] <= MAX_THREADS or header["block_size"] < 0:  # a token spells >= 1 byte

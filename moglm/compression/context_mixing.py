@@ -17,7 +17,11 @@ combines p and the q_k geometrically,
 with weights w learnt online, by a gradient step on each coded token's code length (lr times
 ``log q_j(y) - E_{p_mix}[log q_j]``), one set of weights per mixer context: the last table (orders, then
 words) whose row has counts, how many (4 bins), and the kind of the token just read (a letter, a space, a line
-break, a digit or anything else). Last, an adaptive probability map (PAQ's APM, or SSE) refines the mixture: for
+break, a digit or anything else). With ``mixers`` (PAQ's mixer of several weight sets and a second layer), further
+sets of weights, each chosen by its own context (the token just read; the last two tokens; the count bin and the
+kinds of the last two tokens; the length of the current word), mix the same inputs, each learning on its own code
+length, and a second layer mixes their normalised outputs geometrically with weights learnt on the final code
+length (step ``final_lr``). Last, an adaptive probability map (PAQ's APM, or SSE) refines the mixture: for
 the token before and the bin of each token's log-probability (12 bins over -12 to 0 nats), a learnt correction
 is added to the log-probability, and the corrections take a gradient step on each coded token's code length.
 
@@ -51,20 +55,30 @@ TINY = 1e-300  # probabilities are floored here before their logarithm
 #: the edges of the adaptive probability map's bins of log-probability (nats): 12 bins, the outer ones open. They
 #: are the integers -11 .. -1, so a log-probability's bin (how many edges lie below it) is its ceiling + 11.
 APM_EDGES = np.linspace(-12.0, 0.0, 13)[1:-1]
+#: the contexts that may choose a further set of the mixer's weights (``mixers``): the token just read, the last
+#: two tokens, the top table's count bin with the kinds of the last two tokens, the current word's length so far
+#: with the last token's kind
+MIXER_CONTEXTS = ("token", "order2", "kinds", "word")
+ORDER2_ROWS = 1 << 16  # the most rows of the ``order2`` weights (a larger vocabulary's pairs are folded into them)
+MAX_WORD_LENGTH = 15  # the ``word`` weights' lengths, the longer ones counted as this
 
 
 @dataclass(frozen=True)
 class ContextSettings:
     """``orders``: the context lengths counted, increasing; ``words``: how many word contexts (0; 1: the current
     word's letters so far; 2: also with the previous word); ``alpha``: how many counts the model's distribution is
-    worth in each estimate; ``lr``: the mixer's step; ``apm_lr``: the adaptive probability map's step (0: no map).
-    Searched on chapters 6-8 of the Vim user manual (docs/guides/compression.md)."""
+    worth in each estimate; ``lr``: the mixer's step; ``apm_lr``: the adaptive probability map's step (0: no map);
+    ``mixers``: the contexts of further weight sets, from :data:`MIXER_CONTEXTS` (none: one set, no second layer);
+    ``final_lr``: the second layer's step. Searched on chapters 6-8 of the Vim user manual
+    (docs/guides/compression.md)."""
 
     orders: tuple[int, ...] = (1, 2, 3, 4, 6)
     words: int = 2
     alpha: float = 0.25
     lr: float = 1e-3
     apm_lr: float = 0.02
+    mixers: tuple[str, ...] = ()
+    final_lr: float = 5e-4
 
     def __post_init__(self) -> None:
         orders = self.orders
@@ -76,7 +90,14 @@ class ContextSettings:
         object.__setattr__(self, "orders", tuple(orders))
         if isinstance(self.words, bool) or not isinstance(self.words, int) or not 0 <= self.words <= MAX_WORDS:
             raise MoglmError(f"a context mixer's words must be an integer from 0 to {MAX_WORDS}, not {self.words!r}")
-        for name, value, high in (("alpha", self.alpha, 1e6), ("lr", self.lr, 1.0), ("apm_lr", self.apm_lr, 1.0)):
+        mixers = self.mixers
+        if not isinstance(mixers, (list, tuple)) or len(set(mixers)) != len(mixers) \
+                or any(m not in MIXER_CONTEXTS for m in mixers):
+            raise MoglmError(f"a context mixer's mixers must be distinct names from {', '.join(MIXER_CONTEXTS)}, "
+                             f"not {mixers!r}")
+        object.__setattr__(self, "mixers", tuple(mixers))
+        for name, value, high in (("alpha", self.alpha, 1e6), ("lr", self.lr, 1.0), ("apm_lr", self.apm_lr, 1.0),
+                                  ("final_lr", self.final_lr, 1.0)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= high \
                     or (name == "alpha" and value == 0):
                 raise MoglmError(f"a context mixer's {name} must be a number in {'(0' if name == 'alpha' else '[0'}, "
@@ -141,6 +162,15 @@ class ContextMixer:
         self._before = np.full(streams, vocab, dtype=np.int64)  # [B]: each block's last token (vocab: none yet)
         self._corrections = np.zeros(((vocab + 1) * (len(APM_EDGES) + 1)))  # the map's, per (token before, bin)
         self._refined: tuple[np.ndarray, np.ndarray] | None = None
+        sizes = {"token": vocab + 1, "order2": min((vocab + 1) ** 2, ORDER2_ROWS),
+                 "kinds": COUNT_BINS * KINDS * KINDS, "word": (MAX_WORD_LENGTH + 1) * KINDS}
+        self._sets = [np.full((sizes[m], inputs), 1.0 / inputs) for m in settings.mixers]  # each [C_s, M]
+        sets = len(settings.mixers) + 1
+        self._final = np.full(sets, 1.0 / sets)  # [S]: the second layer's weights
+        self._log_sets = np.zeros((sets, streams, vocab)) if settings.mixers else None  # [S, B, V]: reused
+        self._before2 = np.full(streams, vocab, dtype=np.int64)  # [B]: each block's token before the last
+        self._last2 = np.full(streams, KINDS - 1, dtype=np.int64)  # [B]: its kind
+        self._word_length = np.zeros(streams, dtype=np.int64)  # [B]: letters in the current word so far
 
     def _rows(self) -> np.ndarray:
         """``[K, B]``: each table's row for every block's context: its last k tokens (a polynomial from the most
@@ -174,11 +204,41 @@ class ContextMixer:
         top_total = np.where(top > 0, totals[np.maximum(top - 1, 0), np.arange(self.streams)], 0.0)  # [B]
         count_bin = np.minimum(COUNT_BINS - 1, np.floor(np.log2(top_total + 1) / 1.5).astype(np.int64))  # [B]
         context = (top * COUNT_BINS + count_bin) * KINDS + self._last  # [B]
-        log_mixed = np.einsum("bm,mbv->bv", self._weights[context], log_q)  # [B, V]
-        mixed = np.exp(log_mixed - log_mixed.max(axis=1, keepdims=True))  # [B, V]
-        mixed /= mixed.sum(axis=1, keepdims=True)
+        if self.settings.mixers:
+            mixed = self._second_layer([context, *self._set_contexts(count_bin)])
+        else:
+            log_mixed = np.einsum("bm,mbv->bv", self._weights[context], log_q)  # [B, V]
+            mixed = np.exp(log_mixed - log_mixed.max(axis=1, keepdims=True))  # [B, V]
+            mixed /= mixed.sum(axis=1, keepdims=True)
         self._pending = (rows, context, mixed)
         return mixed if not self.settings.apm_lr else self._refine(mixed)
+
+    def _set_contexts(self, count_bin: np.ndarray) -> list[np.ndarray]:
+        """``[B]`` per further weight set: the row its context chooses (``count_bin``: the top table's, ``[B]``)."""
+        out = []
+        for name, weights in zip(self.settings.mixers, self._sets):
+            if name == "token":
+                out.append(self._before)
+            elif name == "order2":
+                out.append((self._before * (self.vocab + 1) + self._before2) % len(weights))
+            elif name == "kinds":
+                out.append((count_bin * KINDS + self._last) * KINDS + self._last2)
+            else:  # word
+                out.append(np.minimum(self._word_length, MAX_WORD_LENGTH) * KINDS + self._last)
+        return out
+
+    def _second_layer(self, contexts: list[np.ndarray]) -> np.ndarray:
+        """``[B, V]``: each weight set's geometric mixture of the inputs (by the row ``contexts`` choose),
+        normalised, then their geometric mixture by the second layer's weights."""
+        logs = self._log_sets  # [S, B, V]
+        for s, (weights, context) in enumerate(zip([self._weights, *self._sets], contexts)):
+            np.einsum("bm,mbv->bv", weights[context], self._log_q, out=logs[s])
+            logs[s] -= logs[s].max(axis=1, keepdims=True)
+            logs[s] -= np.log(np.exp(logs[s]).sum(axis=1, keepdims=True))
+        self._set_rows = contexts
+        log_mixed = np.einsum("s,sbv->bv", self._final, logs)  # [B, V]
+        mixed = np.exp(log_mixed - log_mixed.max(axis=1, keepdims=True))  # [B, V]
+        return mixed / mixed.sum(axis=1, keepdims=True)
 
     def _refine(self, p: np.ndarray) -> np.ndarray:
         """``[B, V]``: ``p`` through the adaptive probability map, each token's log-probability corrected by the
@@ -205,12 +265,18 @@ class ContextMixer:
             self._refined = None
         if self._pending is not None:
             _, context, mixed = self._pending
-            log_q = self._log_q  # [M, B, V]
-            expected = np.einsum("bv,mbv->bm", mixed, log_q)  # [B, M]
-            gradient = log_q[:, np.arange(self.streams), read].T - expected  # [B, M]: -d(code length)/dw
-            order = np.argsort(context, kind="stable")  # the blocks that share a mixer context, side by side
-            contexts, first = np.unique(context[order], return_index=True)
-            self._weights[contexts] += self.settings.lr * np.add.reduceat(gradient[order], first, axis=0)
+            log_q, blocks = self._log_q, np.arange(self.streams)  # [M, B, V], [B]
+            if self.settings.mixers:
+                logs = self._log_sets  # [S, B, V]
+                final = logs[:, blocks, read].T - np.einsum("bv,sbv->bs", mixed, logs)  # [B, S]
+                for weights, rows_s, log_s in zip([self._weights, *self._sets], self._set_rows, logs):
+                    expected = np.einsum("bv,mbv->bm", np.exp(log_s), log_q)  # [B, M]: each set on its own code
+                    _step(weights, rows_s, log_q[:, blocks, read].T - expected, self.settings.lr)
+                self._final += self.settings.final_lr * final.sum(axis=0)
+            else:
+                expected = np.einsum("bv,mbv->bm", mixed, log_q)  # [B, M]
+                gradient = log_q[:, blocks, read].T - expected  # [B, M]: -d(code length)/dw
+                _step(self._weights, context, gradient, self.settings.lr)
             self._pending = None
         tables, most = np.arange(len(rows))[:, None], min(self.streams, STEP_COUNTS)  # [K, 1], a cell's gain at most
         full = self._tables[tables, rows, read] >= COUNT_LIMIT - most  # [K, B]: rows that could overflow
@@ -220,11 +286,20 @@ class ContextMixer:
         cells, counts = np.unique((tables * self._tables.shape[1] + rows) * self.vocab + read, return_counts=True)
         self._tables.reshape(-1)[cells] += np.minimum(counts, most).astype(np.uint16)  # a cell two blocks share: 2
         self._recent = np.concatenate([self._recent[:, 1:], (read + 1).astype(np.uint64)[:, None]], axis=1)
+        self._last2, self._before2 = self._last, self._before
         self._last = self._kinds[read]
         self._before = read
+        self._word_length = np.where(self._letters[read] >= 0, self._word_length + 1, 0)
         if self.settings.words:
             letter = self._letters[read]  # [B]: -1 where not a letter
             ended = (letter < 0) & (self._word[:, 0] != 0)  # [B]: a word just ended
             self._word[ended, 1] = self._word[ended, 0]
             self._word[:, 0] = np.where(letter >= 0, self._word[:, 0] * PRIME + (letter + 1).astype(np.uint64),
                                         np.where(ended, np.uint64(0), self._word[:, 0]))
+
+
+def _step(weights: np.ndarray, rows: np.ndarray, gradient: np.ndarray, lr: float) -> None:
+    """``weights[rows[b]] += lr * gradient[b]`` for every block b, the blocks that share a row summed first."""
+    order = np.argsort(rows, kind="stable")  # the blocks that share a row, side by side
+    unique, first = np.unique(rows[order], return_index=True)
+    weights[unique] += lr * np.add.reduceat(gradient[order], first, axis=0)

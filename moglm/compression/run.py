@@ -62,10 +62,12 @@ MATCH = MatchSettings(min_length=5)
 
 #: ``moglm compress``'s context mixer (on unless ``--no-contexts``): the file's own statistics of orders 1, 2, 3,
 #: 4 and 6 and of two word contexts, each smoothed towards the model's distribution by alpha counts, mixed
-#: geometrically with it by weights learnt while coding, then refined by an adaptive probability map
-#: (:mod:`.context_mixing`). Searched on chapters 6-8 of the Vim user manual with the 413K-parameter byte model,
-#: static and adapting (docs/guides/compression.md).
-CONTEXTS = ContextSettings(orders=(1, 2, 3, 4, 6), words=2, alpha=0.25, lr=1e-3, apm_lr=0.02)
+#: geometrically with it by weights learnt while coding, by five sets of weights (each chosen by its own context)
+#: and a second layer, then refined by an adaptive probability map (:mod:`.context_mixing`). Searched on chapters
+#: 6-8 of the Vim user manual with the 413K-parameter byte model, static and adapting; the further sets and their
+#: step on saved predictions of the longer-trained 3M model there, adapting (docs/guides/compression.md).
+CONTEXTS = ContextSettings(orders=(1, 2, 3, 4, 6), words=2, alpha=0.25, lr=4e-3, apm_lr=0.02,
+                           mixers=("token", "order2", "kinds", "word"), final_lr=5e-4)
 
 
 def step_scale(streams: int) -> float:

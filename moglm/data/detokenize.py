@@ -6,15 +6,25 @@ lm-evaluation-harness's wikitext task (``lm_eval/tasks/wikitext/preprocess_wikit
 applies them: to one article at a time (Merity et al. 2016, "Pointer Sentinel Mixture Models", for the corpus).
 An article starts at a top-level heading line, `` = Title = ``; :func:`articles` cuts a stream of text there,
 so a corpus of any size is detokenized piece by piece.
+
+``wikitext-wrapped``: the same text as a plain-text file would hold it. WikiText keeps a paragraph on one line,
+while README files, manuals, RFCs and books in plain text break their lines at 60-80 columns, and a model that
+never saw a line break inside a sentence is sure it ends a paragraph. :func:`wrap` hard-wraps every other
+article (chosen by a checksum of its text) at a width from 64 to 80 columns, also chosen by it, by turning the
+space before a word that would pass the width into a line break: the bytes are the same in number, so bits per
+byte keep their denominator.
 """
 
 from __future__ import annotations
 
 import re
+import zlib
 from collections.abc import Iterable, Iterator
 
 #: the detokenizers ``data.detokenize`` names
-DETOKENIZERS = ("wikitext",)
+DETOKENIZERS = ("wikitext", "wikitext-wrapped")
+#: the widths :func:`wrap` breaks lines at, one per wrapped article
+WRAP_WIDTHS = range(64, 81)
 
 _HEADING = re.compile(r"^ = [^=].* = $")  # `` = Title = ``; `` = = Section = = `` is not an article's start
 
@@ -56,8 +66,38 @@ def articles(pieces: Iterable[str]) -> Iterator[str]:
         yield "".join(article)
 
 
+def wrap_lines(text: str, width: int) -> str:
+    """``text`` with each line longer than ``width`` broken greedily: the space before a word that would pass
+    ``width`` columns becomes a line break (a word longer than the width keeps a line of its own). Only spaces
+    change, so the result has as many characters and bytes as ``text``."""
+    out = []
+    for line in text.split("\n"):
+        words, length = line.split(" "), 0
+        pieces = [words[0]]
+        length = len(words[0])
+        for word in words[1:]:
+            if length > 0 and length + 1 + len(word) > width:
+                pieces += ["\n", word]
+                length = len(word)
+            else:
+                pieces += [" ", word]
+                length += 1 + len(word)
+        out.append("".join(pieces))
+    return "\n".join(out)
+
+
+def wrap(article: str) -> str:
+    """``article`` as a plain-text file might hold it: every other article (by the CRC-32 of its text) hard-wrapped
+    by :func:`wrap_lines` at a width of :data:`WRAP_WIDTHS` that the same checksum picks, the others unchanged."""
+    check = zlib.crc32(article.encode("utf-8"))
+    if check % 2 == 0:
+        return article
+    return wrap_lines(article, WRAP_WIDTHS[(check >> 1) % len(WRAP_WIDTHS)])
+
+
 def detokenize(name: str, pieces: Iterable[str]) -> Iterator[str]:
     """``pieces`` of text with the tokenization ``name`` (one of :data:`DETOKENIZERS`) undone."""
-    if name != "wikitext":
+    if name not in DETOKENIZERS:
         raise ValueError(f"unknown detokenizer {name!r} (known: {', '.join(DETOKENIZERS)})")
-    return (wikitext(article) for article in articles(pieces))
+    text = (wikitext(article) for article in articles(pieces))
+    return text if name == "wikitext" else (wrap(article) for article in text)

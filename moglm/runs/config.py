@@ -78,9 +78,10 @@ class DataConfig(Section):
         None, description="format = 'tokenizer' without data.tokenizer: train a byte-level tokenizer on the training "
         "split first, {kind = \"bpe\" or \"unigram\", vocab_size = tokens at most, 257 or more} (defaults: bpe, "
         "8000); the run directory keeps it (tokenizer.json).")
-    detokenize: Literal["wikitext"] | None = Field(
+    detokenize: Literal["wikitext", "wikitext-wrapped"] | None = Field(
         None, description="Undo the corpus's tokenization before a char, byte or tokenizer model reads it "
-        "(wikitext: lm-evaluation-harness's WikiText detokenizer, article by article). Bits per byte still divide "
+        "(wikitext: lm-evaluation-harness's WikiText detokenizer, article by article; wikitext-wrapped: that, then "
+        "every other article hard-wrapped at 64-80 columns, as plain-text files are). Bits per byte still divide "
         "by the bytes of the original text, so models of either form share the denominator.")
     files: dict[str, str] | None = Field(None, description="Explicit split files {train, valid, test}, relative to path.")
     split_fractions: tuple[float, float, float] = Field(

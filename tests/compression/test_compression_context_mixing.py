@@ -14,8 +14,8 @@ pytest.importorskip("constriction", reason="the compress extra (constriction) is
 from conftest import coded_round_trip, tiny_format_run  # noqa: E402
 from moglm.compression import container, read_header  # noqa: E402
 from moglm.compression.context_mixing import (APM_EDGES, COUNT_BINS, KINDS, MAX_ORDER,  # noqa: E402
-                                              ContextMixer, ContextSettings, kinds, letters, map_bins,
-                                              table_bits)
+                                              MAX_WORD_LENGTH, MIXER_CONTEXTS, ContextMixer, ContextSettings,
+                                              kinds, letters, map_bins, table_bits)
 from moglm.dynamic_evaluation import Hyperparameters  # noqa: E402
 from moglm.errors import MoglmError  # noqa: E402
 
@@ -30,7 +30,9 @@ def byte_run(tmp_path_factory):
 class ReferenceMixer:
     """The reference twin, a plain loop over blocks, tables, tokens and inputs: each table's counts in a dict
     per row (the row named by the same hash of the block's last k tokens, or of its words), the estimates, the
-    weighted sum of their logarithms, and the weights' steps one block after another."""
+    weighted sum of their logarithms, and the weights' steps one block after another; with ``mixers``, each
+    weight set's mixture on its own, normalised, their weighted sum of logarithms, and every set's step on its
+    own code length and the second layer's on the final one."""
 
     def __init__(self, settings: ContextSettings, streams: int, vocab: int, letter_of: list[int],
                  kind_of: list[int]) -> None:
@@ -45,6 +47,22 @@ class ReferenceMixer:
         self.words = [[0, 0] for _ in range(streams)]  # hashes of the current and the previous word
         self.weights = [[1.0 / (self.tables + 1)] * (self.tables + 1)
                         for _ in range((self.tables + 1) * COUNT_BINS * KINDS)]
+        self.sets = [{} for _ in settings.mixers]  # per further set: row -> its weights
+        self.final = [1.0 / (len(settings.mixers) + 1)] * (len(settings.mixers) + 1)
+        self.last2, self.before2, self.length = [KINDS - 1] * streams, [vocab] * streams, [0] * streams
+
+    def set_row(self, name: str, b: int, count_bin: int) -> int:
+        if name == "token":
+            return self.before[b]
+        if name == "order2":
+            return self.before[b] * (self.vocab + 1) + self.before2[b]  # (V + 1)^2 rows, fewer than 2^16
+        if name == "kinds":
+            return (count_bin * KINDS + self.last[b]) * KINDS + self.last2[b]
+        return min(self.length[b], MAX_WORD_LENGTH) * KINDS + self.last[b]
+
+    def mixture(self, w, logs):
+        mixed = [math.exp(sum(w[j] * logs[j][v] for j in range(len(w)))) for v in range(self.vocab)]
+        return [m / sum(mixed) for m in mixed]
 
     def row(self, b: int, table: int) -> int:
         m = 2**64
@@ -73,10 +91,16 @@ class ReferenceMixer:
             top = max([i + 1 for i, t in enumerate(totals) if t > 0], default=0)
             count_bin = 0 if top == 0 else min(COUNT_BINS - 1, math.floor(math.log2(totals[top - 1] + 1) / 1.5))
             context = (top * COUNT_BINS + count_bin) * KINDS + self.last[b]
-            w = self.weights[context]
             logs = [[math.log(max(q, 1e-300)) for q in estimate] for estimate in estimates]
-            mixed = [math.exp(sum(w[j] * logs[j][v] for j in range(len(w)))) for v in range(self.vocab)]
-            mixed = [m / sum(mixed) for m in mixed]
+            rows = [self.set_row(name, b, count_bin) for name in self.s.mixers]
+            each = [self.mixture(self.weights[context], logs)]
+            for row, weights in zip(rows, self.sets):
+                each.append(self.mixture(weights.setdefault(row, [1.0 / len(logs)] * len(logs)), logs))
+            if self.s.mixers:
+                set_logs = [[math.log(q) for q in one] for one in each]
+                mixed = self.mixture(self.final, set_logs)
+            else:
+                set_logs, mixed = None, each[0]
             cells = None
             if self.s.apm_lr:
                 cells = [self.before[b] * (len(APM_EDGES) + 1) + sum(1 for e in APM_EDGES if e < math.log(m))
@@ -85,22 +109,29 @@ class ReferenceMixer:
                 out[b] = [r / sum(refined) for r in refined]
             else:
                 out[b] = mixed
-            self.saved.append((context, logs, mixed, cells, out[b].copy()))
+            self.saved.append((context, logs, mixed, cells, out[b].copy(), rows, each, set_logs))
         return out
 
     def append(self, tokens) -> None:
         for b, y in enumerate(tokens):
-            context, logs, mixed, cells, refined = self.saved[b]
+            context, logs, mixed, cells, refined, rows, each, set_logs = self.saved[b]
             if cells is not None:
                 for v, cell in enumerate(cells):
                     self.corrections[cell] += self.s.apm_lr * ((v == y) - refined[v])
-            for j in range(len(logs)):
-                expected = sum(mixed[v] * logs[j][v] for v in range(self.vocab))
-                self.weights[context][j] += self.s.lr * (logs[j][y] - expected)
+            if set_logs is not None:
+                for s in range(len(set_logs)):
+                    expected = sum(mixed[v] * set_logs[s][v] for v in range(self.vocab))
+                    self.final[s] += self.s.final_lr * (set_logs[s][y] - expected)
+            for weights, own in zip([self.weights[context]] + [w[r] for w, r in zip(self.sets, rows)], each):
+                for j in range(len(logs)):
+                    expected = sum(own[v] * logs[j][v] for v in range(self.vocab))
+                    weights[j] += self.s.lr * (logs[j][y] - expected)
         for b, y in enumerate(tokens):
             for i in range(self.tables):
                 self.counts[i].setdefault(self.row(b, i), [0] * self.vocab)[int(y)] += 1
         for b, y in enumerate(tokens):
+            self.last2[b], self.before2[b] = self.last[b], self.before[b]
+            self.length[b] = self.length[b] + 1 if self.letter_of[int(y)] >= 0 else 0
             self.recent[b] = self.recent[b][1:] + [int(y) + 1]
             self.last[b] = self.kind_of[int(y)]
             self.before[b] = int(y)
@@ -134,13 +165,15 @@ def test_the_maps_bin_is_the_count_of_edges_below_a_log_probability_on_and_betwe
     np.testing.assert_array_equal(bins, np.searchsorted(APM_EDGES, log_p))
 
 
-@pytest.mark.parametrize("words, apm_lr", [(0, 0.0), (1, 0.1), (2, 0.1)])
-def test_the_mixer_agrees_with_a_plain_loop_at_every_step(words, apm_lr):
+@pytest.mark.parametrize("words, apm_lr, mixers", [(0, 0.0, ()), (1, 0.1, ()), (2, 0.1, ()), (2, 0.1, MIXER_CONTEXTS),
+                                                    (0, 0.0, ("kinds", "token"))])
+def test_the_mixer_agrees_with_a_plain_loop_at_every_step(words, apm_lr, mixers):
     """Random distributions and tokens over a small alphabet with letters and separators (contexts and words
     repeat often, so every mixer context and count bin is met): every step's mixed distributions equal the
-    reference loop's, and so do the weights."""
+    reference loop's, and so do the weights, every further set's and the second layer's."""
     rng = np.random.default_rng(words)
-    settings = ContextSettings(orders=(1, 2, 4), words=words, alpha=0.7, lr=0.05, apm_lr=apm_lr)
+    settings = ContextSettings(orders=(1, 2, 4), words=words, alpha=0.7, lr=0.05, apm_lr=apm_lr, mixers=mixers,
+                               final_lr=0.02)
     fast = ContextMixer(settings, 3, V, CHARS)
     slow = ReferenceMixer(settings, 3, V, letters(CHARS, V).tolist(), kinds(CHARS, V).tolist())
     for _ in range(150):
@@ -152,6 +185,13 @@ def test_the_mixer_agrees_with_a_plain_loop_at_every_step(words, apm_lr):
     np.testing.assert_allclose(fast._weights, np.array(slow.weights), rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(fast._corrections, slow.corrections, rtol=1e-12, atol=1e-15)
     assert (np.count_nonzero(fast._corrections) > 20) == (apm_lr > 0)
+    for weights, rows in zip(fast._sets, slow.sets):
+        assert len(rows) > 3
+        initial = np.full(weights.shape[1], 1.0 / weights.shape[1])
+        for row in range(len(weights)):
+            np.testing.assert_allclose(weights[row], rows.get(row, initial), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(fast._final, slow.final, rtol=1e-12, atol=1e-15)
+    assert (abs(fast._final - fast._final[0]).max() > 1e-3) == bool(mixers)
     assert len({c for c in range(len(slow.weights)) if slow.weights[c] != slow.weights[-1]}) > 5
 
 
@@ -254,14 +294,16 @@ def test_more_blocks_than_a_count_can_hold_never_wrap_a_count():
                                  {"orders": (1, 17)}, {"orders": tuple(range(1, 10))}, {"orders": (1.5,)},
                                  {"orders": "12"}, {"alpha": 0}, {"alpha": -1}, {"alpha": float("nan")},
                                  {"lr": -1e-3}, {"lr": 2.0}, {"lr": True}, {"words": 3}, {"words": -1},
-                                 {"words": 1.0}, {"words": False}, {"apm_lr": -0.1}, {"apm_lr": 1.5}])
+                                 {"words": 1.0}, {"words": False}, {"apm_lr": -0.1}, {"apm_lr": 1.5},
+                                 {"mixers": ("token", "token")}, {"mixers": ("order3",)}, {"mixers": "token"},
+                                 {"final_lr": -1.0}, {"final_lr": "0.1"}])
 def test_bad_settings_are_one_line_errors(bad):
     with pytest.raises(MoglmError, match="context"):
         ContextSettings(**bad)
 
 
 def test_settings_read_back_from_json_as_they_were():
-    settings = ContextSettings(orders=(1, 3), words=1, alpha=2, lr=0.0, apm_lr=0.5)
+    settings = ContextSettings(orders=(1, 3), words=1, alpha=2, lr=0.0, apm_lr=0.5, mixers=("word", "token"))
     assert ContextSettings(**json.loads(json.dumps(vars(settings)))) == settings
 
 
@@ -277,7 +319,8 @@ def test_text_with_its_own_vocabulary_codes_smaller_with_the_mixer_and_round_tri
     without, plain = coded_round_trip(byte_run, data, hp, contexts=None)
     assert mixed.blocks == plain.blocks == 8
     assert mixed.model_bits < 0.8 * plain.model_bits
-    recorded = {"orders": [1, 2, 3, 4, 6], "words": 2, "alpha": 0.25, "lr": 0.001, "apm_lr": 0.02}
+    recorded = {"orders": [1, 2, 3, 4, 6], "words": 2, "alpha": 0.25, "lr": 0.001, "apm_lr": 0.02, "mixers": [],
+                "final_lr": 0.0005}
     assert read_header(with_mixer)[0]["contexts"] == recorded and read_header(without)[0]["contexts"] is None
     assert ContextSettings(**mixed.contexts) == ContextSettings() and plain.contexts is None
 
@@ -293,3 +336,34 @@ def test_a_header_before_version_7_has_no_mixer_and_one_of_version_7_must_say():
     assert container._parse_header(json.dumps(older).encode(), "f", 2)["match"] is None
     with pytest.raises(MoglmError, match="damaged header"):
         container._parse_header(json.dumps(older).encode(), "f", 6)
+
+
+@pytest.mark.parametrize("hp", [None, Hyperparameters(rule="sgd", lr=0.3, segment_length=5)],
+                         ids=["static", "dynamic"])
+def test_the_default_mixer_of_five_weight_sets_round_trips_and_is_recorded(byte_run, hp):
+    from moglm.compression.run import CONTEXTS
+
+    assert CONTEXTS.mixers == MIXER_CONTEXTS
+    data = b"the mixer's weight sets, chosen by their own contexts. " * 12
+    blob, report = coded_round_trip(byte_run, data, hp, contexts=CONTEXTS)
+    assert read_header(blob)[0]["contexts"]["mixers"] == list(MIXER_CONTEXTS)
+    assert ContextSettings(**report.contexts) == CONTEXTS
+
+
+def test_a_version_8_file_decodes_with_one_set_of_weights_as_it_was_coded(byte_run):
+    """Version 8's header has no ``mixers`` or ``final_lr``: read as none (one set, no second layer), so a file
+    coded that way decodes; a version 9 header without them is damaged."""
+    from moglm.compression import decompress
+    from moglm.runs.language_model import load_run
+
+    from test_compression import forged
+
+    data = b"one set of weights, as version 8 mixed. " * 10
+    blob, _ = coded_round_trip(byte_run, data, contexts=ContextSettings())
+    old = {k: v for k, v in read_header(blob)[0]["contexts"].items() if k not in ("mixers", "final_lr")}
+    version_8 = forged(blob, version=8, contexts=old)
+    assert version_8[6] == 8 and ContextSettings(**read_header(version_8)[0]["contexts"]).mixers == ()
+    trained = load_run(byte_run)
+    assert decompress(version_8, trained.model, trained.vocab, progress=False) == data
+    with pytest.raises(MoglmError, match="contexts settings are not settings"):
+        decompress(forged(blob, contexts=old), trained.model, trained.vocab, progress=False)
