@@ -110,7 +110,7 @@ HEADER_DICTIONARY_7 = HEADER_DICTIONARY + (
 #: spells them
 HEADER_DICTIONARY_9 = HEADER_DICTIONARY_7 + (
     b'"contexts":{"orders":[1,2,3,4,6],"words":2,"alpha":0.25,"lr":0.004,"apm_lr":0.02,'
-    b'"mixers":["token","order2","kinds","word"],"final_lr":0.0005},"match":{"min_length":5},"tokens":'
+    b'"mixers":["token","order2","kinds","word"],"final_lr":0.005},"match":{"min_length":5},"tokens":'
 )
 MAX_HEADER = 1 << 20  # bytes of JSON an inflated header may have (a forged one cannot exhaust memory)
 BLOCK_SIZE = 4_096  # bytes per block, about (0: the whole file in one block); measured in docs/guides/compression.md

@@ -21,9 +21,11 @@ break, a digit or anything else). With ``mixers`` (PAQ's mixer of several weight
 sets of weights, each chosen by its own context (the token just read; the last two tokens; the count bin and the
 kinds of the last two tokens; the length of the current word), mix the same inputs, each learning on its own code
 length, and a second layer mixes their normalised outputs geometrically with weights learnt on the final code
-length (step ``final_lr``). Last, an adaptive probability map (PAQ's APM, or SSE) refines the mixture: for
-the token before and the bin of each token's log-probability (12 bins over -12 to 0 nats), a learnt correction
-is added to the log-probability, and the corrections take a gradient step on each coded token's code length.
+length (step ``final_lr``); there, the blocks that share a row of weights (all of them, in the second layer) step
+it by the mean of their gradients, so that a file of many blocks learns at the rate of one of few. Last, an
+adaptive probability map (PAQ's APM, or SSE) refines the mixture: for the token before and the bin of each token's
+log-probability (12 bins over -12 to 0 nats), a learnt correction is added to the log-probability, and the
+corrections take a gradient step on each coded token's code length.
 
 A language model trained on other text is sure of the wrong things; the counts learn the file's own spelling
 and vocabulary within a few repeats, and the weights learn when to trust them. Everything is float64 numpy
@@ -78,7 +80,7 @@ class ContextSettings:
     lr: float = 1e-3
     apm_lr: float = 0.02
     mixers: tuple[str, ...] = ()
-    final_lr: float = 5e-4
+    final_lr: float = 5e-3
 
     def __post_init__(self) -> None:
         orders = self.orders
@@ -171,6 +173,7 @@ class ContextMixer:
         self._before2 = np.full(streams, vocab, dtype=np.int64)  # [B]: each block's token before the last
         self._last2 = np.full(streams, KINDS - 1, dtype=np.int64)  # [B]: its kind
         self._word_length = np.zeros(streams, dtype=np.int64)  # [B]: letters in the current word so far
+        self._set_rows: list[np.ndarray] = []  # each set's rows ([B]) at the pending step
 
     def _rows(self) -> np.ndarray:
         """``[K, B]``: each table's row for every block's context: its last k tokens (a polynomial from the most
@@ -271,8 +274,8 @@ class ContextMixer:
                 final = logs[:, blocks, read].T - np.einsum("bv,sbv->bs", mixed, logs)  # [B, S]
                 for weights, rows_s, log_s in zip([self._weights, *self._sets], self._set_rows, logs):
                     expected = np.einsum("bv,mbv->bm", np.exp(log_s), log_q)  # [B, M]: each set on its own code
-                    _step(weights, rows_s, log_q[:, blocks, read].T - expected, self.settings.lr)
-                self._final += self.settings.final_lr * final.sum(axis=0)
+                    _step(weights, rows_s, log_q[:, blocks, read].T - expected, self.settings.lr, mean=True)
+                self._final += self.settings.final_lr * final.mean(axis=0)
             else:
                 expected = np.einsum("bv,mbv->bm", mixed, log_q)  # [B, M]
                 gradient = log_q[:, blocks, read].T - expected  # [B, M]: -d(code length)/dw
@@ -298,8 +301,11 @@ class ContextMixer:
                                         np.where(ended, np.uint64(0), self._word[:, 0]))
 
 
-def _step(weights: np.ndarray, rows: np.ndarray, gradient: np.ndarray, lr: float) -> None:
-    """``weights[rows[b]] += lr * gradient[b]`` for every block b, the blocks that share a row summed first."""
+def _step(weights: np.ndarray, rows: np.ndarray, gradient: np.ndarray, lr: float, mean: bool = False) -> None:
+    """``weights[rows[b]] += lr * gradient[b]`` for every block b, the blocks that share a row summed first (with
+    ``mean``, averaged: a row that a hundred blocks share then steps as one block's would, where a sum of their
+    steps ran away)."""
     order = np.argsort(rows, kind="stable")  # the blocks that share a row, side by side
-    unique, first = np.unique(rows[order], return_index=True)
-    weights[unique] += lr * np.add.reduceat(gradient[order], first, axis=0)
+    unique, first, counts = np.unique(rows[order], return_index=True, return_counts=True)
+    total = np.add.reduceat(gradient[order], first, axis=0)  # [R, M]
+    weights[unique] += lr * (total / counts[:, None] if mean else total)

@@ -67,7 +67,7 @@ MATCH = MatchSettings(min_length=5)
 #: 6-8 of the Vim user manual with the 413K-parameter byte model, static and adapting; the further sets and their
 #: step on saved predictions of the longer-trained 3M model there, adapting (docs/guides/compression.md).
 CONTEXTS = ContextSettings(orders=(1, 2, 3, 4, 6), words=2, alpha=0.25, lr=4e-3, apm_lr=0.02,
-                           mixers=("token", "order2", "kinds", "word"), final_lr=5e-4)
+                           mixers=("token", "order2", "kinds", "word"), final_lr=5e-3)
 
 
 def step_scale(streams: int) -> float:
