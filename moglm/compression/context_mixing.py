@@ -61,7 +61,9 @@ APM_EDGES = np.linspace(-12.0, 0.0, 13)[1:-1]
 #: two tokens, the top table's count bin with the kinds of the last two tokens, the current word's length so far
 #: with the last token's kind
 MIXER_CONTEXTS = ("token", "order2", "kinds", "word")
-ORDER2_ROWS = 1 << 16  # the most rows of the ``order2`` weights (a larger vocabulary's pairs are folded into them)
+#: the most rows of the ``order2`` weights: a larger vocabulary's pairs are folded into them (a byte-level run's
+#: 257^2 pairs just pass it, and those after byte 255 or at a block's start share the first 513 rows)
+ORDER2_ROWS = 1 << 16
 MAX_WORD_LENGTH = 15  # the ``word`` weights' lengths, the longer ones counted as this
 
 
