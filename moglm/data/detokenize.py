@@ -72,9 +72,8 @@ def wrap_lines(text: str, width: int) -> str:
     change, so the result has as many characters and bytes as ``text``."""
     out = []
     for line in text.split("\n"):
-        words, length = line.split(" "), 0
-        pieces = [words[0]]
-        length = len(words[0])
+        words = line.split(" ")
+        pieces, length = [words[0]], len(words[0])
         for word in words[1:]:
             if length > 0 and length + 1 + len(word) > width:
                 pieces += ["\n", word]
