@@ -271,17 +271,17 @@ class ContextMixer:
         if self._pending is not None:
             _, context, mixed = self._pending
             log_q, blocks = self._log_q, np.arange(self.streams)  # [M, B, V], [B]
+            coded = log_q[:, blocks, read].T  # [B, M]: each input's log-probability of the token read
             if self.settings.mixers:
                 logs = self._log_sets  # [S, B, V]
                 final = logs[:, blocks, read].T - np.einsum("bv,sbv->bs", mixed, logs)  # [B, S]
                 for weights, rows_s, log_s in zip([self._weights, *self._sets], self._set_rows, logs):
                     expected = np.einsum("bv,mbv->bm", np.exp(log_s), log_q)  # [B, M]: each set on its own code
-                    _step(weights, rows_s, log_q[:, blocks, read].T - expected, self.settings.lr, mean=True)
+                    _step(weights, rows_s, coded - expected, self.settings.lr, mean=True)
                 self._final += self.settings.final_lr * final.mean(axis=0)
             else:
                 expected = np.einsum("bv,mbv->bm", mixed, log_q)  # [B, M]
-                gradient = log_q[:, blocks, read].T - expected  # [B, M]: -d(code length)/dw
-                _step(self._weights, context, gradient, self.settings.lr)
+                _step(self._weights, context, coded - expected, self.settings.lr)  # -d(code length)/dw
             self._pending = None
         tables, most = np.arange(len(rows))[:, None], min(self.streams, STEP_COUNTS)  # [K, 1], a cell's gain at most
         full = self._tables[tables, rows, read] >= COUNT_LIMIT - most  # [K, B]: rows that could overflow
