@@ -6,8 +6,8 @@ bits per byte of the coded file against xz -9's.
     python benchmarks/compression_search.py experiments/cpu/runs/wikitext-2-byte-s1 vim-usr-06-08.txt \\
         --out benchmarks/results/compression_search.json                  # ~15 minutes on one core
 
-Each setting compresses the file once as ``moglm compress`` does by default (blocks of 4096 bytes unless
-``--block-size`` says, segments sized to them unless ``--segment-length`` says, the neural cache unless
+Each setting compresses the file once as ``moglm compress`` does by default (blocks of 4096 bytes, at most 12
+adapting, unless ``--block-size`` says, segments sized to them unless ``--segment-length`` says, the neural cache unless
 ``--no-cache``, the context mixer unless ``--contexts off``, the match model unless ``--match-min-length 0``,
 one thread; ``--static`` adds rows without adapting); the coded size is the search's score, so nothing is
 decompressed (``moglm bench compress`` checks the round trip of the setting chosen). Writes JSON and prints a
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from moglm.bench import command_line, write_report
 from moglm.compression import compress
-from moglm.compression.container import BLOCK_SIZE, streams
+from moglm.compression.container import default_block_size, streams
 from moglm.compression.context_mixing import ContextSettings
 from moglm.compression.match import MatchSettings
 from moglm.compression.run import (CACHE, CONTEXTS, MATCH, adapter_from_settings, coding_model, dynamic_settings,
@@ -54,14 +54,17 @@ def _set(settings: dict, key: str, value) -> dict:
 
 
 def measure(run_dir: Path, file: Path, run_lrs, scratch_lrs, seed: int, decays=(None,), segments=(None,),
-            block_size: int = BLOCK_SIZE, cache: bool = True, guards=(KEEP,), warmups=(KEEP,),
+            block_size: int | None = None, cache: bool = True, guards=(KEEP,), warmups=(KEEP,),
             log=print, min_lengths=(MATCH.min_length,), static: bool = False,
             contexts=(CONTEXTS,)) -> list[dict]:
     """``guards`` / ``warmups``: the divergence margins and step warm-ups to code with (:data:`KEEP`: moglm
     compress's; ``None``: none); ``min_lengths``: the match model's (0: none); ``contexts``: the context mixer's
-    settings (``None``: none); ``static``: also code without adapting (a row per min_length, first)."""
+    settings (``None``: none); ``static``: also code without adapting (a row per min_length, first);
+    ``block_size``: bytes per block (``None``: moglm compress's, static and adapting)."""
     data = file.read_bytes()
-    blocks = streams(data, LanguageModelRun(run_dir).load_vocab(), block_size)
+    sizes = {adapting: default_block_size(len(data), adapting) if block_size is None else block_size
+             for adapting in (False, True)}
+    blocks = streams(data, LanguageModelRun(run_dir).load_vocab(), sizes[True])
     ways = [("run's weights", _set(_set(_with(dynamic_settings(run_dir, None, lr, blocks), decay=decay,
                                               segment_length=n), "guard", guard), "warmup", warmup))
             for lr in run_lrs for decay in decays for n in segments for guard in guards for warmup in warmups]
@@ -72,14 +75,14 @@ def measure(run_dir: Path, file: Path, run_lrs, scratch_lrs, seed: int, decays=(
         model, vocab, factor = coding_model(run_dir, "best", (settings or {}).get("from_scratch"))
         adapter = None if settings is None else adapter_from_settings(run_dir, model, "best", factor, settings)
         _, report = compress(data, model, vocab, factor=factor, adapter=adapter, settings=settings,
-                             cache=CACHE if cache else None, block_size=block_size, progress=False,
+                             cache=CACHE if cache else None, block_size=sizes[settings is not None], progress=False,
                              match=MatchSettings(min_length) if min_length else None, contexts=mixer)
         settings = settings or {}  # static: no adaptation, its fields empty
         hp = settings.get("hyperparameters", {})
         rows.append({"weights": name, "rule": hp.get("rule", "-"), "lr": hp.get("lr"), "decay": hp.get("decay"),
                      "segment_length": hp.get("segment_length"), "guard": settings.get("guard"),
                      "warmup": settings.get("warmup", 0), "match_min_length": min_length,
-                     "contexts": None if mixer is None else vars(mixer),
+                     "contexts": None if mixer is None else vars(mixer), "block_size": sizes[settings is not None],
                      "rollbacks": report.rollbacks, "compressed_bytes": report.compressed_bytes,
                      "header_bytes": report.header_bytes,
                      "bits_per_byte": 8 * report.compressed_bytes / len(data), "seconds": report.seconds})
@@ -94,27 +97,31 @@ def _spelled(mixer: ContextSettings | None) -> str:
     if mixer is None:
         return "off"
     spelled = f"{','.join(map(str, mixer.orders))}/{mixer.words}/{mixer.alpha:g}/{mixer.lr:g}/{mixer.apm_lr:g}"
-    return spelled + (f"/{','.join(mixer.mixers)}/{mixer.final_lr:g}" if mixer.mixers else "")
+    if mixer.mixers or mixer.sparse:
+        spelled += f"/{','.join(mixer.mixers)}/{mixer.final_lr:g}"
+    return spelled + (f"/{','.join(mixer.sparse)}" if mixer.sparse else "")
 
 
 def _mixer(spec: str) -> ContextSettings | None:
-    """``--contexts``' ORDERS/WORDS/ALPHA/LR/APM_LR[/MIXERS/FINAL_LR] (e.g. ``1,2,3,4/2/0.5/1e-3/0.02``, or with
-    further weight sets ``1,2,3,4,6/2/0.25/4e-3/0.02/token,order2,kinds,word/5e-4``; ``off``: none; ``default``:
-    moglm compress's)."""
+    """``--contexts``' ORDERS/WORDS/ALPHA/LR/APM_LR[/MIXERS/FINAL_LR[/SPARSE]] (e.g. ``1,2,3,4/2/0.5/1e-3/0.02``,
+    or with further weight sets ``1,2,3,4,6/2/0.25/4e-3/0.02/token,order2,kinds,word/5e-4``, and sparse contexts
+    ``.../5e-4/above,skip``; ``off``: none; ``default``: moglm compress's)."""
     if spec == "off":
         return None
     if spec == KEEP:
         return CONTEXTS
     try:
         parts = spec.split("/")
-        if len(parts) not in (5, 7):
+        if len(parts) not in (5, 7, 8):
             raise ValueError(spec)
         orders, words, alpha, lr, apm_lr = parts[:5]
-        mixers, final_lr = parts[5:] or ("", CONTEXTS.final_lr)
+        mixers, final_lr = parts[5:7] or ("", CONTEXTS.final_lr)
+        sparse = parts[7] if len(parts) == 8 else ""
         return ContextSettings(tuple(int(k) for k in orders.split(",")), int(words), float(alpha), float(lr),
-                               float(apm_lr), tuple(m for m in mixers.split(",") if m), float(final_lr))
+                               float(apm_lr), tuple(m for m in mixers.split(",") if m), float(final_lr),
+                               tuple(m for m in sparse.split(",") if m))
     except (ValueError, MoglmError):
-        raise SystemExit(f"--contexts: {spec!r} is not ORDERS/WORDS/ALPHA/LR/APM_LR[/MIXERS/FINAL_LR] (e.g. "
+        raise SystemExit(f"--contexts: {spec!r} is not ORDERS/WORDS/ALPHA/LR/APM_LR[/MIXERS/FINAL_LR[/SPARSE]] (e.g. "
                          "1,2,3,4/2/0.5/1e-3/0.02), off or default") from None
 
 
@@ -130,8 +137,9 @@ def main(argv=None) -> dict:
                         help="--dynamic's decays towards the trained weights (default: the rule's)")
     parser.add_argument("--segment-length", type=int, nargs="+", default=[None],
                         help="--dynamic's segment lengths (default: moglm compress's, sized to the blocks)")
-    parser.add_argument("--block-size", type=int, default=BLOCK_SIZE,
-                        help=f"bytes per block (default: moglm compress's, {BLOCK_SIZE}; 0: one stream)")
+    parser.add_argument("--block-size", type=int, default=None,
+                        help="bytes per block (default: moglm compress's, 4096, at most 12 blocks adapting; 0: one "
+                             "stream)")
     parser.add_argument("--cache", action=argparse.BooleanOptionalAction, default=True,
                         help="code with moglm compress's neural cache (--no-cache: without, as the searches "
                              "recorded before it were)")
@@ -145,8 +153,8 @@ def main(argv=None) -> dict:
                         help=f"the match model's min_length (default: moglm compress's, {MATCH.min_length}; 0: "
                              "none, as the searches recorded before it were)")
     parser.add_argument("--contexts", nargs="+", default=[KEEP],
-                        help="the context mixer's settings as ORDERS/WORDS/ALPHA/LR/APM_LR[/MIXERS/FINAL_LR], e.g. "
-                             "1,2,3,4/2/0.5/1e-3/0.02 ('default': moglm compress's; 'off': none, as the searches "
+                        help="the context mixer's settings as ORDERS/WORDS/ALPHA/LR/APM_LR[/MIXERS/FINAL_LR[/SPARSE]], "
+                             "e.g. 1,2,3,4/2/0.5/1e-3/0.02 ('default': moglm compress's; 'off': none, as the searches "
                              "recorded before it were)")
     parser.add_argument("--static", action="store_true", help="also code without adapting (the first rows)")
     parser.add_argument("--out", default="compression_search.json")

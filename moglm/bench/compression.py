@@ -28,6 +28,11 @@ def _located(file: Path) -> Path:
     return file
 
 
+def file_size(file: Path) -> int:
+    """``file``'s bytes (a path, or one relative to ``$MOGLM_DATA``)."""
+    return _located(file).stat().st_size
+
+
 def file_streams(run_dir: Path, file: Path, block_size: int) -> int:
     """How many blocks ``moglm compress`` cuts ``file`` into with the run's vocabulary at ``block_size``."""
     from ..compression.container import streams

@@ -248,7 +248,8 @@ def compress(
     from_scratch: Optional[int] = typer.Option(None, min=0, metavar="SEED", help="Also compress from weights drawn "
                                                "afresh with this seed, learning while coding (another row)."),
     block_size: list[int] = typer.Option([], help="Bytes per block, one row (two with --dynamic) each: 0 4096 "
-                                         "puts one stream beside blocks (default: moglm compress's)."),
+                                         "puts one stream beside blocks (default: moglm compress's, static and "
+                                         "adapting)."),
     cache: bool = typer.Option(True, help="Code with moglm compress's neural cache (--no-cache: without)."),
     without_cache: bool = typer.Option(False, "--without-cache", help="Also code every row without the neural "
                                        "cache (a row each, measured in the same run)."),
@@ -268,23 +269,27 @@ def compress(
     out = out or default_out("compression.json")  # read at call time: $MOGLM_BENCH_DIR may change
     from ..compression.run import dynamic_settings, scratch_settings
     from ..bench import command_line, write_report
-    from ..bench.compression import file_streams, markdown_table, run_compression
+    from ..bench.compression import file_size, file_streams, markdown_table, run_compression
 
-    from ..compression.container import BLOCK_SIZE, THREADS
+    from ..compression.container import THREADS, default_block_size
 
     adapting = dynamic or (from_scratch is None and (rule is not None or adapt_learning_rate is not None))
     scratch = [scratch_settings(from_scratch, rule, adapt_learning_rate)] if from_scratch is not None else []
+    size = file_size(file)
 
-    def ways(size: int) -> list:  # static, adapting (its segments sized to the blocks), from scratch
-        return [None] + ([dynamic_settings(run_dir, rule, adapt_learning_rate, file_streams(run_dir, file, size))]
-                         if adapting else []) + scratch
+    def ways(given: int | None) -> list:  # (settings, bytes per block): static, adapting, from scratch
+        static, adapted = ((given, given) if given is not None
+                           else (default_block_size(size, False), default_block_size(size, True)))
+        return [(None, static)] + ([(dynamic_settings(run_dir, rule, adapt_learning_rate,
+                                                      file_streams(run_dir, file, adapted)), adapted)]
+                                   if adapting else []) + [(each, adapted) for each in scratch]
 
     mixes = ([(cache, contexts, match)] + ([(False, contexts, match)] if without_cache and cache else [])
              + ([(cache, False, match)] if without_contexts and contexts else [])
              + ([(cache, contexts, False)] if without_match and match else []))  # (cache, context mixer, match)
-    rows = [run_compression(run_dir, file, each, size, threads or THREADS, progress=progress, cache=mixed,
+    rows = [run_compression(run_dir, file, each, each_size, threads or THREADS, progress=progress, cache=mixed,
                             contexts=mixed_contexts, match=matched, log=typer.echo)
-            for size in block_size or [BLOCK_SIZE] for each in ways(size)
+            for given in block_size or [None] for each, each_size in ways(given)
             for mixed, mixed_contexts, matched in mixes]
     write_report({"command": command_line(), "rows": rows}, out)
     typer.echo(markdown_table(rows))

@@ -8,8 +8,8 @@ from typing import Optional
 import typer
 
 from ..atomic import check_free
-from ..compression.run import (CACHE, COMPRESSION_DECAY, COMPRESSION_LR, CONTEXTS, MATCH, SCRATCH_LR, SCRATCH_RULE,
-                               UPDATE_TOKENS)
+from ..compression.run import (ADAPTING_BLOCKS, CACHE, COMPRESSION_DECAY, COMPRESSION_LR, CONTEXTS, MATCH, SCRATCH_LR,
+                               SCRATCH_RULE, UPDATE_TOKENS)
 from .common import Checkpoint, UpdateRule
 from ..errors import MoglmError
 
@@ -55,7 +55,8 @@ def compress(
                                "from how often such predictions came true."),
     block_size: Optional[int] = typer.Option(
         None, min=0, help="Bytes per block, about: the blocks are coded side by side as one batch of streams "
-        "(default 4096; 0: the whole file as one block)."),
+        f"(default 4096; adapting, at most {ADAPTING_BLOCKS} blocks of 4096 bytes or more; 0: the whole file as one "
+        "block)."),
     threads: Optional[int] = typer.Option(None, min=1, help="Torch threads of the compression, and of its "
                                           "decompression: the header records them (default 1)."),
     checkpoint: Checkpoint = typer.Option("best", help="The best or the last checkpoint."),
@@ -66,6 +67,7 @@ def compress(
     """Compress a file losslessly with a trained run's predictions (range coding; thesis 2.1.2)."""
     from ..compression import container
     from ..compression.layout import Layout, coverage_warning
+    from ..compression.container import default_block_size
     from ..compression.run import adapter_from_settings, coding_model, dynamic_settings, scratch_settings
 
     data = _read(file)
@@ -80,10 +82,11 @@ def compress(
     if warning:
         typer.echo(warning, err=True)
     adapter = None
-    options = {k: v for k, v in (("block_size", block_size), ("threads", threads)) if v is not None}
-    if settings is None and (dynamic or rule is not None or adapt_learning_rate is not None):
-        settings = dynamic_settings(run_dir, rule, adapt_learning_rate,
-                                    container.streams(data, vocab, options.get("block_size", container.BLOCK_SIZE)))
+    adapting = settings is not None or dynamic or rule is not None or adapt_learning_rate is not None
+    size = block_size if block_size is not None else default_block_size(len(data), adapting)
+    options = {"block_size": size} | ({} if threads is None else {"threads": threads})
+    if settings is None and adapting:
+        settings = dynamic_settings(run_dir, rule, adapt_learning_rate, container.streams(data, vocab, size))
     if settings is not None:
         adapter = adapter_from_settings(run_dir, model, checkpoint, factor, settings)
     blob, result = container.compress(data, model, vocab, factor=factor, adapter=adapter, settings=settings,

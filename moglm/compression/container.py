@@ -4,10 +4,10 @@ that says what it needs to be decoded, and refuses anything else with a one-line
 The file is cut into B blocks of about ``block_size`` bytes (its tokens shared out evenly, so the blocks are
 read in step), coded side by side as one batch of B streams (:mod:`.coder`), one range-coder state per block.
 A block whose model code is no shorter than its bytes is stored raw and flagged, so no file grows by more than
-the header. Container, version 9 (little-endian)::
+the header. Container, version 10 (little-endian)::
 
     b"MOGLMZ" | version (1 byte) | header length (4 bytes)
-    | header (compact JSON, UTF-8, zlib-deflated with the preset dictionary header_dictionary(9))
+    | header (compact JSON, UTF-8, zlib-deflated with the preset dictionary header_dictionary(10))
     | block table: per block, its stored length times 2 plus 1 if it is raw (a LEB128 varint: 2 bytes for a
       block of up to 8 KB stored), then the CRC-16 of its stored bytes (2 bytes; CCITT, ``binascii.crc_hqx``)
     | CRC-32 of everything before it (4 bytes) | the blocks' stored bytes, in order
@@ -21,7 +21,9 @@ blocks and the block size, whether gaps are coded, the original length and its S
 library versions. Decoding checks the header's CRC, that the block table stays inside the file, every block's
 CRC (a damaged or truncated file, named by its block), the run's digest (another run, or a changed one) and,
 at the end, the output's SHA-256 and length before anything is written: a wrong output is never produced.
-Version 9 records the context mixer's further weight sets and second layer (the header's ``contexts`` gains
+Version 10 records the context mixer's sparse contexts (the header's ``contexts`` gains ``sparse``; a file of
+version 9 or older has none) and deflates the header with :data:`HEADER_DICTIONARY_10`. Version 9 records the
+context mixer's further weight sets and second layer (the header's ``contexts`` gains
 ``mixers`` and ``final_lr``; a file of version 8 or older has none: one set, as it was coded) and deflates the header
 with :data:`HEADER_DICTIONARY_9`. Version 8 writes the block table compactly, about 4 bytes a block where version
 7's took 9 (a stored length of 4 bytes, flags of 1, a CRC-32 of 4), which is 0.5% of the test text's code
@@ -70,14 +72,14 @@ from .coder import Block, GapModel, Predictor, decode, encode
 from .layout import Layout
 from .context_mixing import ContextSettings
 from .match import MatchSettings
-from .run import guard_margin, warmup_tokens
+from .run import ADAPTING_BLOCKS, guard_margin, warmup_tokens
 
 MAGIC = b"MOGLMZ"
-VERSION = 9
-#: the first version whose context mixer may have further weight sets and a second layer (``mixers``)
-MIXERS_FROM = 9
-#: the context settings a header of an older version leaves out, as it was coded: one set of weights
-MIXERS_BEFORE = {"mixers": [], "final_lr": 0.0}
+VERSION = 10
+#: the context mixer's settings that later versions added, by the first version that records them, with what a
+#: header of an older version leaves out, as it was coded: version 9's further weight sets and second layer (one set
+#: before), version 10's sparse contexts (none before)
+CONTEXT_FIELDS = {9: {"mixers": [], "final_lr": 0.0}, 10: {"sparse": []}}
 #: the first version whose block table is compact (varint lengths with the raw flag, CRC-16s)
 COMPACT_FROM = 8
 #: the header fields that later versions added, and the first version that records each (an older file has none)
@@ -111,6 +113,12 @@ HEADER_DICTIONARY_7 = HEADER_DICTIONARY + (
 HEADER_DICTIONARY_9 = HEADER_DICTIONARY_7 + (
     b'"contexts":{"orders":[1,2,3,4,6],"words":2,"alpha":0.25,"lr":0.004,"apm_lr":0.02,'
     b'"mixers":["token","order2","kinds","word"],"final_lr":0.005},"match":{"min_length":5},"tokens":'
+)
+#: version 10's dictionary: version 9's, then the context mixer's default settings with its sparse contexts
+HEADER_DICTIONARY_10 = HEADER_DICTIONARY_9 + (
+    b'"contexts":{"orders":[1,2,3,4,6],"words":2,"alpha":0.25,"lr":0.004,"apm_lr":0.02,'
+    b'"mixers":["token","order2","kinds","word"],"final_lr":0.005,"sparse":["above","above_pair","skip"]},'
+    b'"match":{"min_length":5},"tokens":'
 )
 MAX_HEADER = 1 << 20  # bytes of JSON an inflated header may have (a forged one cannot exhaust memory)
 BLOCK_SIZE = 4_096  # bytes per block, about (0: the whole file in one block); measured in docs/guides/compression.md
@@ -160,6 +168,12 @@ def block_count(size: int, tokens: int, block_size: int) -> int:
     bytes (0: one in all), at least one, and no more than its tokens."""
     wanted = 1 if block_size == 0 else math.ceil(size / block_size)
     return max(1, min(wanted, tokens))
+
+
+def default_block_size(size: int, adapting: bool) -> int:
+    """``moglm compress``'s bytes per block for a file of ``size`` bytes: :data:`BLOCK_SIZE`, or adapting
+    (``run.ADAPTING_BLOCKS``) as many more as keep the file to that many blocks."""
+    return max(BLOCK_SIZE, math.ceil(size / ADAPTING_BLOCKS)) if adapting else BLOCK_SIZE
 
 
 def streams(data: bytes, vocab, block_size: int = BLOCK_SIZE) -> int:
@@ -420,7 +434,8 @@ def _words(content: bytes, dtype: str) -> np.ndarray:
 
 def header_dictionary(version: int) -> bytes:
     """The preset dictionary a header of ``version`` (4 or later) is deflated with."""
-    return HEADER_DICTIONARY_9 if version >= 9 else HEADER_DICTIONARY_7 if version >= 7 else HEADER_DICTIONARY
+    return (HEADER_DICTIONARY_10 if version >= 10 else HEADER_DICTIONARY_9 if version >= 9
+            else HEADER_DICTIONARY_7 if version >= 7 else HEADER_DICTIONARY)
 
 
 def _header_json(stored: bytes, version: int) -> bytes | None:
@@ -447,8 +462,9 @@ def _parse_header(encoded: bytes | None, name: str, version: int) -> dict[str, A
         for key, first in ADDED_FIELDS.items():
             if version < first:
                 header.setdefault(key, None)
-        if version < MIXERS_FROM and isinstance(header.get("contexts"), dict):
-            header["contexts"] = {**MIXERS_BEFORE, **header["contexts"]}
+        for first, before in CONTEXT_FIELDS.items():
+            if version < first and isinstance(header.get("contexts"), dict):
+                header["contexts"] = {**before, **header["contexts"]}
     if not isinstance(header, dict) or any(not isinstance(header.get(k, ...), t) for k, t in _TYPES.items()) \
             or not 0 <= header["tokens"] <= header["bytes"] \
             or not 1 <= header["threads"] <= MAX_THREADS or header["block_size"] < 0:  # a token spells >= 1 byte

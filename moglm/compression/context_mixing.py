@@ -9,7 +9,9 @@ every block's own last k tokens name a row, whose counts n (N in all) give the e
 
 the counts smoothed towards p, the model's distribution (after the neural cache): with no counts q_k is p, with
 many it is the file's own statistics. Word contexts (PAQ's word model) count the same way what followed the
-letters of the current word so far (case folded), and those together with the previous word's. The mixer
+letters of the current word so far (case folded), and those together with the previous word's; sparse contexts
+(PAQ's sparse and column models) count what followed the token above (at the same column of the line before) with
+the column, the two tokens above with the token just read, and the second and third tokens back. The mixer
 combines p and the q_k geometrically,
 
     log p_mix(v) = sum_j w_j log q_j(v) - log Z,
@@ -65,6 +67,11 @@ MIXER_CONTEXTS = ("token", "order2", "kinds", "word")
 #: 257^2 pairs just pass it, and those after byte 255 or at a block's start share the first 513 rows)
 ORDER2_ROWS = 1 << 16
 MAX_WORD_LENGTH = 15  # the ``word`` weights' lengths, the longer ones counted as this
+#: contexts other than the last k tokens that may have tables of their own (``sparse``; PAQ's sparse and column
+#: contexts): the token above (at the same column of the line before) with the column; the two tokens above (at the
+#: column and the next) with the token just read; the second and third tokens back, skipping the last
+SPARSE_CONTEXTS = ("above", "above_pair", "skip")
+LINE_WIDTH = 256  # the columns of a line that the ``above`` contexts remember (further ones have nothing above)
 
 
 @dataclass(frozen=True)
@@ -73,7 +80,8 @@ class ContextSettings:
     word's letters so far; 2: also with the previous word); ``alpha``: how many counts the model's distribution is
     worth in each estimate; ``lr``: the mixer's step; ``apm_lr``: the adaptive probability map's step (0: no map);
     ``mixers``: the contexts of further weight sets, from :data:`MIXER_CONTEXTS` (none: one set, no second layer);
-    ``final_lr``: the second layer's step. Searched on chapters 6-8 of the Vim user manual
+    ``final_lr``: the second layer's step; ``sparse``: further tables, counted after the orders' and the words',
+    for the contexts of :data:`SPARSE_CONTEXTS` named. Searched on chapters 6-8 of the Vim user manual
     (docs/guides/compression.md)."""
 
     orders: tuple[int, ...] = (1, 2, 3, 4, 6)
@@ -83,6 +91,7 @@ class ContextSettings:
     apm_lr: float = 0.02
     mixers: tuple[str, ...] = ()
     final_lr: float = 5e-3
+    sparse: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         orders = self.orders
@@ -94,12 +103,13 @@ class ContextSettings:
         object.__setattr__(self, "orders", tuple(orders))
         if isinstance(self.words, bool) or not isinstance(self.words, int) or not 0 <= self.words <= MAX_WORDS:
             raise MoglmError(f"a context mixer's words must be an integer from 0 to {MAX_WORDS}, not {self.words!r}")
-        mixers = self.mixers
-        if not isinstance(mixers, (list, tuple)) or len(set(mixers)) != len(mixers) \
-                or any(m not in MIXER_CONTEXTS for m in mixers):
-            raise MoglmError(f"a context mixer's mixers must be distinct names from {', '.join(MIXER_CONTEXTS)}, "
-                             f"not {mixers!r}")
-        object.__setattr__(self, "mixers", tuple(mixers))
+        for field, allowed in (("mixers", MIXER_CONTEXTS), ("sparse", SPARSE_CONTEXTS)):
+            names = getattr(self, field)
+            if not isinstance(names, (list, tuple)) or any(not isinstance(m, str) or m not in allowed for m in names) \
+                    or len(set(names)) != len(names):
+                raise MoglmError(f"a context mixer's {field} must be distinct names from {', '.join(allowed)}, "
+                                 f"not {names!r}")
+            object.__setattr__(self, field, tuple(names))
         for name, value, high in (("alpha", self.alpha, 1e6), ("lr", self.lr, 1.0), ("apm_lr", self.apm_lr, 1.0),
                                   ("final_lr", self.final_lr, 1.0)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= high \
@@ -155,9 +165,16 @@ class ContextMixer:
         self._last = np.full(streams, KINDS - 1, dtype=np.int64)  # [B]: the kind of each block's last token
         self._bits = table_bits(vocab)
         orders = settings.orders
-        tables = len(orders) + settings.words
+        tables = len(orders) + settings.words + len(settings.sparse)
         self._tables = np.zeros((tables, 1 << self._bits, vocab), dtype=np.uint16)  # [K, S, V]: the counts
-        self._recent = np.zeros((streams, orders[-1]), dtype=np.uint64)  # [B, k_max]: token + 1; 0 before the start
+        history = max(orders[-1], 3 if "skip" in settings.sparse else 1)  # the skip context reads 3 tokens back
+        self._recent = np.zeros((streams, history), dtype=np.uint64)  # [B, k]: token + 1; 0 before the start
+        self._newline = np.zeros(vocab, dtype=bool)  # [V]: the tokens that end a line
+        for i, c in (chars or {}).items():
+            self._newline[i] = 0 <= i < vocab and c == "\n"
+        self._column = np.zeros(streams, dtype=np.int64)  # [B]: each block's column in its line
+        self._line = np.zeros((streams, LINE_WIDTH + 1), dtype=np.uint64)  # [B, W+1]: this line's token + 1 by column
+        self._above = np.zeros((streams, LINE_WIDTH + 1), dtype=np.uint64)  # [B, W+1]: the line before's (0: none)
         self._word = np.zeros((streams, 2), dtype=np.uint64)  # [B, 2]: hashes of the current and the previous word
         inputs = tables + 1  # the model's distribution, then one estimate per table
         self._weights = np.full((inputs * COUNT_BINS * KINDS, inputs), 1.0 / inputs)  # [C, M]
@@ -188,6 +205,19 @@ class ContextMixer:
         current, previous = self._word[:, 0], self._word[:, 1]  # [B], [B]
         keys += [current * PRIME + np.uint64(MAX_ORDER + 1),
                  (current * PRIME + previous) * PRIME + np.uint64(MAX_ORDER + 2)][: self.settings.words]
+        if self.settings.sparse:
+            blocks, column = np.arange(self.streams), np.minimum(self._column, LINE_WIDTH)  # [B], [B]
+            above = self._above[blocks, column]  # [B]: token + 1 above (the last entry is always 0)
+            for name in self.settings.sparse:
+                tag = np.uint64(MAX_ORDER + 3 + SPARSE_CONTEXTS.index(name))
+                if name == "above":
+                    key = above * PRIME + column.astype(np.uint64)
+                elif name == "above_pair":
+                    next_above = self._above[blocks, np.minimum(column + 1, LINE_WIDTH)]  # [B]
+                    key = (above * PRIME + next_above) * PRIME + self._recent[:, -1]
+                else:  # skip: the second and third tokens back
+                    key = self._recent[:, -2] * PRIME + self._recent[:, -3]
+                keys.append(key * PRIME + tag)
         return table_slots(np.stack(keys), self._bits)
 
     def mix(self, p: np.ndarray) -> np.ndarray:
@@ -292,6 +322,12 @@ class ContextMixer:
         self._tables.reshape(-1)[cells] += np.minimum(counts, most).astype(np.uint16)  # a cell two blocks share: 2
         self._recent = np.concatenate([self._recent[:, 1:], (read + 1).astype(np.uint64)[:, None]], axis=1)
         self._last2, self._before2 = self._last, self._before
+        if self.settings.sparse:
+            ended = self._newline[read]  # [B]
+            writing = np.flatnonzero(~ended & (self._column < LINE_WIDTH))
+            self._line[writing, self._column[writing]] = (read[writing] + 1).astype(np.uint64)
+            self._above[ended], self._line[ended] = self._line[ended], 0
+            self._column = np.where(ended, 0, self._column + 1)
         self._last = self._kinds[read]
         self._before = read
         self._word_length = np.where(self._letters[read] >= 0, self._word_length + 1, 0)

@@ -31,6 +31,12 @@ COMPRESSION_DECAY = 0.0
 #: was 14% larger; n 2-3 at 180): about 240. Segments are sized to it, between 2 and 20 steps.
 UPDATE_TOKENS = 240
 SEGMENT_RANGE = (2, 20)
+#: With adaptation (``--dynamic``, ``--from-scratch``) ``moglm compress`` cuts a file into at most this many blocks
+#: (of at least ``container.BLOCK_SIZE`` bytes; ``container.default_block_size``) unless ``--block-size`` says
+#: otherwise. Here the segments reach their full 20 steps. More blocks shorten them, and each update's gradient
+#: then reaches fewer steps back: the larger held-out text's 121 blocks of 4096 bytes (segments of 2) coded 4.4%
+#: larger than 12 blocks (docs/guides/compression.md).
+ADAPTING_BLOCKS = UPDATE_TOKENS // SEGMENT_RANGE[1]
 #: ``moglm compress --dynamic``'s divergence guard (recorded in the header as ``guard``): after every update the
 #: adapted model's code of the segment is compared with the trained model's code of the same tokens, and where
 #: the adapted one has been longer by more than this many nats per token over the recent text (dynamic
@@ -65,9 +71,12 @@ MATCH = MatchSettings(min_length=5)
 #: geometrically with it by weights learnt while coding, by five sets of weights (each chosen by its own context)
 #: and a second layer, then refined by an adaptive probability map (:mod:`.context_mixing`). Searched on chapters
 #: 6-8 of the Vim user manual with the 413K-parameter byte model, static and adapting; the further sets and their
-#: step on saved predictions of the longer-trained 3M model there, adapting (docs/guides/compression.md).
+#: step on saved predictions of the longer-trained 3M model there, adapting, and so were the sparse contexts (the
+#: token above with the column, the two above with the token just read, the second and third back; 0.7% smaller
+#: there; docs/guides/compression.md).
 CONTEXTS = ContextSettings(orders=(1, 2, 3, 4, 6), words=2, alpha=0.25, lr=4e-3, apm_lr=0.02,
-                           mixers=("token", "order2", "kinds", "word"), final_lr=5e-3)
+                           mixers=("token", "order2", "kinds", "word"), final_lr=5e-3,
+                           sparse=("above", "above_pair", "skip"))
 
 
 def step_scale(streams: int) -> float:

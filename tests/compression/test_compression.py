@@ -18,8 +18,9 @@ pytest.importorskip("constriction", reason="the compress extra (constriction) is
 from conftest import tiny_format_run  # noqa: E402
 from moglm.cli import main  # noqa: E402
 from moglm.compression import Layout, compress, decompress, read_header  # noqa: E402
-from moglm.compression.run import (CACHE, COMPRESSION_LR, GUARD_MARGIN, UPDATE_TOKENS, segment_length,  # noqa: E402
-                                   step_scale)
+from moglm.compression.container import default_block_size  # noqa: E402
+from moglm.compression.run import (ADAPTING_BLOCKS, CACHE, COMPRESSION_LR, GUARD_MARGIN,  # noqa: E402
+                                   SEGMENT_RANGE, UPDATE_TOKENS, segment_length, step_scale)
 from moglm.evaluation.neural_cache import StepCacheSettings  # noqa: E402
 from moglm.data.vocabulary import Vocabulary  # noqa: E402
 from moglm.dynamic_evaluation import DynamicEvaluator, Hyperparameters  # noqa: E402
@@ -273,6 +274,35 @@ def test_the_adaptations_segments_hold_about_the_same_tokens_however_many_blocks
         assert StepCacheSettings(**header["cache"]) == CACHE  # the neural cache is on by default
 
 
+def test_adapting_codes_at_most_twelve_blocks_unless_the_block_size_is_given(char_run, tmp_path, monkeypatch):
+    """At 12 blocks the adaptation's segments reach 20 steps; a larger file adapting gets larger blocks (static,
+    blocks of BLOCK_SIZE for speed), in moglm compress and in both rows of moglm bench compress; --block-size
+    still decides. BLOCK_SIZE is made 64 bytes here, so that a file of 1,314 bytes passes 12 of them."""
+    import json
+
+    from moglm.compression import container
+    from moglm.compression.container import BLOCK_SIZE, block_count
+
+    assert ADAPTING_BLOCKS * SEGMENT_RANGE[1] == UPDATE_TOKENS
+    assert default_block_size(100_000, False) == BLOCK_SIZE and default_block_size(10_000, True) == BLOCK_SIZE
+    assert [block_count(n, n, default_block_size(n, True)) for n in (49_152, 49_153, 101_334, 494_213)] == [12] * 4
+    monkeypatch.setattr(container, "BLOCK_SIZE", 64)
+    source = tmp_path / "text.txt"
+    source.write_bytes(TEXT * 3)
+    for args, blocks in (([], 21), (["--dynamic"], 12), (["--dynamic", "--block-size", "64"], 21)):
+        out = tmp_path / f"{len(args)}.moglm"
+        assert main(["compress", str(char_run), str(source), "-o", str(out), "--no-progress", *args]) == 0
+        header = read_header(out.read_bytes())[0]
+        assert header["blocks"] == blocks, args
+        if args:
+            assert header["adapt"]["hyperparameters"]["segment_length"] == segment_length(blocks)
+    report = tmp_path / "bench.json"
+    assert main(["bench", "compress", str(char_run), str(source), "--dynamic", "--no-progress", "--out",
+                 str(report)]) == 0
+    rows = json.loads(report.read_text())["rows"]
+    assert [(r["block_size"], r["blocks"]) for r in rows] == [(64, 21), (math.ceil(len(TEXT) * 3 / 12), 12)]
+
+
 def test_fewer_blocks_than_fill_an_update_take_a_step_smaller_by_the_square_root_of_their_tokens():
     """Up to 12 blocks an update reads 20 steps of each, fewer than UPDATE_TOKENS tokens: the step shrinks as the
     square root of the tokens (one block: 20 of 240), and from 12 blocks on it is the searched step itself."""
@@ -421,12 +451,15 @@ def test_the_compression_search_reads_context_mixer_settings_and_refuses_others_
     search = _search_module()
     assert search._mixer("1,3/1/0.5/2e-3/0") == ContextSettings((1, 3), 1, 0.5, 2e-3, 0.0)
     assert search._mixer("off") is None and search._mixer("default") == CONTEXTS
-    assert search._spelled(CONTEXTS) == "1,2,3,4,6/2/0.25/0.004/0.02/token,order2,kinds,word/0.005"
+    assert search._spelled(CONTEXTS) == ("1,2,3,4,6/2/0.25/0.004/0.02/token,order2,kinds,word/0.005/"
+                                         "above,above_pair,skip")
     assert search._spelled(ContextSettings()) == "1,2,3,4,6/2/0.25/0.001/0.02" and search._spelled(None) == "off"
     assert search._mixer(search._spelled(CONTEXTS)) == CONTEXTS
     assert search._mixer("1/0/1/1e-3/0/word/0.1") == ContextSettings((1,), 0, 1.0, 1e-3, 0.0, ("word",), 0.1)
+    assert search._mixer("1/0/1/1e-3/0//0.1/skip") == ContextSettings((1,), 0, 1.0, 1e-3, 0.0, (), 0.1, ("skip",))
+    assert search._spelled(ContextSettings((1,), 0, 1.0, 1e-3, 0.0, sparse=("skip",))) == "1/0/1/0.001/0//0.005/skip"
     for bad in ("1,2/2/0.5", "3,1/2/0.5/1e-3/0.02", "1/9/0.5/1e-3/0.02", "a/2/0.5/1e-3/0.02",
-                "1/0/1/1e-3/0/word", "1/0/1/1e-3/0/order9/0.1"):
+                "1/0/1/1e-3/0/word", "1/0/1/1e-3/0/order9/0.1", "1/0/1/1e-3/0//0.1/column"):
         with pytest.raises(SystemExit, match="is not ORDERS/WORDS/ALPHA/LR/APM_LR"):
             search._mixer(bad)
 

@@ -13,9 +13,9 @@ pytest.importorskip("constriction", reason="the compress extra (constriction) is
 
 from conftest import coded_round_trip, tiny_format_run  # noqa: E402
 from moglm.compression import container, read_header  # noqa: E402
-from moglm.compression.context_mixing import (APM_EDGES, COUNT_BINS, KINDS, MAX_ORDER,  # noqa: E402
-                                              MAX_WORD_LENGTH, MIXER_CONTEXTS, ContextMixer, ContextSettings,
-                                              kinds, letters, map_bins, table_bits)
+from moglm.compression.context_mixing import (APM_EDGES, COUNT_BINS, KINDS, LINE_WIDTH, MAX_ORDER,  # noqa: E402
+                                              MAX_WORD_LENGTH, MIXER_CONTEXTS, SPARSE_CONTEXTS, ContextMixer,
+                                              ContextSettings, kinds, letters, map_bins, table_bits)
 from moglm.dynamic_evaluation import Hyperparameters  # noqa: E402
 from moglm.errors import MoglmError  # noqa: E402
 
@@ -33,18 +33,21 @@ class ReferenceMixer:
     weighted sum of their logarithms, and the weights' steps one block after another; with ``mixers``, each
     weight set's mixture on its own, normalised, their weighted sum of logarithms, and every set's step on its
     own code length and the second layer's on the final one, each row stepped by the mean gradient of the blocks
-    that share it."""
+    that share it; with ``sparse``, the tables of the token above and its column, the two above and the last
+    token, and the second and third tokens back, from each block's lines kept as lists."""
 
     def __init__(self, settings: ContextSettings, streams: int, vocab: int, letter_of: list[int],
-                 kind_of: list[int]) -> None:
+                 kind_of: list[int], newline: int = -1) -> None:
         self.s, self.streams, self.vocab, self.letter_of, self.kind_of = settings, streams, vocab, letter_of, kind_of
+        self.newline = newline  # the token that ends a line (-1: none)
+        self.lines = [[[], []] for _ in range(streams)]  # per block: the line before and this one, token + 1 each
         self.last = [KINDS - 1] * streams
         self.before = [vocab] * streams  # each block's last token (vocab: none yet)
         self.corrections = [0.0] * ((vocab + 1) * (len(APM_EDGES) + 1))
         self.bits = table_bits(vocab)
-        self.tables = len(settings.orders) + settings.words
+        self.tables = len(settings.orders) + settings.words + len(settings.sparse)
         self.counts = [{} for _ in range(self.tables)]  # per table: row -> [V] counts
-        self.recent = [[0] * settings.orders[-1] for _ in range(streams)]  # token + 1, 0 before the start
+        self.recent = [[0] * max(settings.orders[-1], 3) for _ in range(streams)]  # token + 1, 0 before the start
         self.words = [[0, 0] for _ in range(streams)]  # hashes of the current and the previous word
         self.weights = [[1.0 / (self.tables + 1)] * (self.tables + 1)
                         for _ in range((self.tables + 1) * COUNT_BINS * KINDS)]
@@ -65,9 +68,27 @@ class ReferenceMixer:
         mixed = [math.exp(sum(w[j] * logs[j][v] for j in range(len(w)))) for v in range(self.vocab)]
         return [m / sum(mixed) for m in mixed]
 
+    def sparse_key(self, b: int, name: str) -> int:
+        m, before, line = 2**64, *self.lines[b]
+        column = min(len(line), LINE_WIDTH)
+
+        def above(c: int) -> int:
+            return before[c] if c < min(len(before), LINE_WIDTH) else 0
+
+        if name == "above":
+            key = (above(column) * 1_000_003 + column) % m
+        elif name == "above_pair":
+            key = (((above(column) * 1_000_003 + above(column + 1)) % m) * 1_000_003 + self.recent[b][-1]) % m
+        else:
+            key = (self.recent[b][-2] * 1_000_003 + self.recent[b][-3]) % m
+        return (key * 1_000_003 + MAX_ORDER + 3 + SPARSE_CONTEXTS.index(name)) % m
+
     def row(self, b: int, table: int) -> int:
         m = 2**64
-        if table < len(self.s.orders):
+        words_end = len(self.s.orders) + self.s.words
+        if table >= words_end:
+            key = self.sparse_key(b, self.s.sparse[table - words_end])
+        elif table < len(self.s.orders):
             k = self.s.orders[table]
             key = 0
             for token in reversed(self.recent[b][-k:]):  # the most recent first
@@ -145,6 +166,8 @@ class ReferenceMixer:
             self.last2[b], self.before2[b] = self.last[b], self.before[b]
             self.length[b] = self.length[b] + 1 if self.letter_of[int(y)] >= 0 else 0
             self.recent[b] = self.recent[b][1:] + [int(y) + 1]
+            self.lines[b] = [self.lines[b][1], []] if int(y) == self.newline else [self.lines[b][0],
+                                                                                     self.lines[b][1] + [int(y) + 1]]
             self.last[b] = self.kind_of[int(y)]
             self.before[b] = int(y)
             letter = self.letter_of[int(y)]
@@ -177,17 +200,24 @@ def test_the_maps_bin_is_the_count_of_edges_below_a_log_probability_on_and_betwe
     np.testing.assert_array_equal(bins, np.searchsorted(APM_EDGES, log_p))
 
 
-@pytest.mark.parametrize("words, apm_lr, mixers", [(0, 0.0, ()), (1, 0.1, ()), (2, 0.1, ()), (2, 0.1, MIXER_CONTEXTS),
-                                                    (0, 0.0, ("kinds", "token"))])
-def test_the_mixer_agrees_with_a_plain_loop_at_every_step(words, apm_lr, mixers):
+LINES = {**CHARS, 4: "\n"}  # the same alphabet with a line break in place of the full stop
+
+
+@pytest.mark.parametrize("words, apm_lr, mixers, sparse", [
+    (0, 0.0, (), ()), (1, 0.1, (), ()), (2, 0.1, (), ()), (2, 0.1, MIXER_CONTEXTS, ()),
+    (0, 0.0, ("kinds", "token"), ()), (2, 0.1, MIXER_CONTEXTS, SPARSE_CONTEXTS), (0, 0.0, (), ("skip",)),
+    (1, 0.0, ("word",), ("above_pair", "above"))])
+def test_the_mixer_agrees_with_a_plain_loop_at_every_step(words, apm_lr, mixers, sparse):
     """Random distributions and tokens over a small alphabet with letters and separators (contexts and words
-    repeat often, so every mixer context and count bin is met): every step's mixed distributions equal the
-    reference loop's, and so do the weights, every further set's and the second layer's."""
-    rng = np.random.default_rng(words)
-    settings = ContextSettings(orders=(1, 2, 4), words=words, alpha=0.7, lr=0.05, apm_lr=apm_lr, mixers=mixers,
-                               final_lr=0.02)
-    fast = ContextMixer(settings, 3, V, CHARS)
-    slow = ReferenceMixer(settings, 3, V, letters(CHARS, V).tolist(), kinds(CHARS, V).tolist())
+    repeat often, so every mixer context and count bin is met; with sparse contexts the separator is a line break,
+    so lines are short and each has one above): every step's mixed distributions equal the reference loop's, and
+    so do the weights, every further set's and the second layer's."""
+    rng = np.random.default_rng(words + 10 * len(sparse))
+    settings = ContextSettings(orders=(1, 2, 4) if sparse != ("skip",) else (1,), words=words, alpha=0.7, lr=0.05,
+                               apm_lr=apm_lr, mixers=mixers, final_lr=0.02, sparse=sparse)
+    chars = LINES if sparse else CHARS
+    fast = ContextMixer(settings, 3, V, chars)
+    slow = ReferenceMixer(settings, 3, V, letters(chars, V).tolist(), kinds(chars, V).tolist(), 4 if sparse else -1)
     for _ in range(150):
         p = rng.random((3, V)) + 0.01
         np.testing.assert_allclose(fast.mix(p), slow.mix(p), rtol=1e-12, atol=1e-15)
@@ -255,6 +285,54 @@ def test_the_previous_word_predicts_past_what_the_orders_see():
     assert first_letter[2] > 0.85 and first_letter[0] < 0.6, first_letter
 
 
+@pytest.mark.parametrize("sparse", [(), ("above",)])
+def test_the_token_above_predicts_a_line_that_repeats_the_one_before(sparse):
+    """Lines of six random letters, each line the one before it: order 1 sees a random letter, the token above
+    (same column, line before) is the answer."""
+    rng = np.random.default_rng(6)
+    mixer = ContextMixer(ContextSettings(orders=(1,), words=0, sparse=sparse), 1, V, LINES)
+    right = []
+    for _ in range(40):
+        line = [int(t) for t in rng.choice([0, 1, 3, 5], 6)] if not right else line
+        for token in line + [4]:  # 4: a line break
+            right.append(mixer.mix(np.ones((1, V)))[0, token])
+            mixer.append(np.array([token]))
+    late = np.mean(right[-70:])
+    assert (late > 0.8) if sparse else (late < 0.6), late
+
+
+@pytest.mark.parametrize("sparse", [(), ("skip",)])
+def test_the_tokens_two_and_three_back_predict_past_a_random_one_in_between(sparse):
+    """Triplets (a, noise, f(a)): before f(a) the last token is noise, the skip context (a and the token before it)
+    predicts it."""
+    rng = np.random.default_rng(7)
+    mixer = ContextMixer(ContextSettings(orders=(1,), words=0, sparse=sparse), 1, V, CHARS)
+    follows, right = {0: 3, 1: 5, 6: 0}, []
+    for _ in range(300):
+        a, noise = int(rng.choice([0, 1, 6])), int(rng.choice([2, 4]))
+        for position, token in enumerate((a, noise, follows[a])):
+            p = mixer.mix(np.ones((1, V)))
+            if position == 2:
+                right.append(p[0, token])
+            mixer.append(np.array([token]))
+    late = np.mean(right[-50:])
+    assert (late > 0.8) if sparse else (late < 0.6), late
+
+
+def test_a_line_longer_than_the_width_has_nothing_above_past_it():
+    """Columns from LINE_WIDTH on are not remembered: a block's column keeps counting, its line stops growing, and
+    what it reads there leaves the line kept for the next one as it was."""
+    mixer = ContextMixer(ContextSettings(orders=(1,), words=0, sparse=("above",)), 1, V, LINES)
+    for t in range(LINE_WIDTH + 10):
+        mixer.mix(np.ones((1, V)))
+        mixer.append(np.array([t % 2]))
+    assert mixer._column.tolist() == [LINE_WIDTH + 10] and mixer._line[0, LINE_WIDTH] == 0
+    mixer.mix(np.ones((1, V)))
+    mixer.append(np.array([4]))
+    assert mixer._column.tolist() == [0] and mixer._line.sum() == 0
+    assert mixer._above[0, :LINE_WIDTH].tolist() == [t % 2 + 1 for t in range(LINE_WIDTH)]
+
+
 def test_without_characters_no_token_is_a_letter_and_the_word_contexts_stay_empty():
     mixer = ContextMixer(ContextSettings(orders=(1,), words=2), 1, V)
     for token in [0, 1, 2, 3]:
@@ -308,14 +386,16 @@ def test_more_blocks_than_a_count_can_hold_never_wrap_a_count():
                                  {"lr": -1e-3}, {"lr": 2.0}, {"lr": True}, {"words": 3}, {"words": -1},
                                  {"words": 1.0}, {"words": False}, {"apm_lr": -0.1}, {"apm_lr": 1.5},
                                  {"mixers": ("token", "token")}, {"mixers": ("order3",)}, {"mixers": "token"},
-                                 {"final_lr": -1.0}, {"final_lr": "0.1"}])
+                                 {"final_lr": -1.0}, {"final_lr": "0.1"}, {"sparse": ("skip", "skip")},
+                                 {"sparse": ("column",)}, {"sparse": "skip"}, {"sparse": [["skip"]]}])
 def test_bad_settings_are_one_line_errors(bad):
     with pytest.raises(MoglmError, match="context"):
         ContextSettings(**bad)
 
 
 def test_settings_read_back_from_json_as_they_were():
-    settings = ContextSettings(orders=(1, 3), words=1, alpha=2, lr=0.0, apm_lr=0.5, mixers=("word", "token"))
+    settings = ContextSettings(orders=(1, 3), words=1, alpha=2, lr=0.0, apm_lr=0.5, mixers=("word", "token"),
+                               sparse=("skip", "above"))
     assert ContextSettings(**json.loads(json.dumps(vars(settings)))) == settings
 
 
@@ -332,7 +412,7 @@ def test_text_with_its_own_vocabulary_codes_smaller_with_the_mixer_and_round_tri
     assert mixed.blocks == plain.blocks == 8
     assert mixed.model_bits < 0.8 * plain.model_bits
     recorded = {"orders": [1, 2, 3, 4, 6], "words": 2, "alpha": 0.25, "lr": 0.001, "apm_lr": 0.02, "mixers": [],
-                "final_lr": 0.005}  # the dataclass's own defaults: one set
+                "final_lr": 0.005, "sparse": []}  # the dataclass's own defaults: one set, no sparse contexts
     assert read_header(with_mixer)[0]["contexts"] == recorded and read_header(without)[0]["contexts"] is None
     assert ContextSettings(**mixed.contexts) == ContextSettings() and plain.contexts is None
 
@@ -352,13 +432,14 @@ def test_a_header_before_version_7_has_no_mixer_and_one_of_version_7_must_say():
 
 @pytest.mark.parametrize("hp", [None, Hyperparameters(rule="sgd", lr=0.3, segment_length=5)],
                          ids=["static", "dynamic"])
-def test_the_default_mixer_of_five_weight_sets_round_trips_and_is_recorded(byte_run, hp):
+def test_the_default_mixer_of_five_weight_sets_and_sparse_contexts_round_trips_and_is_recorded(byte_run, hp):
     from moglm.compression.run import CONTEXTS
 
-    assert CONTEXTS.mixers == MIXER_CONTEXTS
-    data = b"the mixer's weight sets, chosen by their own contexts. " * 12
+    assert CONTEXTS.mixers == MIXER_CONTEXTS and CONTEXTS.sparse == SPARSE_CONTEXTS
+    data = b"the mixer's weight sets,\n  chosen by their own contexts;\n" * 12
     blob, report = coded_round_trip(byte_run, data, hp, contexts=CONTEXTS)
     assert read_header(blob)[0]["contexts"]["mixers"] == list(MIXER_CONTEXTS)
+    assert read_header(blob)[0]["contexts"]["sparse"] == list(SPARSE_CONTEXTS)
     assert ContextSettings(**report.contexts) == CONTEXTS
 
 
@@ -372,11 +453,31 @@ def test_a_version_8_file_decodes_with_one_set_of_weights_as_it_was_coded(byte_r
 
     data = b"one set of weights, as version 8 mixed. " * 10
     blob, _ = coded_round_trip(byte_run, data, contexts=ContextSettings())
-    old = {k: v for k, v in read_header(blob)[0]["contexts"].items() if k not in ("mixers", "final_lr")}
+    old = {k: v for k, v in read_header(blob)[0]["contexts"].items() if k not in ("mixers", "final_lr", "sparse")}
     version_8 = forged(blob, version=8, contexts=old)
     assert version_8[6] == 8 and ContextSettings(**read_header(version_8)[0]["contexts"]).mixers == ()
     trained = load_run(byte_run)
     assert decompress(version_8, trained.model, trained.vocab, progress=False) == data
+    with pytest.raises(MoglmError, match="contexts settings are not settings"):
+        decompress(forged(blob, contexts=old), trained.model, trained.vocab, progress=False)
+
+
+def test_a_version_9_file_decodes_without_sparse_contexts_as_it_was_coded(byte_run):
+    """Version 9's header has no ``sparse``: read as none, so a file coded without them decodes; a version 10
+    header without the field is damaged."""
+    from moglm.compression import decompress
+    from moglm.runs.language_model import load_run
+
+    from test_compression import forged
+
+    data = b"five sets of weights and no sparse contexts,\nas version 9 mixed.\n" * 6
+    settings = ContextSettings(mixers=MIXER_CONTEXTS)
+    blob, _ = coded_round_trip(byte_run, data, contexts=settings)
+    old = {k: v for k, v in read_header(blob)[0]["contexts"].items() if k != "sparse"}
+    version_9 = forged(blob, version=9, contexts=old)
+    assert version_9[6] == 9 and ContextSettings(**read_header(version_9)[0]["contexts"]) == settings
+    trained = load_run(byte_run)
+    assert decompress(version_9, trained.model, trained.vocab, progress=False) == data
     with pytest.raises(MoglmError, match="contexts settings are not settings"):
         decompress(forged(blob, contexts=old), trained.model, trained.vocab, progress=False)
 

@@ -607,6 +607,20 @@ def test_a_build_lock_left_by_a_killed_build_is_cleared_not_waited_for(tmp_path)
         assert not (tmp_path / "lock").exists()
 
 
+@pytest.mark.parametrize("built", [False, True])
+def test_a_process_waiting_on_the_build_lock_says_so_only_when_a_build_is_under_way(tmp_path, capfd, built):
+    """Another process holds the lock: while it builds, the waiting one says so; when the library is built
+    already, the holder is only checking it, and nothing is said for that moment's wait."""
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom moglm.atomic import exclusive_lock\n"
+                               f"with exclusive_lock({str(tmp_path / '.moglm-build')!r}):\n"
+                               "    print('held', flush=True)\n    time.sleep(1.5)"], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    with build._build_lock(tmp_path, built):
+        pass
+    holder.wait()
+    assert ("waiting for another process that is building" in capfd.readouterr().err) == (not built)
+
+
 WORKSPACE_SCRIPT = """
 import json, math, torch, moglm
 from moglm.recurrence import compiled

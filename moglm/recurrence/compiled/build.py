@@ -79,15 +79,17 @@ def extensions_dir() -> Path:
 
 
 @contextmanager
-def _build_lock(build_dir: Path):
+def _build_lock(build_dir: Path, built: bool = False):
     """torch's build lock (a ``lock`` file it creates and deletes) outlives a process killed mid-build, and
     every later build then waits for it forever. Builds of this directory are serialised by an ``flock``
     here, which the kernel releases with its holder, so a ``lock`` file found while holding it is stale.
-    A process that waits for another's build says so."""
+    A process that waits for another's build says so, unless the library was ``built`` already (then the other
+    process is only checking it, which takes a moment)."""
 
     def waiting() -> None:
-        print("moglm: waiting for another process that is building the compiled recurrence (once; about a "
-              "minute)...", file=sys.stderr, flush=True)
+        if not built:
+            print("moglm: waiting for another process that is building the compiled recurrence (once; about a "
+                  "minute)...", file=sys.stderr, flush=True)
 
     with exclusive_lock(build_dir / ".moglm-build", on_wait=waiting):
         (build_dir / "lock").unlink(missing_ok=True)
@@ -106,10 +108,11 @@ def _load() -> bool:
         build_dir = extensions_dir() / name
         build_dir.mkdir(parents=True, exist_ok=True)
         _state["build_dir"] = str(build_dir)
-        if not any(build_dir.glob(f"{name}*.so")):
+        built = any(build_dir.glob(f"{name}*.so"))
+        if not built:
             print("moglm: building the compiled recurrence for this machine (once; about a minute)...",
                   file=sys.stderr, flush=True)
-        with _build_lock(build_dir):
+        with _build_lock(build_dir, built):
             cpp_extension.load(
                 name=name,
                 sources=[str(source_dir() / s) for s in SOURCES if s.endswith(".cpp")],
