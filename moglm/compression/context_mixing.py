@@ -169,9 +169,7 @@ class ContextMixer:
         self._tables = np.zeros((tables, 1 << self._bits, vocab), dtype=np.uint16)  # [K, S, V]: the counts
         history = max(orders[-1], 3 if "skip" in settings.sparse else 1)  # the skip context reads 3 tokens back
         self._recent = np.zeros((streams, history), dtype=np.uint64)  # [B, k]: token + 1; 0 before the start
-        self._newline = np.zeros(vocab, dtype=bool)  # [V]: the tokens that end a line
-        for i, c in (chars or {}).items():
-            self._newline[i] = 0 <= i < vocab and c == "\n"
+        self._newline = np.array([(chars or {}).get(i) == "\n" for i in range(vocab)])  # [V]: tokens ending a line
         self._column = np.zeros(streams, dtype=np.int64)  # [B]: each block's column in its line
         self._line = np.zeros((streams, LINE_WIDTH + 1), dtype=np.uint64)  # [B, W+1]: this line's token + 1 by column
         self._above = np.zeros((streams, LINE_WIDTH + 1), dtype=np.uint64)  # [B, W+1]: the line before's (0: none)

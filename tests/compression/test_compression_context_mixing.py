@@ -319,6 +319,14 @@ def test_the_tokens_two_and_three_back_predict_past_a_random_one_in_between(spar
     assert (late > 0.8) if sparse else (late < 0.6), late
 
 
+def test_only_the_vocabularys_line_feed_ends_a_line_and_ids_outside_it_are_ignored():
+    """As for the letters and kinds: a character of an id outside the vocabulary is ignored, and a carriage return
+    does not end a line (a CRLF file would otherwise have an empty line above every line)."""
+    mixer = ContextMixer(ContextSettings(orders=(1,), words=0, sparse=("above",)), 1, V,
+                         {**LINES, 2: "\r", V: "\n", -1: "\n"})
+    assert mixer._newline.tolist() == [False, False, False, False, True, False, False]
+
+
 def test_a_line_longer_than_the_width_has_nothing_above_past_it():
     """Columns from LINE_WIDTH on are not remembered: a block's column keeps counting, its line stops growing, and
     what it reads there leaves the line kept for the next one as it was."""
