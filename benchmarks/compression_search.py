@@ -119,7 +119,7 @@ def _mixer(spec: str) -> ContextSettings | None:
         sparse = parts[7] if len(parts) == 8 else ""
         return ContextSettings(tuple(int(k) for k in orders.split(",")), int(words), float(alpha), float(lr),
                                float(apm_lr), tuple(m for m in mixers.split(",") if m), float(final_lr),
-                               tuple(m for m in sparse.split(",") if m))
+                               tuple(m for m in sparse.split(",") if m), CONTEXTS.kernel)
     except (ValueError, MoglmError):
         raise SystemExit(f"--contexts: {spec!r} is not ORDERS/WORDS/ALPHA/LR/APM_LR[/MIXERS/FINAL_LR[/SPARSE]] (e.g. "
                          "1,2,3,4/2/0.5/1e-3/0.02), off or default") from None

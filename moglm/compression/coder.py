@@ -34,7 +34,8 @@ import torch
 from ..errors import MoglmError
 from ..evaluation.neural_cache import StepCache, fitted
 from ..progress import progress_bar
-from .context_mixing import ContextMixer, ContextSettings
+from .compiled_mixing import context_mixer
+from .context_mixing import ContextSettings
 from .match import MatchModel, MatchSettings
 
 LITERAL_END = 256  # a new gap is spelled as bytes 0-255, then this symbol
@@ -68,13 +69,15 @@ class Predictor:
     grows linearly from 0 to its full size over the first ``warmup`` tokens read (all streams together; 0: full
     from the start); ``contexts``: the :class:`~.context_mixing.ContextSettings` of the context mixer applied after
     the cache (the file's own order-k statistics; ``None``: none), ``chars`` each token's character (the layout's,
-    read by its word contexts and its mixer); ``match``: the :class:`~.match.MatchSettings` of
+    read by its word contexts and its mixer, ``tokens`` about how many tokens the streams hold in all (its tables'
+    memory is mapped at once for many); ``match``: the :class:`~.match.MatchSettings` of
     the match model applied last (exact repeats of the recent tokens anywhere in the file read so far; ``None``:
     none)."""
 
     def __init__(self, model, start: int, rows: int = 1, factor: float = 1.0, adapter=None, cache=None,
                  guard: float | None = None, warmup: int = 0, match: MatchSettings | None = None,
-                 contexts: ContextSettings | None = None, chars: dict[int, str] | None = None) -> None:
+                 contexts: ContextSettings | None = None, chars: dict[int, str] | None = None,
+                 tokens: int = 0) -> None:
         self.net = model if adapter is None else adapter.model
         self.factor, self.adapter, self.warmup, self.steps = factor, adapter, warmup, 0
         self.static = model if adapter is not None and guard is not None else None
@@ -86,7 +89,7 @@ class Predictor:
         self.log_p, self.features, self.state = self._read(first, None)
         hidden, vocab = self.features.shape[-1], self.log_p.shape[-1]
         self.cache = None if cache is None else StepCache(fitted(cache, rows, hidden), rows, hidden, vocab)
-        self.contexts = None if contexts is None else ContextMixer(contexts, rows, vocab, chars)
+        self.contexts = None if contexts is None else context_mixer(contexts, rows, vocab, chars, tokens)
         self.match = None if match is None else MatchModel(match, rows)
 
     def _read(self, tokens: torch.Tensor, state):

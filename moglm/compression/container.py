@@ -4,10 +4,10 @@ that says what it needs to be decoded, and refuses anything else with a one-line
 The file is cut into B blocks of about ``block_size`` bytes (its tokens shared out evenly, so the blocks are
 read in step), coded side by side as one batch of B streams (:mod:`.coder`), one range-coder state per block.
 A block whose model code is no shorter than its bytes is stored raw and flagged, so no file grows by more than
-the header. Container, version 10 (little-endian)::
+the header. Container, version 11 (little-endian)::
 
     b"MOGLMZ" | version (1 byte) | header length (4 bytes)
-    | header (compact JSON, UTF-8, zlib-deflated with the preset dictionary header_dictionary(10))
+    | header (compact JSON, UTF-8, zlib-deflated with the preset dictionary header_dictionary(11))
     | block table: per block, its stored length times 2 plus 1 if it is raw (a LEB128 varint: 2 bytes for a
       block of up to 8 KB stored), then the CRC-16 of its stored bytes (2 bytes; CCITT, ``binascii.crc_hqx``)
     | CRC-32 of everything before it (4 bytes) | the blocks' stored bytes, in order
@@ -21,6 +21,9 @@ blocks and the block size, whether gaps are coded, the original length and its S
 library versions. Decoding checks the header's CRC, that the block table stays inside the file, every block's
 CRC (a damaged or truncated file, named by its block), the run's digest (another run, or a changed one) and,
 at the end, the output's SHA-256 and length before anything is written: a wrong output is never produced.
+Version 11 records the context mixer's arithmetic (the header's ``contexts`` gains ``kernel``: ``compiled``, the C++
+step of :mod:`.compiled_mixing`, or ``numpy``, its reference twin, where the compiled library cannot be built; a file
+of version 10 or older was coded with numpy's) and deflates the header with :data:`HEADER_DICTIONARY_11`.
 Version 10 records the context mixer's sparse contexts (the header's ``contexts`` gains ``sparse``; a file of
 version 9 or older has none) and deflates the header with :data:`HEADER_DICTIONARY_10`. Version 9 records the
 context mixer's further weight sets and second layer (the header's ``contexts`` gains
@@ -70,16 +73,17 @@ from ..evaluation.neural_cache import StepCacheSettings
 from ..recurrence import compiled
 from .coder import Block, GapModel, Predictor, decode, encode
 from .layout import Layout
+from .compiled_mixing import usable
 from .context_mixing import ContextSettings
 from .match import MatchSettings
 from .run import ADAPTING_BLOCKS, guard_margin, warmup_tokens
 
 MAGIC = b"MOGLMZ"
-VERSION = 10
+VERSION = 11
 #: the context mixer's settings that later versions added, by the first version that records them, with what a
 #: header of an older version leaves out, as it was coded: version 9's further weight sets and second layer (one set
-#: before), version 10's sparse contexts (none before)
-CONTEXT_FIELDS = {9: {"mixers": [], "final_lr": 0.0}, 10: {"sparse": []}}
+#: before), version 10's sparse contexts (none before), version 11's arithmetic (numpy's before)
+CONTEXT_FIELDS = {9: {"mixers": [], "final_lr": 0.0}, 10: {"sparse": []}, 11: {"kernel": "numpy"}}
 #: the first version whose block table is compact (varint lengths with the raw flag, CRC-16s)
 COMPACT_FROM = 8
 #: the header fields that later versions added, and the first version that records each (an older file has none)
@@ -119,6 +123,12 @@ HEADER_DICTIONARY_10 = HEADER_DICTIONARY_9 + (
     b'"contexts":{"orders":[1,2,3,4,6],"words":2,"alpha":0.25,"lr":0.004,"apm_lr":0.02,'
     b'"mixers":["token","order2","kinds","word"],"final_lr":0.005,"sparse":["above","above_pair","skip"]},'
     b'"match":{"min_length":5},"tokens":'
+)
+#: version 11's dictionary: version 10's, then the context mixer's default settings with its compiled arithmetic
+HEADER_DICTIONARY_11 = HEADER_DICTIONARY_10 + (
+    b'"contexts":{"orders":[1,2,3,4,6],"words":2,"alpha":0.25,"lr":0.004,"apm_lr":0.02,'
+    b'"mixers":["token","order2","kinds","word"],"final_lr":0.005,"sparse":["above","above_pair","skip"],'
+    b'"kernel":"compiled"},"match":{"min_length":5},"tokens":'
 )
 MAX_HEADER = 1 << 20  # bytes of JSON an inflated header may have (a forged one cannot exhaust memory)
 BLOCK_SIZE = 4_096  # bytes per block, about (0: the whole file in one block); measured in docs/guides/compression.md
@@ -293,13 +303,14 @@ def compress(data: bytes, model, vocab, *, factor: float = 1.0, adapter=None, se
     _check_options(block_size, threads)
     layout = Layout.of(vocab)
     _check_model(model)
+    contexts = usable(contexts)
     start, cpu = time.perf_counter(), time.process_time()
     blocks = _cut(layout, data, block_size)
     gaps = not layout.gapless
     with fixed_threads(threads), compiled.flush_denormals(True):
         predictor = Predictor(model, layout.start, len(blocks), factor, adapter, cache,
                               guard=guard_margin(settings), warmup=warmup_tokens(settings), match=match,
-                              contexts=contexts, chars=layout.chars)
+                              contexts=contexts, chars=layout.chars, tokens=sum(len(b.tokens) for b in blocks))
         encode(predictor, blocks, _gap_model(layout, gaps), layout.start, progress)
     stored = [_stored(layout, block) for block in blocks]
     tokens = sum(len(b.tokens) for b in blocks)
@@ -434,7 +445,8 @@ def _words(content: bytes, dtype: str) -> np.ndarray:
 
 def header_dictionary(version: int) -> bytes:
     """The preset dictionary a header of ``version`` (4 or later) is deflated with."""
-    return (HEADER_DICTIONARY_10 if version >= 10 else HEADER_DICTIONARY_9 if version >= 9
+    return (HEADER_DICTIONARY_11 if version >= 11 else HEADER_DICTIONARY_10 if version >= 10
+            else HEADER_DICTIONARY_9 if version >= 9
             else HEADER_DICTIONARY_7 if version >= 7 else HEADER_DICTIONARY)
 
 
@@ -571,7 +583,7 @@ def decompress(blob: bytes, model, vocab, *, adapter_for: Callable[[dict], Any] 
         predictor = Predictor(model, layout.start, len(blocks), float(header["factor"]), adapter,
                               recorded_cache(header, name), guard=guard_margin(header["adapt"]),
                               warmup=warmup_tokens(header["adapt"]), match=recorded_match(header, name),
-                              contexts=recorded_contexts(header, name), chars=layout.chars)
+                              contexts=recorded_contexts(header, name), chars=layout.chars, tokens=header["tokens"])
         decode(predictor, blocks, payloads, counts, _gap_model(layout, header["gaps"], header["bytes"]),
                layout.start, progress)
     try:

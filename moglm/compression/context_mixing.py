@@ -38,6 +38,7 @@ read at earlier steps, which the decoder knows too.
 from __future__ import annotations
 
 import math
+import mmap
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,6 +72,10 @@ MAX_WORD_LENGTH = 15  # the ``word`` weights' lengths, the longer ones counted a
 #: contexts): the token above (at the same column of the line before) with the column; the two tokens above (at the
 #: column and the next) with the token just read; the second and third tokens back, skipping the last
 SPARSE_CONTEXTS = ("above", "above_pair", "skip")
+#: the arithmetic of a step: ``numpy`` (this module: the logarithm of every estimate, the mixer's reference twin, and
+#: the only one of files of version 10 and older) or ``compiled`` (:mod:`.compiled_mixing`: the same mixture
+#: computed in C++ from the counted tokens alone; it rounds differently, so a file decodes with the one it names)
+KERNELS = ("numpy", "compiled")
 LINE_WIDTH = 256  # the columns of a line that the ``above`` contexts remember (further ones have nothing above)
 
 
@@ -81,8 +86,8 @@ class ContextSettings:
     worth in each estimate; ``lr``: the mixer's step; ``apm_lr``: the adaptive probability map's step (0: no map);
     ``mixers``: the contexts of further weight sets, from :data:`MIXER_CONTEXTS` (none: one set, no second layer);
     ``final_lr``: the second layer's step; ``sparse``: further tables, counted after the orders' and the words',
-    for the contexts of :data:`SPARSE_CONTEXTS` named. Searched on chapters 6-8 of the Vim user manual
-    (docs/guides/compression.md)."""
+    for the contexts of :data:`SPARSE_CONTEXTS` named; ``kernel``: the arithmetic, from :data:`KERNELS`. Searched
+    on chapters 6-8 of the Vim user manual (docs/guides/compression.md)."""
 
     orders: tuple[int, ...] = (1, 2, 3, 4, 6)
     words: int = 2
@@ -92,6 +97,7 @@ class ContextSettings:
     mixers: tuple[str, ...] = ()
     final_lr: float = 5e-3
     sparse: tuple[str, ...] = ()
+    kernel: str = "numpy"
 
     def __post_init__(self) -> None:
         orders = self.orders
@@ -110,6 +116,8 @@ class ContextSettings:
                 raise MoglmError(f"a context mixer's {field} must be distinct names from {', '.join(allowed)}, "
                                  f"not {names!r}")
             object.__setattr__(self, field, tuple(names))
+        if self.kernel not in KERNELS:
+            raise MoglmError(f"a context mixer's kernel must be one of {', '.join(KERNELS)}, not {self.kernel!r}")
         for name, value, high in (("alpha", self.alpha, 1e6), ("lr", self.lr, 1.0), ("apm_lr", self.apm_lr, 1.0),
                                   ("final_lr", self.final_lr, 1.0)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= high \
@@ -152,21 +160,38 @@ def map_bins(log_p: np.ndarray) -> np.ndarray:
     return (np.clip(np.ceil(log_p), APM_EDGES[0], APM_EDGES[-1] + 1) - APM_EDGES[0]).astype(np.int64)
 
 
+def zeroed(shape: tuple[int, ...], dtype, populate: bool) -> np.ndarray:
+    """Zeros; with ``populate``, their memory mapped at once where the OS can (Linux's ``MAP_POPULATE``). The
+    tables' rows are touched at random, one page fault per new page otherwise: on a 100 KB file that took 0.45 s,
+    where mapping the 320 MB of a byte-level run's tables at once takes 0.13 s (docs/guides/compression.md)."""
+    flag = getattr(mmap, "MAP_POPULATE", None)
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if populate and flag is not None and size:
+        try:
+            return np.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | flag),
+                                 dtype).reshape(shape)
+        except (OSError, ValueError):
+            pass
+    return np.zeros(shape, dtype)
+
+
 class ContextMixer:
     """The context models and mixer of ``streams`` blocks read side by side over a vocabulary of ``vocab``:
     :meth:`mix` a step's distributions, then :meth:`append` the tokens that were read. ``chars``: each token's
     character (token id -> character; the word contexts' letters and the mixer's kinds of token are read from it,
-    and a token without one is neither a letter nor a space)."""
+    and a token without one is neither a letter nor a space); ``tokens``: about how many tokens all the blocks
+    hold (from a sixteenth of a table's rows, the tables' memory is mapped at once: :func:`zeroed`)."""
 
     def __init__(self, settings: ContextSettings, streams: int, vocab: int,
-                 chars: dict[int, str] | None = None) -> None:
+                 chars: dict[int, str] | None = None, tokens: int = 0) -> None:
         self.settings, self.streams, self.vocab = settings, streams, vocab
         self._letters, self._kinds = letters(chars or {}, vocab), kinds(chars or {}, vocab)  # [V], [V]
         self._last = np.full(streams, KINDS - 1, dtype=np.int64)  # [B]: the kind of each block's last token
         self._bits = table_bits(vocab)
         orders = settings.orders
         tables = len(orders) + settings.words + len(settings.sparse)
-        self._tables = np.zeros((tables, 1 << self._bits, vocab), dtype=np.uint16)  # [K, S, V]: the counts
+        self._tables = zeroed((tables, 1 << self._bits, vocab), np.uint16,
+                              tokens >= (1 << self._bits) // 16)  # [K, S, V]: the counts
         history = max(orders[-1], 3 if "skip" in settings.sparse else 1)  # the skip context reads 3 tokens back
         self._recent = np.zeros((streams, history), dtype=np.uint64)  # [B, k]: token + 1; 0 before the start
         self._newline = np.array([(chars or {}).get(i) == "\n" for i in range(vocab)])  # [V]: tokens ending a line
@@ -232,19 +257,27 @@ class ContextMixer:
         n /= totals[:, :, None] + alpha  # the estimates (n + alpha p) / (N + alpha)
         log_q[0] = p
         np.log(np.maximum(log_q, TINY, out=log_q), out=log_q)
+        chosen = self._chosen_rows(totals)
+        if self.settings.mixers:
+            mixed = self._second_layer(chosen)
+        else:
+            log_mixed = np.einsum("bm,mbv->bv", self._weights[chosen[0]], log_q)  # [B, V]
+            mixed = np.exp(log_mixed - log_mixed.max(axis=1, keepdims=True))  # [B, V]
+            mixed /= mixed.sum(axis=1, keepdims=True)
+        self._pending = (rows, chosen[0], mixed)
+        return mixed if not self.settings.apm_lr else self._refine(mixed)
+
+    def _chosen_rows(self, totals: np.ndarray) -> list[np.ndarray]:
+        """``[B]`` per weight set: the row of its weights that each block's context chooses (``totals``: each
+        table's count in each block's row, ``[K, B]``): the first set's by the top counted table, its count bin and
+        the last token's kind, then each further set's (:meth:`_set_contexts`)."""
+        tables = len(totals)
         counted = totals > 0  # [K, B]
         top = np.where(counted.any(axis=0), tables - np.argmax(counted[::-1], axis=0), 0)  # [B]: 0 = none
         top_total = np.where(top > 0, totals[np.maximum(top - 1, 0), np.arange(self.streams)], 0.0)  # [B]
         count_bin = np.minimum(COUNT_BINS - 1, np.floor(np.log2(top_total + 1) / 1.5).astype(np.int64))  # [B]
         context = (top * COUNT_BINS + count_bin) * KINDS + self._last  # [B]
-        if self.settings.mixers:
-            mixed = self._second_layer([context, *self._set_contexts(count_bin)])
-        else:
-            log_mixed = np.einsum("bm,mbv->bv", self._weights[context], log_q)  # [B, V]
-            mixed = np.exp(log_mixed - log_mixed.max(axis=1, keepdims=True))  # [B, V]
-            mixed /= mixed.sum(axis=1, keepdims=True)
-        self._pending = (rows, context, mixed)
-        return mixed if not self.settings.apm_lr else self._refine(mixed)
+        return [context, *self._set_contexts(count_bin)] if self.settings.mixers else [context]
 
     def _set_contexts(self, count_bin: np.ndarray) -> list[np.ndarray]:
         """``[B]`` per further weight set: the row its context chooses (``count_bin``: the top table's, ``[B]``)."""
@@ -289,6 +322,13 @@ class ContextMixer:
         lengths, count them in their contexts' rows, and move every block's context on."""
         read = np.asarray(tokens, dtype=np.int64)  # [B]
         rows = self._pending[0] if self._pending is not None else self._rows()
+        self._learn(read)
+        self._pending = None
+        self._count(read, rows)
+
+    def _learn(self, read: np.ndarray) -> None:
+        """The gradient steps of the adaptive probability map's corrections and of the mixer's weights on the
+        code lengths of the tokens ``read`` (``[B]``), after a :meth:`mix`."""
         if self._refined is not None:
             cells, refined = self._refined
             gradient = -refined  # [B, V]: -d(code length)/d(correction) of every token's cell
@@ -310,7 +350,17 @@ class ContextMixer:
             else:
                 expected = np.einsum("bv,mbv->bm", mixed, log_q)  # [B, M]
                 _step(self._weights, context, coded - expected, self.settings.lr)  # -d(code length)/dw
-            self._pending = None
+
+    def _count(self, read: np.ndarray, rows: np.ndarray) -> None:
+        """Count the tokens ``read`` (``[B]``) in their contexts' ``rows`` (``[K, B]``) and move every block's
+        context on."""
+        self._count_tables(read, rows)
+        self._move_on(read)
+
+    def _count_tables(self, read: np.ndarray, rows: np.ndarray) -> None:
+        """Each table's row ``rows`` (``[K, B]``) counts the token each block read (``[B]``): a row about to
+        overflow is halved first, and a cell that several blocks read gains one for each, at most
+        :data:`STEP_COUNTS`."""
         tables, most = np.arange(len(rows))[:, None], min(self.streams, STEP_COUNTS)  # [K, 1], a cell's gain at most
         full = self._tables[tables, rows, read] >= COUNT_LIMIT - most  # [K, B]: rows that could overflow
         if full.any():
@@ -318,6 +368,9 @@ class ContextMixer:
             self._tables[table, row] //= 2
         cells, counts = np.unique((tables * self._tables.shape[1] + rows) * self.vocab + read, return_counts=True)
         self._tables.reshape(-1)[cells] += np.minimum(counts, most).astype(np.uint16)  # a cell two blocks share: 2
+
+    def _move_on(self, read: np.ndarray) -> None:
+        """Every block's context after the tokens ``read`` (``[B]``): its last tokens, kinds, line and words."""
         self._recent = np.concatenate([self._recent[:, 1:], (read + 1).astype(np.uint64)[:, None]], axis=1)
         self._last2, self._before2 = self._last, self._before
         if self.settings.sparse:

@@ -73,10 +73,11 @@ MATCH = MatchSettings(min_length=5)
 #: 6-8 of the Vim user manual with the 413K-parameter byte model, static and adapting; the further sets and their
 #: step on saved predictions of the longer-trained 3M model there, adapting, and so were the sparse contexts (the
 #: token above with the column, the two above with the token just read, the second and third back; 0.7% smaller
-#: there; docs/guides/compression.md).
+#: there; docs/guides/compression.md). Its arithmetic is the compiled kernel's (:mod:`.compiled_mixing`), numpy's
+#: where the compiled library cannot be built (``moglm compress`` then says so once).
 CONTEXTS = ContextSettings(orders=(1, 2, 3, 4, 6), words=2, alpha=0.25, lr=4e-3, apm_lr=0.02,
                            mixers=("token", "order2", "kinds", "word"), final_lr=5e-3,
-                           sparse=("above", "above_pair", "skip"))
+                           sparse=("above", "above_pair", "skip"), kernel="compiled")
 
 
 def step_scale(streams: int) -> float:

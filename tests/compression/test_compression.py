@@ -449,14 +449,16 @@ def test_the_compression_search_reads_context_mixer_settings_and_refuses_others_
     from moglm.compression.run import CONTEXTS
 
     search = _search_module()
-    assert search._mixer("1,3/1/0.5/2e-3/0") == ContextSettings((1, 3), 1, 0.5, 2e-3, 0.0)
+    assert search._mixer("1,3/1/0.5/2e-3/0") == ContextSettings((1, 3), 1, 0.5, 2e-3, 0.0, kernel=CONTEXTS.kernel)
     assert search._mixer("off") is None and search._mixer("default") == CONTEXTS
     assert search._spelled(CONTEXTS) == ("1,2,3,4,6/2/0.25/0.004/0.02/token,order2,kinds,word/0.005/"
                                          "above,above_pair,skip")
     assert search._spelled(ContextSettings()) == "1,2,3,4,6/2/0.25/0.001/0.02" and search._spelled(None) == "off"
     assert search._mixer(search._spelled(CONTEXTS)) == CONTEXTS
-    assert search._mixer("1/0/1/1e-3/0/word/0.1") == ContextSettings((1,), 0, 1.0, 1e-3, 0.0, ("word",), 0.1)
-    assert search._mixer("1/0/1/1e-3/0//0.1/skip") == ContextSettings((1,), 0, 1.0, 1e-3, 0.0, (), 0.1, ("skip",))
+    assert search._mixer("1/0/1/1e-3/0/word/0.1") == ContextSettings((1,), 0, 1.0, 1e-3, 0.0, ("word",), 0.1,
+                                                                      kernel=CONTEXTS.kernel)
+    assert search._mixer("1/0/1/1e-3/0//0.1/skip") == ContextSettings((1,), 0, 1.0, 1e-3, 0.0, (), 0.1, ("skip",),
+                                                                       CONTEXTS.kernel)
     assert search._spelled(ContextSettings((1,), 0, 1.0, 1e-3, 0.0, sparse=("skip",))) == "1/0/1/0.001/0//0.005/skip"
     for bad in ("1,2/2/0.5", "3,1/2/0.5/1e-3/0.02", "1/9/0.5/1e-3/0.02", "a/2/0.5/1e-3/0.02",
                 "1/0/1/1e-3/0/word", "1/0/1/1e-3/0/order9/0.1", "1/0/1/1e-3/0//0.1/column"):

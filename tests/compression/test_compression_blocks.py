@@ -254,7 +254,7 @@ def test_a_version_4_file_decodes_with_the_windows_keeping_subnormals_as_it_was_
     it on."""
     trained = load_run(char_run)
     blob, _ = compress(TEXT, trained.model, trained.vocab, factor=trained.temperature, block_size=300, progress=False)
-    assert blob[6] == container.VERSION == 10
+    assert blob[6] == container.VERSION == 11
     asked = []
     real = container.compiled.flush_denormals
 
@@ -334,7 +334,7 @@ def test_every_bad_input_is_a_one_line_error_that_touches_no_file(char_run, tmp_
                                                                  "its block size of 100 bytes cuts"),
         "raw-tokens.moglm": (forged(blob, tokens=header["tokens"] - header["blocks"]),
                              f"raw block {raw + 1} of {header['blocks']} does not hold the"),
-        "version-11.moglm": (blob[:6] + b"\x0b" + blob[7:], "a version 11 moglm-compressed file; this moglm reads"),
+        "version-12.moglm": (blob[:6] + b"\x0c" + blob[7:], "a version 12 moglm-compressed file; this moglm reads"),
         "forged-match.moglm": (forged(blob, match={"min_length": 1}), "its header's match settings are not settings"),
         "forged-match-field.moglm": (forged(blob, match={"min_length": 5, "order": 2}),
                                      "its header's match settings are not settings"),

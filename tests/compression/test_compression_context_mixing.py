@@ -16,10 +16,17 @@ from moglm.compression import container, read_header  # noqa: E402
 from moglm.compression.context_mixing import (APM_EDGES, COUNT_BINS, KINDS, LINE_WIDTH, MAX_ORDER,  # noqa: E402
                                               MAX_WORD_LENGTH, MIXER_CONTEXTS, SPARSE_CONTEXTS, ContextMixer,
                                               ContextSettings, kinds, letters, map_bins, table_bits)
+from moglm.compression.compiled_mixing import CompiledContextMixer, context_mixer, kernel_available  # noqa: E402
+from moglm.compression.context_mixing import KERNELS  # noqa: E402
 from moglm.dynamic_evaluation import Hyperparameters  # noqa: E402
 from moglm.errors import MoglmError  # noqa: E402
 
 V = 7  # the tiny vocabulary of the unit tests
+
+
+def _needs(kernel: str) -> None:
+    if kernel == "compiled" and not kernel_available():
+        pytest.skip("the compiled library cannot be built here")
 
 
 @pytest.fixture(scope="module")
@@ -203,20 +210,24 @@ def test_the_maps_bin_is_the_count_of_edges_below_a_log_probability_on_and_betwe
 LINES = {**CHARS, 4: "\n"}  # the same alphabet with a line break in place of the full stop
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("words, apm_lr, mixers, sparse", [
     (0, 0.0, (), ()), (1, 0.1, (), ()), (2, 0.1, (), ()), (2, 0.1, MIXER_CONTEXTS, ()),
     (0, 0.0, ("kinds", "token"), ()), (2, 0.1, MIXER_CONTEXTS, SPARSE_CONTEXTS), (0, 0.0, (), ("skip",)),
     (1, 0.0, ("word",), ("above_pair", "above"))])
-def test_the_mixer_agrees_with_a_plain_loop_at_every_step(words, apm_lr, mixers, sparse):
+def test_the_mixer_agrees_with_a_plain_loop_at_every_step(words, apm_lr, mixers, sparse, kernel):
     """Random distributions and tokens over a small alphabet with letters and separators (contexts and words
     repeat often, so every mixer context and count bin is met; with sparse contexts the separator is a line break,
     so lines are short and each has one above): every step's mixed distributions equal the reference loop's, and
-    so do the weights, every further set's and the second layer's."""
+    so do the weights, every further set's and the second layer's, with numpy's arithmetic and the compiled
+    kernel's (which takes the logarithms of the counted tokens' estimates alone, with its own exp and log)."""
+    _needs(kernel)
     rng = np.random.default_rng(words + 10 * len(sparse))
     settings = ContextSettings(orders=(1, 2, 4) if sparse != ("skip",) else (1,), words=words, alpha=0.7, lr=0.05,
-                               apm_lr=apm_lr, mixers=mixers, final_lr=0.02, sparse=sparse)
+                               apm_lr=apm_lr, mixers=mixers, final_lr=0.02, sparse=sparse, kernel=kernel)
     chars = LINES if sparse else CHARS
-    fast = ContextMixer(settings, 3, V, chars)
+    fast = context_mixer(settings, 3, V, chars)
+    assert isinstance(fast, CompiledContextMixer) == (kernel == "compiled")
     slow = ReferenceMixer(settings, 3, V, letters(chars, V).tolist(), kinds(chars, V).tolist(), 4 if sparse else -1)
     for _ in range(150):
         p = rng.random((3, V)) + 0.01
@@ -349,9 +360,11 @@ def test_without_characters_no_token_is_a_letter_and_the_word_contexts_stay_empt
     assert mixer._word.tolist() == [[0, 0]] and mixer._last.tolist() == [KINDS - 1]
 
 
-def test_blocks_share_their_statistics_and_the_tables_fit_their_bounds():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_blocks_share_their_statistics_and_the_tables_fit_their_bounds(kernel):
+    _needs(kernel)
     """What block 0 read teaches block 1: after block 0 reads 2 6 2 6 ..., block 1's first 2 predicts 6."""
-    mixer = ContextMixer(ContextSettings(orders=(1,), words=0), 2, V)
+    mixer = context_mixer(ContextSettings(kernel=kernel, orders=(1,), words=0), 2, V)
     for t in range(40):
         mixer.mix(np.ones((2, V)))
         mixer.append(np.array([[2, 6][t % 2], 0]))
@@ -363,8 +376,10 @@ def test_blocks_share_their_statistics_and_the_tables_fit_their_bounds():
     assert mixer._tables[0].shape == (1 << 16, V) and mixer._tables[0].dtype == np.uint16
 
 
-def test_a_count_that_would_overflow_halves_its_row():
-    mixer = ContextMixer(ContextSettings(orders=(1,), words=0), 1, V)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_count_that_would_overflow_halves_its_row(kernel):
+    _needs(kernel)
+    mixer = context_mixer(ContextSettings(kernel=kernel, orders=(1,), words=0), 1, V)
     for _ in range(3):
         mixer.mix(np.ones((1, V)))
         mixer.append(np.array([3]))
@@ -376,11 +391,13 @@ def test_a_count_that_would_overflow_halves_its_row():
     assert mixer._tables[0][row, 3] == (np.iinfo(np.uint16).max - 1) // 2 + 1 and mixer._tables[0][row, 5] == 4
 
 
-def test_more_blocks_than_a_count_can_hold_never_wrap_a_count():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_more_blocks_than_a_count_can_hold_never_wrap_a_count(kernel):
+    _needs(kernel)
     """40,000 blocks reading the same token in the same context: a cell gains at most 32,767 a step, and is halved
     before it could pass 65,535 (uint16 would wrap silently)."""
     blocks = 40_000
-    mixer = ContextMixer(ContextSettings(orders=(1,), words=0, apm_lr=0.0), blocks, V)
+    mixer = context_mixer(ContextSettings(kernel=kernel, orders=(1,), words=0, apm_lr=0.0), blocks, V)
     for _ in range(6):
         mixer.mix(np.ones((blocks, V)))
         mixer.append(np.zeros(blocks, dtype=np.int64))
@@ -420,7 +437,7 @@ def test_text_with_its_own_vocabulary_codes_smaller_with_the_mixer_and_round_tri
     assert mixed.blocks == plain.blocks == 8
     assert mixed.model_bits < 0.8 * plain.model_bits
     recorded = {"orders": [1, 2, 3, 4, 6], "words": 2, "alpha": 0.25, "lr": 0.001, "apm_lr": 0.02, "mixers": [],
-                "final_lr": 0.005, "sparse": []}  # the dataclass's own defaults: one set, no sparse contexts
+                "final_lr": 0.005, "sparse": [], "kernel": "numpy"}  # the dataclass's own: one set, no sparse contexts
     assert read_header(with_mixer)[0]["contexts"] == recorded and read_header(without)[0]["contexts"] is None
     assert ContextSettings(**mixed.contexts) == ContextSettings() and plain.contexts is None
 

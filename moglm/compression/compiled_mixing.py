@@ -1,0 +1,101 @@
+"""The context mixer's step compiled (``kernel = "compiled"``): the mixture and the gradients of
+:mod:`.context_mixing` in C++ (``moglm/recurrence/compiled/csrc/context_mixing.cpp``), from the tokens each
+table's row has counted alone.
+
+Where a row has not counted a token v, its estimate is the model's p(v) times a constant of the row, so its
+logarithm is log p(v) plus that constant, which every weight set's normalisation removes; only the few counted
+tokens need a logarithm of their own. The numpy mixer takes the logarithm of every estimate and mixes every input
+in full: it is this kernel's reference twin (tests/compression/test_compiled_mixing.py compares them step by
+step), and the arithmetic of files of version 10 and older. The hashing of the contexts, the counting, the choice
+of each weight set's row and the moving on of every block's context are the numpy mixer's own code, shared; the
+weights' steps and the counting are compiled too, with the numpy mixer's arithmetic.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..errors import MoglmError
+from ..recurrence import compiled
+from .context_mixing import COUNT_LIMIT, STEP_COUNTS, ContextMixer, ContextSettings
+
+
+def kernel_available() -> bool:
+    """Whether the compiled kernel can run here (it is built with the compiled recurrence, at first use)."""
+    return compiled.available()
+
+
+def usable(settings: ContextSettings | None) -> ContextSettings | None:
+    """``settings`` as this machine can code with them: the compiled kernel where it is built, else the numpy one
+    (the warning that the compiled library is unavailable says why, once)."""
+    if settings is None or settings.kernel != "compiled" or kernel_available():
+        return settings
+    from dataclasses import replace
+
+    return replace(settings, kernel="numpy")
+
+
+class CompiledContextMixer(ContextMixer):
+    """:class:`~.context_mixing.ContextMixer` with its step's arithmetic compiled (see the module's text)."""
+
+    def __init__(self, settings: ContextSettings, streams: int, vocab: int,
+                 chars: dict[int, str] | None = None, tokens: int = 0) -> None:
+        if not kernel_available():
+            raise MoglmError("this file was coded with the compiled context mixer, which cannot be built here "
+                             f"({compiled.unavailable_reason()}): decode it where moglm's compiled library builds")
+        super().__init__(settings, streams, vocab, chars, tokens)
+        tables, sets = len(self._tables), len(settings.mixers) + 1
+        f64 = dict(dtype=torch.float64)
+        self._work = [torch.empty(streams, vocab, **f64), torch.empty(streams, vocab, **f64),  # pn, lp
+                      torch.zeros(streams, tables, dtype=torch.int32),  # counted
+                      torch.empty(streams, tables, vocab, dtype=torch.int32),  # index
+                      torch.empty(streams, tables, vocab, **f64),  # delta
+                      torch.empty(sets, streams, vocab, **f64), torch.empty(sets, streams, vocab, **f64),  # logs, probs
+                      torch.empty(streams, vocab, **f64),  # mixed
+                      torch.zeros(streams, vocab, dtype=torch.int64),  # cells
+                      torch.empty(streams, vocab, **f64)]  # refined
+        self._tables_t = torch.from_numpy(self._tables)  # [K, S, V] uint16, shares the numpy counts
+        self._corrections_t = torch.from_numpy(self._corrections)  # shares the map's corrections
+        self._sets_t = [torch.from_numpy(w) for w in [self._weights, *self._sets]]  # share the weights
+        self._chosen: list[np.ndarray] | None = None
+
+    def mix(self, p: np.ndarray) -> np.ndarray:
+        rows = self._rows()  # [K, B]
+        rows_t = torch.from_numpy(np.ascontiguousarray(rows))
+        totals = torch.ops.moglm.context_totals(self._tables_t, rows_t).numpy()  # [K, B]
+        chosen = self._chosen_rows(totals)
+        weights = np.stack([w[c] for w, c in zip([self._weights, *self._sets], chosen)])  # [S, B, M]
+        out = torch.ops.moglm.context_mix(
+            self._tables_t, rows_t, torch.from_numpy(totals), torch.from_numpy(np.ascontiguousarray(p, np.float64)),
+            torch.from_numpy(weights), torch.from_numpy(self._final), self._corrections_t,
+            torch.from_numpy(np.ascontiguousarray(self._before, np.int64)), float(self.settings.alpha),
+            bool(self.settings.mixers), bool(self.settings.apm_lr), self._work)  # [B, V]
+        self._pending, self._chosen = (rows, chosen[0], None), chosen
+        return out.numpy().copy()  # the workspace is rewritten at the next step
+
+    def _learn(self, read: np.ndarray) -> None:
+        if self._pending is None:
+            return
+        sets = len(self.settings.mixers) + 1
+        grads, final = torch.ops.moglm.context_learn(
+            torch.from_numpy(np.ascontiguousarray(read, np.int64)), self._corrections_t, float(self.settings.apm_lr),
+            bool(self.settings.mixers), bool(self.settings.apm_lr), sets, len(self._tables),
+            self._work)  # [S, B, M], [B, S]
+        for weights, rows, gradient in zip(self._sets_t, self._chosen, grads):
+            torch.ops.moglm.context_step(weights, torch.from_numpy(np.ascontiguousarray(rows, np.int64)), gradient,
+                                         float(self.settings.lr), bool(self.settings.mixers))
+        if self.settings.mixers:
+            self._final += self.settings.final_lr * final.numpy().mean(axis=0)
+
+    def _count_tables(self, read: np.ndarray, rows: np.ndarray) -> None:
+        torch.ops.moglm.context_count(self._tables_t, torch.from_numpy(np.ascontiguousarray(rows)),
+                                      torch.from_numpy(np.ascontiguousarray(read, np.int64)),
+                                      min(self.streams, STEP_COUNTS), COUNT_LIMIT)
+
+
+def context_mixer(settings: ContextSettings, streams: int, vocab: int, chars: dict[int, str] | None = None,
+                  tokens: int = 0) -> ContextMixer:
+    """The mixer whose arithmetic ``settings.kernel`` names."""
+    kind = CompiledContextMixer if settings.kernel == "compiled" else ContextMixer
+    return kind(settings, streams, vocab, chars, tokens)

@@ -1,0 +1,176 @@
+"""The context mixer's compiled step (:mod:`moglm.compression.compiled_mixing`): its parity with the plain loop is
+tested beside the numpy mixer's (test_compression_context_mixing.py); here, what the files and the machines see:
+the same bits whatever the threads, the numpy arithmetic where the library is not built, and files of version 10
+and older decoding with numpy's."""
+
+from __future__ import annotations
+
+import mmap
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("constriction", reason="the compress extra (constriction) is not installed")
+
+from conftest import coded_round_trip, tiny_format_run  # noqa: E402
+from moglm.compression import compiled_mixing, read_header  # noqa: E402
+from moglm.compression.compiled_mixing import CompiledContextMixer, context_mixer, usable  # noqa: E402
+from moglm.compression.context_mixing import ContextMixer, ContextSettings, zeroed  # noqa: E402
+from moglm.compression.run import CONTEXTS  # noqa: E402
+from moglm.errors import MoglmError  # noqa: E402
+
+needs_kernel = pytest.mark.skipif(not compiled_mixing.kernel_available(), reason="the compiled library cannot be "
+                                  "built here")
+TEXT = b"The compiled step mixes what each row counted,\n  and the rest is the model's own.\n" * 8
+
+
+@pytest.fixture(scope="module")
+def byte_run(tmp_path_factory):
+    return tiny_format_run(tmp_path_factory.mktemp("byte"), "byte", hidden_size=16)
+
+
+def _mixtures(threads: int, streams: int = 37, steps: int = 60) -> list[np.ndarray]:
+    """Every step's mixed distributions of a byte-level mixer of ``streams`` blocks reading ``TEXT``, with the
+    compiled step running on ``threads`` threads."""
+    rng = np.random.default_rng(3)
+    mixer = CompiledContextMixer(CONTEXTS, streams, 256, {i: chr(i) for i in range(256)})
+    out, saved = [], torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for t in range(steps):
+            p = rng.random((streams, 256)) ** 4
+            out.append(mixer.mix(p))
+            mixer.append(np.frombuffer(TEXT, np.uint8)[(np.arange(streams) * 7 + t) % len(TEXT)])
+    finally:
+        torch.set_num_threads(saved)
+    return out
+
+
+@needs_kernel
+def test_the_compiled_step_gives_the_same_bits_on_one_thread_and_two():
+    """The blocks are shared out between the threads, and each block's arithmetic is the same whichever runs it:
+    the encoder and the decoder agree whatever the header's thread count."""
+    for one, two in zip(_mixtures(1), _mixtures(2), strict=True):
+        assert np.array_equal(one, two)
+        np.testing.assert_allclose(one.sum(axis=1), 1.0, rtol=1e-12)
+
+
+@needs_kernel
+def test_the_compiled_and_the_numpy_arithmetic_agree_on_a_byte_level_step_of_many_blocks():
+    """One step of the default mixer from the same state (40 steps read by both): the two arithmetics round
+    differently, so the files differ, but the distributions agree to 1e-12 (numpy's is the reference twin)."""
+    rng = np.random.default_rng(4)
+    chars = {i: chr(i) for i in range(256)}
+    fast = context_mixer(CONTEXTS, 29, 256, chars)
+    slow = ContextMixer(replace(CONTEXTS, kernel="numpy"), 29, 256, chars)
+    assert type(fast) is CompiledContextMixer and type(slow) is ContextMixer
+    data = np.frombuffer(TEXT, np.uint8)
+    for t in range(41):
+        p = rng.random((29, 256)) ** 3
+        a, b = fast.mix(p), slow.mix(p)
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-13)
+        tokens = data[(np.arange(29) * 11 + t) % len(data)]
+        fast.append(tokens)
+        slow.append(tokens)
+    np.testing.assert_allclose(fast._weights, slow._weights, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(fast._corrections, slow._corrections, rtol=1e-9, atol=1e-12)
+    assert np.array_equal(fast._tables, slow._tables)
+
+
+@needs_kernel
+def test_the_default_codes_with_the_compiled_step_and_the_header_says_so(byte_run):
+    blob, report = coded_round_trip(byte_run, TEXT, contexts=CONTEXTS)
+    assert read_header(blob)[0]["contexts"]["kernel"] == "compiled" == report.contexts["kernel"]
+
+
+def test_without_the_compiled_library_compress_codes_with_numpy_and_a_compiled_file_is_refused_in_one_line(
+        byte_run, monkeypatch):
+    from moglm.compression import decompress
+    from moglm.runs.language_model import load_run
+
+    compiled_file = coded_round_trip(byte_run, TEXT, contexts=CONTEXTS)[0] if compiled_mixing.kernel_available() \
+        else None
+    monkeypatch.setattr(compiled_mixing, "kernel_available", lambda: False)
+    assert usable(CONTEXTS) == replace(CONTEXTS, kernel="numpy") and usable(None) is None
+    blob, report = coded_round_trip(byte_run, TEXT, contexts=CONTEXTS)
+    assert read_header(blob)[0]["contexts"]["kernel"] == "numpy" == report.contexts["kernel"]
+    with pytest.raises(MoglmError, match="coded with the compiled context mixer, which cannot be built here"):
+        CompiledContextMixer(CONTEXTS, 2, 256)
+    if compiled_file is not None:
+        trained = load_run(byte_run)
+        with pytest.raises(MoglmError, match="compiled context mixer"):
+            decompress(compiled_file, trained.model, trained.vocab, progress=False)
+
+
+def test_a_version_10_file_decodes_with_the_numpy_arithmetic_as_it_was_coded(byte_run):
+    """Version 10's header has no ``kernel``: read as numpy's, so a file coded that way decodes; a version 11
+    header without the field is damaged."""
+    from moglm.compression import decompress
+    from moglm.runs.language_model import load_run
+
+    from test_compression import forged
+
+    settings = replace(CONTEXTS, kernel="numpy")
+    blob, _ = coded_round_trip(byte_run, TEXT, contexts=settings)
+    old = {k: v for k, v in read_header(blob)[0]["contexts"].items() if k != "kernel"}
+    version_10 = forged(blob, version=10, contexts=old)
+    assert version_10[6] == 10 and ContextSettings(**read_header(version_10)[0]["contexts"]) == settings
+    trained = load_run(byte_run)
+    assert decompress(version_10, trained.model, trained.vocab, progress=False) == TEXT
+    with pytest.raises(MoglmError, match="contexts settings are not settings"):
+        decompress(forged(blob, contexts=old), trained.model, trained.vocab, progress=False)
+
+
+def test_an_unknown_kernel_is_a_one_line_error():
+    with pytest.raises(MoglmError, match="kernel must be one of numpy, compiled"):
+        ContextSettings(kernel="cuda")
+
+
+@pytest.mark.parametrize("populate", [False, True])
+def test_the_tables_memory_is_zeros_that_can_be_written_whether_mapped_at_once_or_not(populate):
+    table = zeroed((3, 64, 256), np.uint16, populate)
+    assert table.shape == (3, 64, 256) and table.dtype == np.uint16 and not table.any()
+    table[2, 5, 7] += 3
+    assert table.sum() == 3
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MAP_POPULATE"), reason="this OS cannot map memory at once")
+def test_a_large_file_maps_the_tables_at_once_and_a_small_one_does_not():
+    def owner(array):
+        while isinstance(array, np.ndarray) and array.base is not None:
+            array = array.base
+        return array.obj if isinstance(array, memoryview) else array
+
+    settings = ContextSettings(orders=(1,), words=0)
+    small, large = ContextMixer(settings, 1, 256, tokens=10), ContextMixer(settings, 1, 256, tokens=1 << 20)
+    assert isinstance(owner(small._tables), np.ndarray) and isinstance(owner(large._tables), mmap.mmap)
+
+
+@needs_kernel
+def test_the_speed_benchmark_times_both_kernels_in_one_run_and_writes_json(tmp_path):
+    """benchmarks/context_mixing_speed.py: a row per kernel, their ratio and the largest difference between the
+    two mixtures, which stays at rounding's size; and a file too short for its blocks is a one-line error."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "context_mixing_speed.py"
+    spec = importlib.util.spec_from_file_location("context_mixing_speed", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    text = tmp_path / "text.txt"
+    text.write_bytes(TEXT)
+    saved = torch.get_num_threads()
+    try:
+        report = bench.main([str(text), "--blocks", "5", "--threads", "1", "--steps", "30",
+                             "--out", str(tmp_path / "speed.json")])
+        assert json.loads((tmp_path / "speed.json").read_text())["rows"] == report["rows"]
+        assert [r["kernel"] for r in report["rows"]] == ["numpy", "compiled"] and report["steps"] == 30
+        assert all(r["step_ms"] > 0 for r in report["rows"]) and report["speedup"] > 0
+        assert 0 < report["largest_difference"] < 1e-9
+        with pytest.raises(SystemExit, match="cannot fill 5000 blocks"):
+            bench.main([str(text), "--blocks", "5000", "--threads", "1"])
+    finally:
+        torch.set_num_threads(saved)
