@@ -219,26 +219,40 @@ class Coder:
         code as K calls of :meth:`encode`)."""
         self.encoder.encode(symbols.astype(np.int32), self.family, np.ascontiguousarray(probabilities))
 
-    def decode(self, probabilities: np.ndarray) -> int:
+    def symbol(self, probabilities: np.ndarray) -> int:
+        """The next symbol, decoded with ``probabilities`` (its cost is not counted: see :meth:`decode`)."""
         try:
-            symbol = int(self.decoder.decode(self.family, probabilities[None])[0])
+            return int(self.decoder.decode(self.family, probabilities[None])[0])
         except Exception as e:  # the coder's own error on data that is not what it wrote
             raise MoglmError(f"the compressed data is damaged (the range decoder failed: {e})") from None
-        # the coder quantises to 24 bits: a symbol costs at least -log2(p + V 2^-24), whatever p was
-        p = probabilities[symbol] / probabilities.sum() + len(probabilities) * 2.0**-24
-        self.decoded_bits += -math.log2(min(1.0, p))
+
+    def decode(self, probabilities: np.ndarray) -> int:
+        symbol = self.symbol(probabilities)
+        self.decoded_bits += float(least_bits(probabilities[symbol] / probabilities.sum(), len(probabilities)))
         return symbol
 
     def check_payload(self) -> None:
         """Decoding past the payload reads zeros, and the symbols it yields cost bits the payload never held:
         a header that claims more tokens than the payload can hold (a forged or damaged file) is stopped here
         after at most about the payload's own length in tokens, instead of decoding until killed."""
-        if self.decoded_bits > 1.01 * self.payload_bits + 64:
-            raise MoglmError(f"the compressed data is damaged: its header claims more tokens than its "
-                             f"{self.payload_bits // 8:,}-byte payload holds")
+        check_payloads(np.array([self.decoded_bits]), np.array([self.payload_bits]))
 
     def compressed(self) -> np.ndarray:
         return self.encoder.get_compressed()  # uint32 words
+
+
+def least_bits(chosen, vocab: int):
+    """What a decoded symbol of probability ``chosen`` (normalised; a number or an array) costs at least: the coder
+    quantises to 24 bits, so -log2(p + V 2^-24), whatever p was."""
+    return -np.log2(np.minimum(1.0, chosen + vocab * 2.0**-24))
+
+
+def check_payloads(decoded_bits: np.ndarray, payload_bits: np.ndarray) -> None:
+    """:meth:`Coder.check_payload` for many blocks at once (their decoded symbols' least bits, their payloads')."""
+    over = np.flatnonzero(decoded_bits > 1.01 * payload_bits + 64)
+    if len(over):
+        raise MoglmError(f"the compressed data is damaged: its header claims more tokens than its "
+                         f"{int(payload_bits[over[0]]) // 8:,}-byte payload holds")
 
 
 @dataclass
@@ -322,21 +336,32 @@ def decode(predictor: Predictor, blocks: list[Block], payloads: list[np.ndarray 
     gaps = {b: gap_model() for b in coded} if gap_model is not None else {}
     counts_ = np.array(counts)  # [B]
     matrix = _token_matrix(blocks, start, max(counts, default=0))  # [L, B]: raw blocks' tokens, start elsewhere
+    coded_ = np.array(coded, dtype=np.int64)  # [C]: the coded blocks
+    decoded_bits = np.zeros(len(coded))  # [C]: gapless, what each coded block's symbols cost at least, in bits
+    payload_bits = np.array([coders[b].payload_bits for b in coded], dtype=np.float64)  # [C]
     bar = progress_bar(sum(counts), "decompress", 1, progress)
     for t in range(matrix.shape[0]):
         p = predictor.probabilities()  # [B, V]
-        for b in coded:
-            if t < counts[b]:
-                coder, block = coders[b], blocks[b]
-                if gaps:
+        if gaps:
+            for b in coded:
+                if t < counts[b]:
+                    coder, block = coders[b], blocks[b]
                     block.gaps.append(gaps[b].decode(coder))
-                matrix[t, b] = token = coder.decode(p[b])
-                block.tokens.append(token)
-                coder.check_payload()
+                    matrix[t, b] = coder.decode(p[b])
+                    coder.check_payload()
+        else:  # the symbols one coder call each, their costs and the payloads' check for every block at once
+            live = counts_[coded_] > t  # [C]
+            rows = coded_[live]  # [R]
+            for b in rows:
+                matrix[t, b] = coders[b].symbol(p[b])
+            chosen = p[rows, matrix[t, rows]] / p[rows].sum(axis=1)  # [R]
+            decoded_bits[live] += least_bits(chosen, p.shape[1])
+            check_payloads(decoded_bits[live], payload_bits[live])
         predictor.advance(matrix[t])
         bar.update(int((counts_ > t).sum()))
     bar.close()
-    for b in coded:  # the gap after the last token
+    for b in coded:  # the tokens read, and the gap after the last one
+        blocks[b].tokens = matrix[: counts[b], b].tolist()
         if gaps:
             blocks[b].gaps.append(gaps[b].decode(coders[b]))
         else:

@@ -174,3 +174,19 @@ def test_the_speed_benchmark_times_both_kernels_in_one_run_and_writes_json(tmp_p
             bench.main([str(text), "--blocks", "5000", "--threads", "1"])
     finally:
         torch.set_num_threads(saved)
+
+
+def test_a_byte_level_file_whose_header_claims_more_tokens_than_its_payload_holds_stops_in_one_line(byte_run):
+    """A gapless layout checks every block's decoded symbols against its payload once a step, for all the blocks at
+    once: a header forged to claim a million tokens is stopped long before it, in one line (no mixer or match
+    model, whose confident predictions would make the range decoder fail first)."""
+    from moglm.compression import decompress
+    from moglm.runs.language_model import load_run
+
+    from test_compression import forged
+
+    blob, _ = coded_round_trip(byte_run, TEXT, block_size=0)
+    assert read_header(blob)[0]["gaps"] is False and read_header(blob)[0]["blocks"] == 1
+    trained = load_run(byte_run)
+    with pytest.raises(MoglmError, match="claims more tokens than its"):
+        decompress(forged(blob, tokens=10**6, bytes=10**6), trained.model, trained.vocab, progress=False)
