@@ -5,10 +5,13 @@ table's row has counted alone.
 Where a row has not counted a token v, its estimate is the model's p(v) times a constant of the row, so its
 logarithm is log p(v) plus that constant, which every weight set's normalisation removes; only the few counted
 tokens need a logarithm of their own. The numpy mixer takes the logarithm of every estimate and mixes every input
-in full: it is this kernel's reference twin (tests/compression/test_compiled_mixing.py compares them step by
-step), and the arithmetic of files of version 10 and older. The hashing of the contexts, the counting, the choice
-of each weight set's row and the moving on of every block's context are the numpy mixer's own code, shared; the
-weights' steps and the counting are compiled too, with the numpy mixer's arithmetic.
+in full: it is this kernel's reference twin, and the arithmetic of files of version 10 and older. Both are checked
+against the plain loop at every step (tests/compression/test_compression_context_mixing.py), and against each
+other on a byte-level step of many blocks (tests/compression/test_compression_compiled_mixing.py). One difference
+is out of a model's reach: where a row's estimate of an uncounted token falls below 1e-300 (p(v) below about
+1e-296), numpy floors it there and this kernel does not. The weights' steps and the counting are compiled too,
+with the numpy mixer's arithmetic; the hashing of the contexts, the choice of each weight set's row and the moving
+on of every block's context are the numpy mixer's own code, shared.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import torch
 
 from ..errors import MoglmError
 from ..recurrence import compiled
-from .context_mixing import COUNT_LIMIT, STEP_COUNTS, ContextMixer, ContextSettings
+from .context_mixing import APM_EDGES, COUNT_LIMIT, STEP_COUNTS, ContextMixer, ContextSettings
 
 
 def kernel_available() -> bool:
@@ -47,11 +50,12 @@ class CompiledContextMixer(ContextMixer):
         super().__init__(settings, streams, vocab, chars, tokens)
         tables, sets = len(self._tables), len(settings.mixers) + 1
         f64 = dict(dtype=torch.float64)
-        self._work = [torch.empty(streams, vocab, **f64), torch.empty(streams, vocab, **f64),  # pn, lp
+        stats = sets * (tables + 2) + len(APM_EDGES) + 1  # per block: each set's expectations, the map's bin sums
+        self._work = [torch.zeros(streams, stats, **f64), torch.empty(streams, vocab, **f64),  # stats, lp
                       torch.zeros(streams, tables, dtype=torch.int32),  # counted
                       torch.empty(streams, tables, vocab, dtype=torch.int32),  # index
                       torch.empty(streams, tables, vocab, **f64),  # delta
-                      torch.empty(sets, streams, vocab, **f64), torch.empty(sets, streams, vocab, **f64),  # logs, probs
+                      torch.empty(sets, streams, vocab, **f64),  # logs
                       torch.empty(streams, vocab, **f64),  # mixed
                       torch.zeros(streams, vocab, dtype=torch.int64),  # cells
                       torch.empty(streams, vocab, **f64)]  # refined
@@ -66,12 +70,13 @@ class CompiledContextMixer(ContextMixer):
         totals = torch.ops.moglm.context_totals(self._tables_t, rows_t).numpy()  # [K, B]
         chosen = self._chosen_rows(totals)
         weights = np.stack([w[c] for w, c in zip([self._weights, *self._sets], chosen)])  # [S, B, M]
-        out = torch.ops.moglm.context_mix(
+        torch.ops.moglm.context_mix(
             self._tables_t, rows_t, torch.from_numpy(totals), torch.from_numpy(np.ascontiguousarray(p, np.float64)),
             torch.from_numpy(weights), torch.from_numpy(self._final), self._corrections_t,
             torch.from_numpy(np.ascontiguousarray(self._before, np.int64)), float(self.settings.alpha),
-            bool(self.settings.mixers), bool(self.settings.apm_lr), self._work)  # [B, V]
+            bool(self.settings.mixers), bool(self.settings.apm_lr), self._work)
         self._pending, self._chosen = (rows, chosen[0], None), chosen
+        out = self._work[8 if self.settings.apm_lr else 6]  # [B, V]: refined by the map, else mixed
         return out.numpy().copy()  # the workspace is rewritten at the next step
 
     def _learn(self, read: np.ndarray) -> None:

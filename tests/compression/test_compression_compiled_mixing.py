@@ -190,3 +190,55 @@ def test_a_byte_level_file_whose_header_claims_more_tokens_than_its_payload_hold
     trained = load_run(byte_run)
     with pytest.raises(MoglmError, match="claims more tokens than its"):
         decompress(forged(blob, tokens=10**6, bytes=10**6), trained.model, trained.vocab, progress=False)
+
+
+@needs_kernel
+def test_the_kernels_own_exp_and_log_agree_with_the_c_librarys_to_a_few_units_in_the_last_place():
+    """The compiled step's exp and log are its own polynomials (so that they round the same whatever the C
+    library): within 4e-16 relative of numpy's over the ranges the mixer uses, exp 0 below -708, log floored at
+    1e-300 as the mixer floors probabilities."""
+    x = torch.cat([torch.linspace(-708, 709, 200_001, dtype=torch.float64),
+                   torch.tensor([-745.0, -709.0, -1e6, 0.0, -0.0, 1e-300, 5e-17])])
+    e, _ = torch.ops.moglm.context_exp_log(x)
+    expected = np.exp(x.numpy())
+    inside = x.numpy() >= -708
+    assert np.max(np.abs(e.numpy()[inside] - expected[inside]) / expected[inside]) < 4e-16
+    assert (e.numpy()[~inside] == 0).all() and e.numpy()[-4] == 1.0
+    y = torch.cat([torch.logspace(-300, 300, 200_001, dtype=torch.float64),
+                   torch.tensor([1.0, 2.0, 0.5, 1.4142135623730951, 1.4142135623730950, 0.0, 1e-320])])
+    _, log = torch.ops.moglm.context_exp_log(y)
+    expected = np.log(np.maximum(y.numpy(), 1e-300))
+    scale = np.maximum(np.abs(expected), 1.0)
+    assert np.max(np.abs(log.numpy() - expected) / scale) < 4e-16
+    assert log.numpy()[-7] == 0.0 and log.numpy()[-2] == log.numpy()[-1]
+    assert abs(log.numpy()[-1] / np.log(1e-300) - 1) < 4e-16
+
+
+@pytest.mark.parametrize("kernel", ["numpy", "compiled"])
+def test_a_token_outside_the_vocabulary_is_refused_before_any_count_is_written(kernel):
+    if kernel == "compiled" and not compiled_mixing.kernel_available():
+        pytest.skip("the compiled library cannot be built here")
+    mixer = context_mixer(replace(CONTEXTS, kernel=kernel), 2, 8)
+    mixer.mix(np.ones((2, 8)))
+    mixer.append(np.array([3, 5]))
+    before = mixer._tables.copy()
+    for bad in ([8, 1], [1, -1])[: 2 if kernel == "compiled" else 1]:  # numpy reads -1 as the last token
+        with pytest.raises((IndexError, RuntimeError)):
+            mixer.append(np.array(bad))  # no mix before it: nothing else has looked at the tokens
+        assert np.array_equal(mixer._tables, before)
+
+
+@needs_kernel
+def test_a_row_whose_probabilities_sum_to_a_subnormal_is_normalised_as_numpy_does():
+    """The compiled step computes with subnormals as IEEE 754 says on every thread (even where the compiled windows'
+    flush is on), as numpy does."""
+    p = np.zeros((1, 16))
+    p[0, 3] = 1e-320
+    for kernel, flush in (("numpy", False), ("compiled", False), ("compiled", True)):
+        if flush and not torch.set_flush_denormal(True):  # this thread's FTZ/DAZ, where the CPU has them
+            continue
+        try:
+            mixed = context_mixer(replace(CONTEXTS, kernel=kernel), 1, 16).mix(p)
+        finally:
+            torch.set_flush_denormal(False)
+        assert mixed[0].argmax() == 3 and mixed[0, 3] > 0.99 and np.isfinite(mixed).all()

@@ -17,6 +17,8 @@
 // whichever thread runs it). exp and log are written out here (branch-free polynomials that the compiler
 // vectorises), so they round the same whatever the C library.
 
+#include "window.h"  // MOGLM_HAS_MXCSR, ready_threads
+
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -37,7 +39,8 @@ constexpr double SHIFTER = 6755399441055744.0;  // 1.5 * 2^52: adding it rounds 
 constexpr double LOG2E = 1.4426950408889634;
 constexpr double LN2_HI = 0.6931471803691238;  // ln 2 to 32 bits: n * LN2_HI is exact for |n| < 2^21
 constexpr double LN2_LO = 1.9082149292705877e-10;
-constexpr i64 APM_BINS = 12;  // the adaptive probability map's bins of log-probability (context_mixing.APM_EDGES)
+constexpr i64 APM_BINS = 12;
+constexpr size_t WORK = 9;  // the workspace's tensors (made by compiled_mixing.py; context_mix says what each holds)
 
 inline uint64_t bits_of(double x) {
   uint64_t u;
@@ -137,6 +140,17 @@ inline double lane_max(const double* x, i64 V) {
   return top;
 }
 
+// While alive, this thread computes with subnormal floats as IEEE 754 says (MXCSR's flush-to-zero and
+// denormals-are-zero cleared, as numpy computes), whatever it inherited or the compiled windows' switch says; then
+// the old setting is back. So no block's bits depend on the thread that ran it.
+struct IeeeScope {
+#if MOGLM_HAS_MXCSR
+  unsigned int saved;
+  IeeeScope() : saved(_mm_getcsr()) { _mm_setcsr(saved & ~0x8040u); }
+  ~IeeeScope() { _mm_setcsr(saved); }
+#endif
+};
+
 // a row's log-sum-exp normalisation: L -= max, P = exp(L), L -= log sum P, P /= sum P
 inline void normalise(double* L, double* P, i64 V) {
   const double top = lane_max(L, V);
@@ -176,18 +190,21 @@ at::Tensor context_totals(const at::Tensor& tables, const at::Tensor& rows) {
 }
 
 // One step's mixture of every block (see the top of this file), into the workspace that context_learn reads:
-// p [B, V] the model's distributions (normalised here; pn keeps them), lp [B, V] their logarithms, counted [B, K]
-// and the lists (index [B, K, V] int32, delta [B, K, V]) of each table's counted tokens and their D_k, logs and
-// probs [S, B, V] each set's normalised log-mixture and its exponential, mixed [B, V] the second layer's (the one
-// set's without it) distribution, cells [B, V] int64 and refined [B, V] the adaptive probability map's. Returns
-// refined (with the map) or mixed.
-at::Tensor context_mix(const at::Tensor& tables, const at::Tensor& rows, const at::Tensor& totals,
-                       const at::Tensor& p, const at::Tensor& weights, const at::Tensor& final_weights,
-                       const at::Tensor& corrections, const at::Tensor& before, double alpha, bool second_layer,
-                       bool refine, at::TensorList work) {
+// stats [B, S (K + 2) + 12] what the gradients need that does not depend on the token read (per set: E[lp], E[D_k]
+// for each table, the second layer's E_mixed[L_s]; then the map's refined probability summed by bin), lp [B, V] the
+// model's log-probabilities (p normalised here), counted [B, K] and the lists (index [B, K, V] int32, delta
+// [B, K, V]) of each table's counted tokens and their D_k, logs [S, B, V] each set's normalised log-mixture, mixed
+// [B, V] the second layer's (the one set's without it) distribution, cells [B, V] int64 and refined [B, V] the
+// adaptive probability map's (the distribution to code: refined with the map, else mixed). The expectations are
+// taken here, while a block's rows are in cache, so that context_learn reads a few numbers a block. Every thread
+// computes in IEEE mode (IeeeScope).
+void context_mix(const at::Tensor& tables, const at::Tensor& rows, const at::Tensor& totals,
+                 const at::Tensor& p, const at::Tensor& weights, const at::Tensor& final_weights,
+                 const at::Tensor& corrections, const at::Tensor& before, double alpha, bool second_layer,
+                 bool refine, at::TensorList work) {
   const i64 K = rows.size(0), B = rows.size(1), S_rows = tables.size(1), V = tables.size(2);
-  const i64 S = weights.size(0), M = weights.size(2);
-  TORCH_CHECK(M == K + 1 && p.size(0) == B && p.size(1) == V && work.size() == 10,
+  const i64 S = weights.size(0), M = weights.size(2), STATS = S * (K + 2) + APM_BINS;
+  TORCH_CHECK(M == K + 1 && p.size(0) == B && p.size(1) == V && work.size() == WORK && work[0].size(1) == STATS,
               "moglm context mixer: inconsistent sizes");
   for (const at::Tensor& t : {tables, rows, totals, p, weights, final_weights, corrections, before})
     TORCH_CHECK(t.is_contiguous(), "moglm context mixer: an input is not contiguous");
@@ -196,22 +213,23 @@ at::Tensor context_mix(const at::Tensor& tables, const at::Tensor& rows, const a
   const i64 *row = rows.data_ptr<i64>(), *total = totals.data_ptr<i64>(), *prior = before.data_ptr<i64>();
   const double *model = p.data_ptr<double>(), *w = weights.data_ptr<double>(), *f = final_weights.data_ptr<double>();
   const double* correction = refine ? corrections.data_ptr<double>() : nullptr;
-  double *pn = work[0].data_ptr<double>(), *lp = work[1].data_ptr<double>();
+  double *stats = work[0].data_ptr<double>(), *lp = work[1].data_ptr<double>();
   int32_t *counted = work[2].data_ptr<int32_t>(), *index = work[3].data_ptr<int32_t>();
-  double *delta = work[4].data_ptr<double>(), *logs = work[5].data_ptr<double>(), *probs = work[6].data_ptr<double>();
-  double* mixed = work[7].data_ptr<double>();
-  i64* cells = work[8].data_ptr<i64>();
-  double* refined = work[9].data_ptr<double>();
+  double *delta = work[4].data_ptr<double>(), *logs = work[5].data_ptr<double>(), *mixed = work[6].data_ptr<double>();
+  i64* cells = work[7].data_ptr<i64>();
+  double* refined = work[8].data_ptr<double>();
   const double log_alpha = log_d(alpha);
+  ready_threads();
   at::parallel_for(0, B, 1, [&](i64 begin, i64 end) {
-    std::vector<double> scratch(V);
+    IeeeScope ieee;
+    std::vector<double> scratch(V), pn(V), probs(S * V);  // this thread's: estimates or log p_out, p, exp L_s
     for (i64 b = begin; b < end; ++b) {
       if (b + 1 < end)
         for (i64 k = 0; k < K; ++k) prefetch_row(counts + (k * S_rows + row[k * B + b + 1]) * V, V);
-      double *pb = pn + b * V, *lb = lp + b * V;
-      const double inverse = 1.0 / lane_sum(model + b * V, V);
+      double *pb = pn.data(), *lb = lp + b * V, *st = stats + b * STATS;
+      const double sum = lane_sum(model + b * V, V);  // > 0 and finite: the predictor makes such a row uniform
       for (i64 v = 0; v < V; ++v) {
-        pb[v] = model[b * V + v] * inverse;
+        pb[v] = model[b * V + v] / sum;
         lb[v] = log_d(std::max(pb[v], TINY));
       }
       for (i64 k = 0; k < K; ++k) {  // each table's counted tokens and their D_k
@@ -237,9 +255,9 @@ at::Tensor context_mix(const at::Tensor& tables, const at::Tensor& rows, const a
         }
         counted[b * K + k] = j;
       }
-      for (i64 s = 0; s < S; ++s) {  // each set's mixture, normalised
+      for (i64 s = 0; s < S; ++s) {  // each set's mixture, normalised, and its expectations of lp and each D_k
         const double* ws = w + (s * B + b) * M;
-        double* L = logs + (s * B + b) * V;
+        double *L = logs + (s * B + b) * V, *P = probs.data() + s * V, *es = st + s * (K + 2);
         double all = 0.0;
         for (i64 m = 0; m < M; ++m) all += ws[m];  // M is small: one chain
         for (i64 v = 0; v < V; ++v) L[v] = all * lb[v];
@@ -248,7 +266,16 @@ at::Tensor context_mix(const at::Tensor& tables, const at::Tensor& rows, const a
           const double* d = delta + (b * K + k) * V;
           for (int32_t i = 0; i < counted[b * K + k]; ++i) L[idx[i]] += ws[k + 1] * d[i];
         }
-        normalise(L, probs + (s * B + b) * V, V);
+        normalise(L, P, V);
+        es[0] = lane_dot(P, lb, V);
+        for (i64 k = 0; k < K; ++k) {
+          const int32_t* idx = index + (b * K + k) * V;
+          const double* d = delta + (b * K + k) * V;
+          double expected = 0.0;
+          for (int32_t i = 0; i < counted[b * K + k]; ++i) expected += P[idx[i]] * d[i];
+          es[1 + k] = expected;
+        }
+        es[K + 1] = 0.0;
       }
       double* out = mixed + b * V;
       double* log_out = scratch.data();
@@ -259,88 +286,79 @@ at::Tensor context_mix(const at::Tensor& tables, const at::Tensor& rows, const a
           for (i64 v = 0; v < V; ++v) log_out[v] += f[s] * L[v];
         }
         normalise(log_out, out, V);
+        for (i64 s = 0; s < S; ++s) st[s * (K + 2) + K + 1] = lane_dot(out, logs + (s * B + b) * V, V);
       } else {
         std::memcpy(log_out, logs + b * V, V * sizeof(double));
-        std::memcpy(out, probs + b * V, V * sizeof(double));
+        std::memcpy(out, probs.data(), V * sizeof(double));
       }
+      double* by_bin = st + S * (K + 2);
+      for (i64 j = 0; j < APM_BINS; ++j) by_bin[j] = 0.0;
       if (refine) {  // the map: log p + its correction for (token before, bin of log p)
         i64* cb = cells + b * V;
+        double* rb = refined + b * V;
         const i64 base = prior[b] * APM_BINS;
         for (i64 v = 0; v < V; ++v) {
-          const double bin = std::min(std::max(std::ceil(log_out[v]), -11.0), 0.0) + 11.0;
+          double bin = std::ceil(log_out[v]);
+          bin = bin > 0.0 ? 0.0 : bin;
+          bin = bin >= -11.0 ? bin + 11.0 : 0.0;  // below the edges, or NaN (weights gone non-finite): bin 0
           cb[v] = base + static_cast<i64>(bin);
           log_out[v] += correction[cb[v]];
         }
-        normalise(log_out, refined + b * V, V);
+        normalise(log_out, rb, V);
+        double part[4][APM_BINS] = {};  // four histograms of v mod 4, so that runs of one bin do not chain the adds
+        for (i64 v = 0; v < V; ++v) part[v & 3][cb[v] - base] += rb[v];
+        for (i64 j = 0; j < APM_BINS; ++j) by_bin[j] = (part[0][j] + part[1][j]) + (part[2][j] + part[3][j]);
       }
     }
   });
-  return refine ? work[9] : work[7];
 }
 
 // The step's gradients once ``read`` ([B]) is known, from context_mix's workspace: returns [S, B, M], every
 // set's gradient of its code length's negative (lp(y) + D_k(y) - E[lp] - E[D_k]), and [B, S], the second layer's
 // (L_s(y) - E_mixed[L_s]); with the map, steps its corrections by apm_lr times their summed gradients
-// (1[v = y] - refined(v), summed by cell over every block and token).
+// (1[v = y] - refined(v), summed by cell over every block and token: per block, 1 in y's bin less the bins' sums).
 std::vector<at::Tensor> context_learn(const at::Tensor& read, at::Tensor corrections, double apm_lr, bool second_layer,
                                       bool refine, i64 S, i64 K, at::TensorList work) {
-  const i64 B = read.size(0), V = work[0].size(1), M = K + 1;
-  TORCH_CHECK(work.size() == 10 && read.is_contiguous() && corrections.is_contiguous(),
-              "moglm context mixer: inconsistent workspace or inputs");
+  const i64 B = read.size(0), V = work[1].size(1), M = K + 1, STATS = S * (K + 2) + APM_BINS;
+  TORCH_CHECK(work.size() == WORK && read.is_contiguous() && corrections.is_contiguous() && work[1].size(0) == B &&
+              work[0].size(1) == STATS, "moglm context mixer: inconsistent workspace or inputs");
   const i64* y = read.data_ptr<i64>();
-  const double* lp = work[1].data_ptr<double>();
+  for (i64 b = 0; b < B; ++b)
+    TORCH_CHECK(y[b] >= 0 && y[b] < V, "moglm context mixer: a token outside the vocabulary");
+  const double *stats = work[0].data_ptr<double>(), *lp = work[1].data_ptr<double>();
   const int32_t *counted = work[2].data_ptr<int32_t>(), *index = work[3].data_ptr<int32_t>();
   const double *delta = work[4].data_ptr<double>(), *logs = work[5].data_ptr<double>();
-  const double *probs = work[6].data_ptr<double>(), *mixed = work[7].data_ptr<double>();
-  const i64* cells = work[8].data_ptr<i64>();
-  const double* refined = work[9].data_ptr<double>();
-  at::Tensor grads = at::empty({S, B, M}, work[0].options());
-  at::Tensor final_grads = at::zeros({B, S}, work[0].options());
-  at::Tensor bins = at::zeros({B, APM_BINS}, work[0].options());
-  double *g = grads.data_ptr<double>(), *gf = final_grads.data_ptr<double>(), *gb = bins.data_ptr<double>();
-  at::parallel_for(0, B, 1, [&](i64 begin, i64 end) {
-    for (i64 b = begin; b < end; ++b) {
-      const i64 token = y[b];
-      TORCH_CHECK(token >= 0 && token < V, "moglm context mixer: a token outside the vocabulary");
-      const double* lb = lp + b * V;
-      std::vector<double> d_read(K, 0.0);  // D_k(y)
-      for (i64 k = 0; k < K; ++k) {
-        const int32_t* idx = index + (b * K + k) * V;
-        for (int32_t i = 0; i < counted[b * K + k]; ++i)
-          if (idx[i] == token) d_read[k] = delta[(b * K + k) * V + i];
-      }
-      for (i64 s = 0; s < S; ++s) {
-        const double* P = probs + (s * B + b) * V;
-        const double expected = lane_dot(P, lb, V);
-        double* gs = g + (s * B + b) * M;
-        gs[0] = lb[token] - expected;
-        for (i64 k = 0; k < K; ++k) {
-          const int32_t* idx = index + (b * K + k) * V;
-          const double* d = delta + (b * K + k) * V;
-          double expected_d = 0.0;
-          for (int32_t i = 0; i < counted[b * K + k]; ++i) expected_d += P[idx[i]] * d[i];
-          gs[k + 1] = (lb[token] + d_read[k]) - (expected + expected_d);
-        }
-        if (second_layer) {
-          const double* L = logs + (s * B + b) * V;
-          gf[b * S + s] = L[token] - lane_dot(mixed + b * V, L, V);
-        }
-      }
-      if (refine) {  // this block's gradients by bin (its cells all lie in its token before's row of the map)
-        const i64* cb = cells + b * V;
-        const double* rb = refined + b * V;
-        for (i64 v = 0; v < V; ++v) gb[b * APM_BINS + cb[v] % APM_BINS] += (v == token ? 1.0 : 0.0) - rb[v];
-      }
+  const i64* cells = work[7].data_ptr<i64>();
+  at::Tensor grads = at::empty({S, B, M}, work[1].options());
+  at::Tensor final_grads = at::zeros({B, S}, work[1].options());
+  double *g = grads.data_ptr<double>(), *gf = final_grads.data_ptr<double>();
+  std::vector<double> d_read(K);  // D_k(y) of one block
+  for (i64 b = 0; b < B; ++b) {  // a few numbers a block: not worth the threads
+    const i64 token = y[b];
+    const double lb = lp[b * V + token], *st = stats + b * STATS;
+    for (i64 k = 0; k < K; ++k) {
+      const int32_t* idx = index + (b * K + k) * V;
+      d_read[k] = 0.0;
+      for (int32_t i = 0; i < counted[b * K + k]; ++i)
+        if (idx[i] == token) d_read[k] = delta[(b * K + k) * V + i];
     }
-  });
+    for (i64 s = 0; s < S; ++s) {
+      const double* es = st + s * (K + 2);
+      double* gs = g + (s * B + b) * M;
+      gs[0] = lb - es[0];
+      for (i64 k = 0; k < K; ++k) gs[k + 1] = (lb + d_read[k]) - (es[0] + es[1 + k]);
+      if (second_layer) gf[b * S + s] = logs[(s * B + b) * V + token] - es[K + 1];
+    }
+  }
   if (refine) {
     double* correction = corrections.data_ptr<double>();
     std::vector<double> summed(corrections.numel(), 0.0);
     std::vector<char> touched(corrections.numel(), 0);
     for (i64 b = 0; b < B; ++b) {  // in block order, so both sides sum alike
-      const i64 base = (cells[b * V] / APM_BINS) * APM_BINS;
+      const i64 base = (cells[b * V] / APM_BINS) * APM_BINS, hit = cells[b * V + y[b]] - base;
+      const double* by_bin = stats + b * STATS + S * (K + 2);
       for (i64 j = 0; j < APM_BINS; ++j) {
-        summed[base + j] += gb[b * APM_BINS + j];
+        summed[base + j] += (j == hit ? 1.0 : 0.0) - by_bin[j];
         touched[base + j] = 1;
       }
     }
@@ -387,6 +405,10 @@ void context_count(at::Tensor tables, const at::Tensor& rows, const at::Tensor& 
               "moglm context mixer: inconsistent tables or tokens");
   auto* counts = static_cast<uint16_t*>(tables.data_ptr());
   const i64 *row = rows.data_ptr<i64>(), *token = read.data_ptr<i64>();
+  for (i64 b = 0; b < B; ++b)
+    TORCH_CHECK(token[b] >= 0 && token[b] < V, "moglm context mixer: a token outside the vocabulary");
+  for (i64 i = 0; i < K * B; ++i)
+    TORCH_CHECK(row[i] >= 0 && row[i] < S, "moglm context mixer: a row outside its table");
   std::vector<i64> full, cells(K * B);
   for (i64 k = 0; k < K; ++k)
     for (i64 b = 0; b < B; ++b) {
@@ -407,16 +429,30 @@ void context_count(at::Tensor tables, const at::Tensor& rows, const at::Tensor& 
   }
 }
 
+// exp_d and log_d of every element of a float64 tensor, for their tests against the C library's
+std::vector<at::Tensor> context_exp_log(const at::Tensor& x) {
+  const at::Tensor in = x.contiguous();
+  at::Tensor e = at::empty_like(in), l = at::empty_like(in);
+  const double* v = in.data_ptr<double>();
+  double *pe = e.data_ptr<double>(), *pl = l.data_ptr<double>();
+  for (i64 i = 0; i < in.numel(); ++i) {
+    pe[i] = exp_d(v[i]);
+    pl[i] = log_d(std::max(v[i], TINY));
+  }
+  return {e, l};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(moglm, m) {
   m.def("context_totals(Tensor tables, Tensor rows) -> Tensor", &context_totals);
   m.def("context_mix(Tensor tables, Tensor rows, Tensor totals, Tensor p, Tensor weights, Tensor final_weights, "
-        "Tensor corrections, Tensor before, float alpha, bool second_layer, bool refine, Tensor(a!)[] work) -> Tensor",
+        "Tensor corrections, Tensor before, float alpha, bool second_layer, bool refine, Tensor(a!)[] work) -> ()",
         &context_mix);
   m.def("context_learn(Tensor read, Tensor(a!) corrections, float apm_lr, bool second_layer, bool refine, int S, "
         "int K, Tensor[] work) -> Tensor[]",
         &context_learn);
+  m.def("context_exp_log(Tensor x) -> Tensor[]", &context_exp_log);
   m.def("context_step(Tensor(a!) weights, Tensor rows, Tensor gradient, float lr, bool mean) -> ()", &context_step);
   m.def("context_count(Tensor(a!) tables, Tensor rows, Tensor read, int most, int limit) -> ()", &context_count);
 }
