@@ -10,6 +10,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import lzma
+import statistics
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -43,11 +44,33 @@ def file_streams(run_dir: Path, file: Path, block_size: int) -> int:
 
 def run_compression(run_dir: Path, file: Path, settings: dict | None, block_size: int, threads: int,
                     checkpoint: str = "best", progress: bool = True, cache: bool = True, match: bool = True,
-                    contexts: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """The report of one compression and decompression of ``file`` (a path, or one relative to ``$MOGLM_DATA``)
+                    contexts: bool = True, log: Callable[[str], None] = print, repeats: int = 1) -> dict[str, Any]:
+    """The report of compressing and decompressing ``file`` (a path, or one relative to ``$MOGLM_DATA``)
     with the run (``settings``: adapt while coding, as ``moglm compress --dynamic`` records them; None: static),
     ``block_size`` bytes per block, ``threads`` torch threads and ``moglm compress``'s neural cache, context
-    mixer and match model (or none)."""
+    mixer and match model (or none). ``repeats``: round trips, each checked; the speeds are their medians (on a
+    shared machine one run's can be 20% off), and every run's seconds are kept."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise MoglmError(f"repeats must be a whole number >= 1, not {repeats!r}")
+    runs = [_round_trip(run_dir, file, settings, block_size, threads, checkpoint, progress, cache, match, contexts,
+                        log) for _ in range(repeats)]
+    if len({r["compressed_bytes"] for r in runs}) != 1:  # the same file coded twice must be the same bytes
+        raise MoglmError("two runs of the same compression gave different sizes")
+    result = dict(runs[0])
+    for key in ("seconds", "cpu_seconds", "decompress_seconds", "decompress_cpu_seconds"):
+        result[key] = statistics.median(r[key] for r in runs)
+        result[f"{key}_runs"] = [r[key] for r in runs]
+    size = result["original_bytes"]
+    result["kilobytes_per_second"] = size / 1e3 / max(result["seconds"], 1e-9)
+    result["decompress_kilobytes_per_second"] = size / 1e3 / max(result["decompress_seconds"], 1e-9)
+    result["repeats"] = repeats
+    return result
+
+
+def _round_trip(run_dir: Path, file: Path, settings: dict | None, block_size: int, threads: int, checkpoint: str,
+                progress: bool, cache: bool, match: bool, contexts: bool,
+                log: Callable[[str], None]) -> dict[str, Any]:
+    """One compression and decompression of ``file`` (:func:`run_compression`'s arguments)."""
     from ..compression import compress, decompress
     from ..compression.run import CACHE, CONTEXTS, MATCH, adapter_from_settings, coding_model
     from ..recurrence.compiled import info

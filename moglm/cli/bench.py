@@ -261,6 +261,8 @@ def compress(
     without_match: bool = typer.Option(False, "--without-match", help="Also code every row without the match "
                                        "model (a row each, measured in the same run)."),
     threads: Optional[int] = typer.Option(None, min=1, help="Torch threads (default: moglm compress's)."),
+    repeats: int = typer.Option(1, min=1, help="Round trips of each row, each checked; the speeds are their "
+                                "medians."),
     progress: bool = typer.Option(True, help="Show progress bars."),
     out: Optional[Path] = typer.Option(None, help=OUT_HELP),
 ) -> None:
@@ -288,7 +290,7 @@ def compress(
              + ([(cache, False, match)] if without_contexts and contexts else [])
              + ([(cache, contexts, False)] if without_match and match else []))  # (cache, context mixer, match)
     rows = [run_compression(run_dir, file, each, each_size, threads or THREADS, progress=progress, cache=mixed,
-                            contexts=mixed_contexts, match=matched, log=typer.echo)
+                            contexts=mixed_contexts, match=matched, log=typer.echo, repeats=repeats)
             for given in block_size or [None] for each, each_size in ways(given)
             for mixed, mixed_contexts, matched in mixes]
     write_report({"command": command_line(), "rows": rows}, out)

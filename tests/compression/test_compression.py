@@ -255,6 +255,28 @@ def test_bench_compress_puts_the_model_beside_gzip_bzip2_and_xz(char_run, tmp_pa
         segment_length(1), segment_length(blocks)]
 
 
+def test_bench_compress_repeats_each_round_trip_and_reports_the_median_speed(char_run, tmp_path):
+    """--repeats 3: three checked round trips of the row, the same bytes each time; the speeds are the medians
+    of the three, whose seconds are all kept."""
+    import json
+    import statistics
+
+    from moglm.bench.compression import run_compression
+
+    source = tmp_path / "text.txt"
+    source.write_bytes(TEXT)
+    out = tmp_path / "compression.json"
+    assert main(["bench", "compress", str(char_run), str(source), "--block-size", "256", "--repeats", "3",
+                 "--no-progress", "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["repeats"] == 3 and len(row["seconds_runs"]) == len(row["decompress_seconds_runs"]) == 3
+    assert row["seconds"] == statistics.median(row["seconds_runs"]) > 0
+    assert row["kilobytes_per_second"] == pytest.approx(len(TEXT) / 1e3 / row["seconds"])
+    assert row["decompress_kilobytes_per_second"] == pytest.approx(len(TEXT) / 1e3 / row["decompress_seconds"])
+    with pytest.raises(MoglmError, match="repeats must be a whole number >= 1"):
+        run_compression(char_run, source, None, 256, 1, repeats=0)
+
+
 def test_the_adaptations_segments_hold_about_the_same_tokens_however_many_blocks_share_them(char_run, tmp_path):
     """One update reads n steps of every block: moglm compress --dynamic sizes n to about UPDATE_TOKENS tokens
     across the blocks (20 steps for one stream, fewer for many, never under 2), and the header records it."""
