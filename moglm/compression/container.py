@@ -260,6 +260,18 @@ def _environment(threads: int) -> dict[str, Any]:
             "threads": threads, "recurrence": compiled.info().get("gemm_route") if compiled.available() else "python"}
 
 
+def _elsewhere(header: dict[str, Any]) -> str:
+    """Where the header's environment differs from this machine's: what to add to a decoding error (a model that
+    rounds differently desynchronises the range decoder, which then looks like damaged data), else nothing."""
+    now = _environment(header["threads"])
+    then = {k: header.get(k) for k in now}
+    differ = [k for k in now if then[k] != now[k]]
+    if not differ:
+        return ""
+    return (" (or it was compressed where the model rounds differently: "
+            + ", ".join(f"{k} {then[k]} there, {now[k]} here" for k in differ) + ")")
+
+
 def _gap_model(layout: Layout, gaps: bool, limit: int | None = None) -> Callable[[], GapModel] | None:
     return (lambda: GapModel(layout.gap_bytes, layout.gap_text, limit)) if gaps else None
 
@@ -584,8 +596,11 @@ def decompress(blob: bytes, model, vocab, *, adapter_for: Callable[[dict], Any] 
                               recorded_cache(header, name), guard=guard_margin(header["adapt"]),
                               warmup=warmup_tokens(header["adapt"]), match=recorded_match(header, name),
                               contexts=recorded_contexts(header, name), chars=layout.chars, tokens=header["tokens"])
-        decode(predictor, blocks, payloads, counts, _gap_model(layout, header["gaps"], header["bytes"]),
-               layout.start, progress)
+        try:
+            decode(predictor, blocks, payloads, counts, _gap_model(layout, header["gaps"], header["bytes"]),
+                   layout.start, progress)
+        except MoglmError as error:
+            raise MoglmError(f"{error}{_elsewhere(header)}") from None
     try:
         data = b"".join(c if isinstance(c, bytes) else layout.join(b.tokens, b.gaps) for b, c in zip(blocks, stored))
     except (KeyError, UnicodeError):

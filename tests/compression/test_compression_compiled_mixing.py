@@ -188,8 +188,25 @@ def test_a_byte_level_file_whose_header_claims_more_tokens_than_its_payload_hold
     blob, _ = coded_round_trip(byte_run, TEXT, block_size=0)
     assert read_header(blob)[0]["gaps"] is False and read_header(blob)[0]["blocks"] == 1
     trained = load_run(byte_run)
-    with pytest.raises(MoglmError, match="claims more tokens than its"):
+    with pytest.raises(MoglmError, match="claims more tokens than its") as caught:
         decompress(forged(blob, tokens=10**6, bytes=10**6), trained.model, trained.vocab, progress=False)
+    assert "rounds differently" not in str(caught.value)
+
+
+def test_a_decoding_error_names_what_differs_from_where_the_file_was_compressed(byte_run):
+    """A model that rounds differently (another recurrence, torch or moglm) desynchronises the range decoder, which
+    then looks like damaged data: the one-line error says what differs, as the SHA-256 mismatch's does."""
+    from moglm.compression import decompress
+    from moglm.runs.language_model import load_run
+
+    from test_compression import forged
+
+    blob, _ = coded_round_trip(byte_run, TEXT, block_size=0)
+    trained = load_run(byte_run)
+    with pytest.raises(MoglmError, match="claims more tokens than its .*rounds differently: torch 0.0 there, "
+                                         "[^ ]+ here, recurrence elsewhere there, [^ ]+ here\\)$"):
+        decompress(forged(blob, tokens=10**6, bytes=10**6, recurrence="elsewhere", torch="0.0"), trained.model,
+                   trained.vocab, progress=False)
 
 
 @needs_kernel
