@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 import typer
 
@@ -12,9 +13,32 @@ from ..errors import MoglmError
 from .app import build_app
 from .common import expand_list_options
 
+_PYTHON_SHOWWARNING = warnings.showwarning  # Python's own, for the warnings that are not moglm's
+
 
 def run(argv: list[str] | None) -> int:
-    """Run the command line on ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
+    """Run the command line on ``argv`` (default: ``sys.argv[1:]``); returns the exit code. moglm's own
+    warnings print as one line each (:func:`show_warning`) while it runs."""
+    shown = warnings.showwarning
+    warnings.showwarning = show_warning
+    try:
+        return _run(argv)
+    finally:
+        warnings.showwarning = shown
+
+
+def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """``warnings.showwarning`` for the command line: a warning of moglm's own (its text starts with "moglm:")
+    is one line on stderr, without the file, line and source of the library code that raised it; any other is
+    shown as Python shows it."""
+    text = str(message)
+    if text.startswith("moglm:"):
+        print(" ".join(text.split()), file=sys.stderr if file is None else file)
+        return
+    _PYTHON_SHOWWARNING(message, category, filename, lineno, file, line)
+
+
+def _run(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("MOGLM_DEBUG") == "1"
     argv = [a for a in argv if a != "--debug"]
