@@ -67,7 +67,6 @@ def compress(
     """Compress a file losslessly with a trained run's predictions (range coding; thesis 2.1.2)."""
     from ..compression import container
     from ..compression.layout import Layout, coverage_warning
-    from ..compression.container import default_block_size
     from ..compression.run import adapter_from_settings, coding_model, dynamic_settings, scratch_settings
 
     data = _read(file)
@@ -83,7 +82,7 @@ def compress(
         typer.echo(warning, err=True)
     adapter = None
     adapting = settings is not None or dynamic or rule is not None or adapt_learning_rate is not None
-    size = block_size if block_size is not None else default_block_size(len(data), adapting)
+    size = block_size if block_size is not None else container.default_block_size(len(data), adapting)
     options = {"block_size": size} | ({} if threads is None else {"threads": threads})
     if settings is None and adapting:
         settings = dynamic_settings(run_dir, rule, adapt_learning_rate, container.streams(data, vocab, size))

@@ -16,6 +16,8 @@ on of every block's context are the numpy mixer's own code, shared.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
@@ -34,8 +36,6 @@ def usable(settings: ContextSettings | None) -> ContextSettings | None:
     (the warning that the compiled library is unavailable says why, once)."""
     if settings is None or settings.kernel != "compiled" or kernel_available():
         return settings
-    from dataclasses import replace
-
     return replace(settings, kernel="numpy")
 
 

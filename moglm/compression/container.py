@@ -260,11 +260,16 @@ def _environment(threads: int) -> dict[str, Any]:
             "threads": threads, "recurrence": compiled.info().get("gemm_route") if compiled.available() else "python"}
 
 
+def _environments(header: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The environment the header records (:func:`_environment`'s fields) and this machine's, at its threads."""
+    now = _environment(header["threads"])
+    return {k: header.get(k) for k in now}, now
+
+
 def _elsewhere(header: dict[str, Any]) -> str:
     """Where the header's environment differs from this machine's: what to add to a decoding error (a model that
     rounds differently desynchronises the range decoder, which then looks like damaged data), else nothing."""
-    now = _environment(header["threads"])
-    then = {k: header.get(k) for k in now}
+    then, now = _environments(header)
     differ = [k for k in now if then[k] != now[k]]
     if not differ:
         return ""
@@ -318,14 +323,13 @@ def compress(data: bytes, model, vocab, *, factor: float = 1.0, adapter=None, se
     contexts = usable(contexts)
     start, cpu = time.perf_counter(), time.process_time()
     blocks = _cut(layout, data, block_size)
-    gaps = not layout.gapless
+    gaps, tokens = not layout.gapless, sum(len(b.tokens) for b in blocks)
     with fixed_threads(threads), compiled.flush_denormals(True):
         predictor = Predictor(model, layout.start, len(blocks), factor, adapter, cache,
                               guard=guard_margin(settings), warmup=warmup_tokens(settings), match=match,
-                              contexts=contexts, chars=layout.chars, tokens=sum(len(b.tokens) for b in blocks))
+                              contexts=contexts, chars=layout.chars, tokens=tokens)
         encode(predictor, blocks, _gap_model(layout, gaps), layout.start, progress)
     stored = [_stored(layout, block) for block in blocks]
-    tokens = sum(len(b.tokens) for b in blocks)
     header = {"run": run_digest(model, vocab), "architecture": model.architecture, "dtype": "float32",
               "factor": factor, "adapt": settings, "adapt_digest": adapter_digest(adapter),
               "cache": None if predictor.cache is None else asdict(predictor.cache.settings),
@@ -606,9 +610,9 @@ def decompress(blob: bytes, model, vocab, *, adapter_for: Callable[[dict], Any] 
     except (KeyError, UnicodeError):
         data = None
     if data is None or len(data) != header["bytes"] or hashlib.sha256(data).hexdigest() != header["sha256"]:
-        env = {k: header.get(k) for k in _environment(header["threads"])}
+        then, now = _environments(header)
         raise MoglmError(f"{name}: the decoded output does not match the original's SHA-256, so nothing was "
-                         f"written (compressed with {env}, decoded with {_environment(header['threads'])}: another "
+                         f"written (compressed with {then}, decoded with {now}: another "
                          "CPU or library can round the model's probabilities differently)")
     return data
 
