@@ -13,29 +13,28 @@ from ..errors import MoglmError
 from .app import build_app
 from .common import expand_list_options
 
-_PYTHON_SHOWWARNING = warnings.showwarning  # Python's own, for the warnings that are not moglm's
+_PYTHON_FORMATWARNING = warnings.formatwarning  # Python's own, for the warnings that are not moglm's
 
 
 def run(argv: list[str] | None) -> int:
     """Run the command line on ``argv`` (default: ``sys.argv[1:]``); returns the exit code. moglm's own
-    warnings print as one line each (:func:`show_warning`) while it runs."""
-    shown = warnings.showwarning
-    warnings.showwarning = show_warning
+    warnings print as one line each (:func:`format_warning`) while it runs."""
+    formatted = warnings.formatwarning
+    warnings.formatwarning = format_warning
     try:
         return _run(argv)
     finally:
-        warnings.showwarning = shown
+        warnings.formatwarning = formatted
 
 
-def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """``warnings.showwarning`` for the command line: a warning of moglm's own (its text starts with "moglm:")
-    is one line on stderr, without the file, line and source of the library code that raised it; any other is
-    shown as Python shows it."""
+def format_warning(message, category, filename, lineno, line=None) -> str:
+    """``warnings.formatwarning`` for the command line: a warning of moglm's own (its text starts with "moglm:")
+    is one line, without the file, line and source of the library code that raised it; any other is formatted as
+    Python formats it. Where and whether a warning is shown stays Python's (its filters, ``catch_warnings``)."""
     text = str(message)
     if text.startswith("moglm:"):
-        print(" ".join(text.split()), file=sys.stderr if file is None else file)
-        return
-    _PYTHON_SHOWWARNING(message, category, filename, lineno, file, line)
+        return " ".join(text.split()) + "\n"
+    return _PYTHON_FORMATWARNING(message, category, filename, lineno, line)
 
 
 def _run(argv: list[str] | None) -> int:

@@ -191,19 +191,19 @@ def test_version_flag_and_python_dash_m_moglm(capsys):
     assert done.returncode == 0 and done.stdout.strip() == f"moglm {__version__}", done.stderr
 
 
-def test_moglm_warnings_print_as_one_line_and_others_as_python_shows_them(capsys):
-    """While a command runs, a warning of moglm's own (the compiled recurrence unavailable, say) is one line on
-    stderr, not the library file, line and source line that raised it; anything else is shown as Python shows it;
-    and the hook is gone after the command."""
+def test_moglm_warnings_print_as_one_line_and_others_as_python_shows_them():
+    """While a command runs, a warning of moglm's own (the compiled recurrence unavailable, say) is formatted as one
+    line, not the library file, line and source line that raised it; anything else as Python formats it; and the
+    hook is gone after the command."""
     import warnings
 
-    from moglm.cli.entry import show_warning
+    from moglm.cli.entry import format_warning
 
-    show_warning(UserWarning("moglm: the compiled recurrence is unavailable (no compiler);\n   slower"), UserWarning,
-                 "/somewhere/typer/main.py", 1445, line="return callback(**use_params)")
-    assert capsys.readouterr().err == "moglm: the compiled recurrence is unavailable (no compiler); slower\n"
-    with pytest.warns(UserWarning, match="not ours"):  # Python's own showing, which pytest records
-        show_warning(UserWarning("not ours"), UserWarning, "/somewhere/lib.py", 3, line="x = 1")
-    assert capsys.readouterr().err == ""
-    before = warnings.showwarning
-    assert main(["--version"]) == 0 and warnings.showwarning is before
+    assert format_warning(UserWarning("moglm: the compiled recurrence is unavailable (no compiler);\n   slower"),
+                          UserWarning, "/somewhere/typer/main.py", 1445, line="return callback(**use_params)") \
+        == "moglm: the compiled recurrence is unavailable (no compiler); slower\n"
+    assert format_warning(UserWarning("not ours"), UserWarning, "/somewhere/lib.py", 3, line="x = 1") \
+        == warnings.formatwarning(UserWarning("not ours"), UserWarning, "/somewhere/lib.py", 3, line="x = 1")
+    assert "lib.py:3: UserWarning: not ours" in format_warning("not ours", UserWarning, "/somewhere/lib.py", 3)
+    before = warnings.formatwarning
+    assert main(["--version"]) == 0 and warnings.formatwarning is before
