@@ -104,25 +104,6 @@ def test_without_the_compiled_library_compress_codes_with_numpy_and_a_compiled_f
             decompress(compiled_file, trained.model, trained.vocab, progress=False)
 
 
-def test_a_version_10_file_decodes_with_the_numpy_arithmetic_as_it_was_coded(byte_run):
-    """Version 10's header has no ``kernel``: read as numpy's, so a file coded that way decodes; a version 11
-    header without the field is damaged."""
-    from moglm.compression import decompress
-    from moglm.runs.language_model import load_run
-
-    from test_compression import forged
-
-    settings = replace(CONTEXTS, kernel="numpy")
-    blob, _ = coded_round_trip(byte_run, TEXT, contexts=settings)
-    old = {k: v for k, v in read_header(blob)[0]["contexts"].items() if k != "kernel"}
-    version_10 = forged(blob, version=10, contexts=old)
-    assert version_10[6] == 10 and ContextSettings(**read_header(version_10)[0]["contexts"]) == settings
-    trained = load_run(byte_run)
-    assert decompress(version_10, trained.model, trained.vocab, progress=False) == TEXT
-    with pytest.raises(MoglmError, match="contexts settings are not settings"):
-        decompress(forged(blob, contexts=old), trained.model, trained.vocab, progress=False)
-
-
 def test_an_unknown_kernel_is_a_one_line_error():
     with pytest.raises(MoglmError, match="kernel must be one of numpy, compiled"):
         ContextSettings(kernel="cuda")

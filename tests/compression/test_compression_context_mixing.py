@@ -468,41 +468,32 @@ def test_the_default_mixer_of_five_weight_sets_and_sparse_contexts_round_trips_a
     assert ContextSettings(**report.contexts) == CONTEXTS
 
 
-def test_a_version_8_file_decodes_with_one_set_of_weights_as_it_was_coded(byte_run):
-    """Version 8's header has no ``mixers`` or ``final_lr``: read as none (one set, no second layer), so a file
-    coded that way decodes; a version 9 header without them is damaged."""
+@pytest.mark.parametrize("version, mixers, sparse, dropped, data", [
+    (8, (), (), ("mixers", "final_lr", "sparse", "kernel"), b"one set of weights, as version 8 mixed. " * 10),
+    (9, MIXER_CONTEXTS, (), ("sparse", "kernel"),
+     b"five sets of weights and no sparse contexts,\nas version 9 mixed.\n" * 6),
+    (10, MIXER_CONTEXTS, SPARSE_CONTEXTS, ("kernel",),
+     b"The numpy arithmetic,\n  as version 10 mixed.\n" * 8)], ids=["8", "9", "10"])
+def test_an_older_files_header_reads_as_its_mixer_was_and_decodes(byte_run, version, mixers, sparse, dropped, data):
+    """A header of an older version leaves out the context settings later versions added: version 8's has no
+    ``mixers`` or ``final_lr`` (one set, no second layer), version 9's no ``sparse`` (none), version 10's no
+    ``kernel`` (numpy's arithmetic). Each reads as its mixer was, so a file coded that way decodes; a header of
+    this version without those fields is damaged."""
+    from dataclasses import replace
+
     from moglm.compression import decompress
     from moglm.runs.language_model import load_run
 
     from test_compression import forged
 
-    data = b"one set of weights, as version 8 mixed. " * 10
-    blob, _ = coded_round_trip(byte_run, data, contexts=ContextSettings())
-    old = {k: v for k, v in read_header(blob)[0]["contexts"].items() if k not in ("mixers", "final_lr", "sparse")}
-    version_8 = forged(blob, version=8, contexts=old)
-    assert version_8[6] == 8 and ContextSettings(**read_header(version_8)[0]["contexts"]).mixers == ()
-    trained = load_run(byte_run)
-    assert decompress(version_8, trained.model, trained.vocab, progress=False) == data
-    with pytest.raises(MoglmError, match="contexts settings are not settings"):
-        decompress(forged(blob, contexts=old), trained.model, trained.vocab, progress=False)
-
-
-def test_a_version_9_file_decodes_without_sparse_contexts_as_it_was_coded(byte_run):
-    """Version 9's header has no ``sparse``: read as none, so a file coded without them decodes; a version 10
-    header without the field is damaged."""
-    from moglm.compression import decompress
-    from moglm.runs.language_model import load_run
-
-    from test_compression import forged
-
-    data = b"five sets of weights and no sparse contexts,\nas version 9 mixed.\n" * 6
-    settings = ContextSettings(mixers=MIXER_CONTEXTS)
+    settings = ContextSettings(mixers=mixers, sparse=sparse)
     blob, _ = coded_round_trip(byte_run, data, contexts=settings)
-    old = {k: v for k, v in read_header(blob)[0]["contexts"].items() if k != "sparse"}
-    version_9 = forged(blob, version=9, contexts=old)
-    assert version_9[6] == 9 and ContextSettings(**read_header(version_9)[0]["contexts"]) == settings
+    old = {k: v for k, v in read_header(blob)[0]["contexts"].items() if k not in dropped}
+    older = forged(blob, version=version, contexts=old)
+    read = ContextSettings(**read_header(older)[0]["contexts"])
+    assert older[6] == version and read == (replace(settings, final_lr=0.0) if version == 8 else settings)
     trained = load_run(byte_run)
-    assert decompress(version_9, trained.model, trained.vocab, progress=False) == data
+    assert decompress(older, trained.model, trained.vocab, progress=False) == data
     with pytest.raises(MoglmError, match="contexts settings are not settings"):
         decompress(forged(blob, contexts=old), trained.model, trained.vocab, progress=False)
 
