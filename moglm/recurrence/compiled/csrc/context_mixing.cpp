@@ -222,7 +222,8 @@ void context_mix(const at::Tensor& tables, const at::Tensor& rows, const at::Ten
   ready_threads();
   at::parallel_for(0, B, 1, [&](i64 begin, i64 end) {
     IeeeScope ieee;
-    std::vector<double> scratch(V), pn(V), probs(S * V);  // this thread's: estimates or log p_out, p, exp L_s
+    // this thread's: estimates or log p_out, lp + c_k of the counted tokens, p, exp L_s
+    std::vector<double> scratch(V), gathered(V), pn(V), probs(S * V);
     for (i64 b = begin; b < end; ++b) {
       if (b + 1 < end)
         for (i64 k = 0; k < K; ++k) prefetch_row(counts + (k * S_rows + row[k * B + b + 1]) * V, V);
@@ -231,6 +232,16 @@ void context_mix(const at::Tensor& tables, const at::Tensor& rows, const at::Ten
       for (i64 v = 0; v < V; ++v) {
         pb[v] = model[b * V + v] / sum;
         lb[v] = log_d(std::max(pb[v], TINY));
+      }
+      // each set's L starts as (sum_m w_m) lp, written here so that its vector stores have long left the store
+      // queue when the sparse sums below read it back one element at a time (a narrow load of a wide store still
+      // in flight waits for it)
+      for (i64 s = 0; s < S; ++s) {
+        const double* ws = w + (s * B + b) * M;
+        double* L = logs + (s * B + b) * V;
+        double all = 0.0;
+        for (i64 m = 0; m < M; ++m) all += ws[m];  // M is small: one chain
+        for (i64 v = 0; v < V; ++v) L[v] = all * lb[v];
       }
       for (i64 k = 0; k < K; ++k) {  // each table's counted tokens and their D_k
         const i64 N = total[k * B + b];
@@ -248,19 +259,19 @@ void context_mix(const at::Tensor& tables, const at::Tensor& rows, const at::Ten
             for (i64 u = v; u < std::min(v + 4, V); ++u)
               if (n[u]) idx[j++] = static_cast<int32_t>(u);
           }
-          double* estimate = scratch.data();  // the counted tokens' estimates, gathered so the logs vectorise
-          for (int32_t i = 0; i < j; ++i) estimate[i] = std::max((n[idx[i]] + alpha * pb[idx[i]]) / denominator, TINY);
-          for (int32_t i = 0; i < j; ++i) d[i] = log_d(estimate[i]);
-          for (int32_t i = 0; i < j; ++i) d[i] -= lb[idx[i]] + c;
+          // the counted tokens' estimates and lp + c, gathered so that D_k's logarithms vectorise in one loop
+          double *estimate = scratch.data(), *base = gathered.data();
+          for (int32_t i = 0; i < j; ++i) {
+            estimate[i] = std::max((n[idx[i]] + alpha * pb[idx[i]]) / denominator, TINY);
+            base[i] = lb[idx[i]] + c;
+          }
+          for (int32_t i = 0; i < j; ++i) d[i] = log_d(estimate[i]) - base[i];
         }
         counted[b * K + k] = j;
       }
       for (i64 s = 0; s < S; ++s) {  // each set's mixture, normalised, and its expectations of lp and each D_k
         const double* ws = w + (s * B + b) * M;
-        double *L = logs + (s * B + b) * V, *P = probs.data() + s * V, *es = st + s * (K + 2);
-        double all = 0.0;
-        for (i64 m = 0; m < M; ++m) all += ws[m];  // M is small: one chain
-        for (i64 v = 0; v < V; ++v) L[v] = all * lb[v];
+        double *L = logs + (s * B + b) * V, *P = probs.data() + s * V, *es = st + s * (K + 2);  // L: (sum w) lp
         for (i64 k = 0; k < K; ++k) {
           const int32_t* idx = index + (b * K + k) * V;
           const double* d = delta + (b * K + k) * V;
@@ -296,14 +307,17 @@ void context_mix(const at::Tensor& tables, const at::Tensor& rows, const at::Ten
       if (refine) {  // the map: log p + its correction for (token before, bin of log p)
         i64* cb = cells + b * V;
         double* rb = refined + b * V;
-        const i64 base = prior[b] * APM_BINS;
-        for (i64 v = 0; v < V; ++v) {
+        // the cells first (selects, which vectorise), then the corrections; through local copies of the count and
+        // the map, as a store through cb could otherwise be the captured V or pointer, and no loop would vectorise
+        const i64 base = prior[b] * APM_BINS, n = V;
+        const double* map = correction;
+        for (i64 v = 0; v < n; ++v) {
           double bin = std::ceil(log_out[v]);
           bin = bin > 0.0 ? 0.0 : bin;
           bin = bin >= -11.0 ? bin + 11.0 : 0.0;  // below the edges, or NaN (weights gone non-finite): bin 0
           cb[v] = base + static_cast<i64>(bin);
-          log_out[v] += correction[cb[v]];
         }
+        for (i64 v = 0; v < n; ++v) log_out[v] += map[cb[v]];
         normalise(log_out, rb, V);
         double part[4][APM_BINS] = {};  // four histograms of v mod 4, so that runs of one bin do not chain the adds
         for (i64 v = 0; v < V; ++v) part[v & 3][cb[v] - base] += rb[v];
