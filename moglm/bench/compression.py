@@ -71,7 +71,7 @@ def _round_trip(run_dir: Path, file: Path, settings: dict | None, block_size: in
                 progress: bool, cache: bool, match: bool, contexts: bool,
                 log: Callable[[str], None]) -> dict[str, Any]:
     """One compression and decompression of ``file`` (:func:`run_compression`'s arguments)."""
-    from ..compression import compress, decompress
+    from ..compression import compress, decompress, read_header
     from ..compression.run import CACHE, CONTEXTS, MATCH, adapter_from_settings, coding_model
     from ..recurrence.compiled import info
 
@@ -102,7 +102,7 @@ def _round_trip(run_dir: Path, file: Path, settings: dict | None, block_size: in
               "decompress_cpu_seconds": cpu_seconds,
               "decompress_kilobytes_per_second": len(data) / 1e3 / max(seconds, 1e-9), "baselines": baselines,
               "against": {name: report.compressed_bytes / size - 1 for name, size in baselines.items()},
-              "cpu": info().get("cpu")}
+              "cpu": info().get("cpu"), "path": read_header(blob)[0]["path"]}
     log(f"decompressed and checked in {seconds:.1f}s; " + ", ".join(
         f"{name} {size:,} bytes ({100 * result['against'][name]:+.1f}%)" for name, size in baselines.items()))
     return result

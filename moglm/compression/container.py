@@ -21,6 +21,10 @@ blocks and the block size, whether gaps are coded, the original length and its S
 library versions. Decoding checks the header's CRC, that the block table stays inside the file, every block's
 CRC (a damaged or truncated file, named by its block), the run's digest (another run, or a changed one) and,
 at the end, the output's SHA-256 and length before anything is written: a wrong output is never produced.
+Version 12 records the path of the model's recurrence (the header's ``path``: the compiled window on its GEMM
+route, or the Python fused one; :mod:`.paths`), which the decoder takes whatever its own machine would choose, and
+deflates the header with :data:`HEADER_DICTIONARY_12`; a file of version 11 or older decodes with ``auto``'s choice,
+as it was coded.
 Version 11 records the context mixer's arithmetic (the header's ``contexts`` gains ``kernel``: ``compiled``, the C++
 step of :mod:`.compiled_mixing`, or ``numpy``, its reference twin, where the compiled library cannot be built; a file
 of version 10 or older was coded with numpy's) and deflates the header with :data:`HEADER_DICTIONARY_11`.
@@ -70,16 +74,17 @@ import torch
 
 from ..errors import MoglmError
 from ..evaluation.neural_cache import StepCacheSettings
-from ..recurrence import compiled
+from ..recurrence import auto, compiled
 from .coder import Block, GapModel, Predictor, decode, encode
 from .layout import Layout
 from .compiled_mixing import usable
 from .context_mixing import ContextSettings
 from .match import MatchSettings
+from .paths import check_path, coding_path, recorded_path
 from .run import ADAPTING_BLOCKS, guard_margin, warmup_tokens
 
 MAGIC = b"MOGLMZ"
-VERSION = 11
+VERSION = 12
 #: the context mixer's settings that later versions added, by the first version that records them, with what a
 #: header of an older version leaves out, as it was coded: version 9's further weight sets and second layer (one set
 #: before), version 10's sparse contexts (none before), version 11's arithmetic (numpy's before)
@@ -87,7 +92,7 @@ CONTEXT_FIELDS = {9: {"mixers": [], "final_lr": 0.0}, 10: {"sparse": []}, 11: {"
 #: the first version whose block table is compact (varint lengths with the raw flag, CRC-16s)
 COMPACT_FROM = 8
 #: the header fields that later versions added, and the first version that records each (an older file has none)
-ADDED_FIELDS = {"cache": 3, "match": 6, "contexts": 7}
+ADDED_FIELDS = {"cache": 3, "match": 6, "contexts": 7, "path": 12}
 #: the first version coded with the compiled windows flushing subnormals to zero (before it they were kept)
 FLUSHED_FROM = 5
 #: version 4's header is deflated with this preset dictionary (zlib's ``zdict``): a typical header, so that what
@@ -129,6 +134,12 @@ HEADER_DICTIONARY_11 = HEADER_DICTIONARY_10 + (
     b'"contexts":{"orders":[1,2,3,4,6],"words":2,"alpha":0.25,"lr":0.004,"apm_lr":0.02,'
     b'"mixers":["token","order2","kinds","word"],"final_lr":0.005,"sparse":["above","above_pair","skip"],'
     b'"kernel":"compiled"},"match":{"min_length":5},"tokens":'
+)
+#: version 12's dictionary: version 11's, then the recurrence's paths as a header spells them (the routes the
+#: probes chose most on the machines measured: the gates' route, then the rounds' where it is another)
+HEADER_DICTIONARY_12 = HEADER_DICTIONARY_11 + (
+    b'"path":{"backend":"fused","route":null},"route":"mkl_packed","route":"panels:brgemm",'
+    b'"route":"brgemm:mkl_packed","route":"brgemm:panels","path":{"backend":"compiled","route":"brgemm"},'
 )
 MAX_HEADER = 1 << 20  # bytes of JSON an inflated header may have (a forged one cannot exhaust memory)
 BLOCK_SIZE = 4_096  # bytes per block, about (0: the whole file in one block); measured in docs/guides/compression.md
@@ -325,10 +336,12 @@ def compress(data: bytes, model, vocab, *, factor: float = 1.0, adapter=None, se
     blocks = _cut(layout, data, block_size)
     gaps, tokens = not layout.gapless, sum(len(b.tokens) for b in blocks)
     with fixed_threads(threads), compiled.flush_denormals(True):
-        predictor = Predictor(model, layout.start, len(blocks), factor, adapter, cache,
-                              guard=guard_margin(settings), warmup=warmup_tokens(settings), match=match,
-                              contexts=contexts, chars=layout.chars, tokens=tokens)
-        encode(predictor, blocks, _gap_model(layout, gaps), layout.start, progress)
+        path = coding_path(model if adapter is None else adapter.model, len(blocks), layout.start)
+        with auto.pinned(path):  # every step, the adaptation's included, on the path the header records
+            predictor = Predictor(model, layout.start, len(blocks), factor, adapter, cache,
+                                  guard=guard_margin(settings), warmup=warmup_tokens(settings), match=match,
+                                  contexts=contexts, chars=layout.chars, tokens=tokens)
+            encode(predictor, blocks, _gap_model(layout, gaps), layout.start, progress)
     stored = [_stored(layout, block) for block in blocks]
     header = {"run": run_digest(model, vocab), "architecture": model.architecture, "dtype": "float32",
               "factor": factor, "adapt": settings, "adapt_digest": adapter_digest(adapter),
@@ -336,7 +349,7 @@ def compress(data: bytes, model, vocab, *, factor: float = 1.0, adapter=None, se
               "contexts": None if contexts is None else asdict(contexts),
               "match": None if match is None else asdict(match), "tokens": tokens,
               "bytes": len(data), "blocks": len(blocks), "block_size": block_size, "gaps": gaps,
-              "sha256": hashlib.sha256(data).hexdigest(), **_environment(threads)}
+              "sha256": hashlib.sha256(data).hexdigest(), "path": path, **_environment(threads)}
     deflate = zlib.compressobj(9, zdict=header_dictionary(VERSION))
     encoded = deflate.compress(json.dumps(header, separators=(",", ":")).encode()) + deflate.flush()
     head = _PREFIX.pack(MAGIC, VERSION, len(encoded)) + encoded + pack_table(
@@ -361,7 +374,8 @@ def _check_options(block_size: int, threads: int) -> None:
 
 _TYPES = {"run": str, "factor": (int, float), "adapt": (dict, type(None)), "adapt_digest": (str, type(None)),
           "cache": (dict, type(None)), "match": (dict, type(None)), "contexts": (dict, type(None)),
-          "tokens": int, "bytes": int, "sha256": str, "blocks": int, "block_size": int, "threads": int, "gaps": bool}
+          "path": (dict, type(None)), "tokens": int, "bytes": int, "sha256": str, "blocks": int, "block_size": int,
+          "threads": int, "gaps": bool}
 
 
 def read_header(blob: bytes, name: str = "the file") -> tuple[dict[str, Any], list[np.ndarray | bytes]]:
@@ -461,7 +475,8 @@ def _words(content: bytes, dtype: str) -> np.ndarray:
 
 def header_dictionary(version: int) -> bytes:
     """The preset dictionary a header of ``version`` (4 or later) is deflated with."""
-    return (HEADER_DICTIONARY_11 if version >= 11 else HEADER_DICTIONARY_10 if version >= 10
+    return (HEADER_DICTIONARY_12 if version >= 12 else HEADER_DICTIONARY_11 if version >= 11
+            else HEADER_DICTIONARY_10 if version >= 10
             else HEADER_DICTIONARY_9 if version >= 9
             else HEADER_DICTIONARY_7 if version >= 7 else HEADER_DICTIONARY)
 
@@ -582,6 +597,8 @@ def decompress(blob: bytes, model, vocab, *, adapter_for: Callable[[dict], Any] 
     if header["run"] != digest:
         raise MoglmError(f"{name} was compressed with another run or checkpoint (model digest {header['run']}; "
                          f"this one's is {digest}): decompress it with the run and --checkpoint that compressed it")
+    path = recorded_path(header, name)
+    check_path(path, name)
     adapter = None
     if header["adapt"] is not None:
         if adapter_for is None:
@@ -595,7 +612,7 @@ def decompress(blob: bytes, model, vocab, *, adapter_for: Callable[[dict], Any] 
               for b, (content, n) in enumerate(zip(stored, counts))]
     payloads = [None if isinstance(content, bytes) else content for content in stored]
     version = _PREFIX.unpack_from(blob)[1]
-    with fixed_threads(header["threads"]), compiled.flush_denormals(version >= FLUSHED_FROM):
+    with fixed_threads(header["threads"]), compiled.flush_denormals(version >= FLUSHED_FROM), auto.pinned(path):
         predictor = Predictor(model, layout.start, len(blocks), float(header["factor"]), adapter,
                               recorded_cache(header, name), guard=guard_margin(header["adapt"]),
                               warmup=warmup_tokens(header["adapt"]), match=recorded_match(header, name),

@@ -29,6 +29,11 @@ later process reads it: every run on a machine takes the same path for the same 
 computes exactly as the uninterrupted one would have. ``moglm info`` lists the choices and their timings.
 ``MOGLM_AUTO_BACKEND=compiled`` or ``=fused`` skips the probe and forces one path for
 ``auto``; delete the file to probe again.
+
+Where two machines must compute the same bits, a choice made on one is not enough: the other's probe can choose
+otherwise (the paths round differently), or it may not build the compiled window at all. :func:`pinned` makes
+every layer take a given path, before the variable and the stored choices, and :func:`recording` lists the
+choices made, so that a compressed file's header records the path its encoder took and its decoder takes it too.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ import statistics
 import sys
 import time
 import warnings
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Iterator
 
 import torch
 from torch import Tensor
@@ -153,10 +161,50 @@ def _probe_class(cell: Cell, params: Params, xs: Tensor, training: bool, runners
     return {**result, "backend": backend, "route": route or fastest_compiled, "route_seconds": route_seconds}
 
 
+#: the path every layer takes while :func:`pinned` is active (``None``: none pinned), and the choices that
+#: :func:`recording` collects
+_PINNED: ContextVar[dict | None] = ContextVar("moglm_auto_pinned", default=None)
+_SEEN: ContextVar[list | None] = ContextVar("moglm_auto_seen", default=None)
+
+
+@contextmanager
+def pinned(choice: dict | None) -> Iterator[None]:
+    """While active, :func:`choose` returns ``choice`` for every layer without probing or reading the stored
+    choices or ``MOGLM_AUTO_BACKEND``: ``{"backend": "compiled", "route": name or None}`` or ``{"backend":
+    "fused"}`` (``None``: nothing pinned, ``auto`` as usual)."""
+    token = _PINNED.set(None if choice is None else dict(choice))
+    try:
+        yield
+    finally:
+        _PINNED.reset(token)
+
+
+@contextmanager
+def recording() -> Iterator[list[dict]]:
+    """While active, every choice :func:`choose` returns is appended to the list this yields, in call order."""
+    seen: list[dict] = []
+    token = _SEEN.set(seen)
+    try:
+        yield seen
+    finally:
+        _SEEN.reset(token)
+
+
 def choose(cell: Cell, params: Params, xs: Tensor, runners: dict, route_probe=None) -> dict:
     """The choice for this layer (module docstring): ``{"backend": "compiled" or "fused", ...}``, with the
     compiled window's per-step ``"route"`` where ``route_probe(cell, params, xs, training) -> (route,
-    seconds per route)`` chose one for the class; ``runners["compiled"]`` takes it as ``route=``."""
+    seconds per route)`` chose one for the class; ``runners["compiled"]`` takes it as ``route=``. A
+    :func:`pinned` path comes first; :func:`recording` sees what is returned."""
+    pin = _PINNED.get()
+    choice = dict(pin) if pin is not None else _chosen(cell, params, xs, runners, route_probe)
+    seen = _SEEN.get()
+    if seen is not None:
+        seen.append(choice)
+    return choice
+
+
+def _chosen(cell: Cell, params: Params, xs: Tensor, runners: dict, route_probe) -> dict:
+    """:func:`choose`'s choice where nothing is pinned: ``MOGLM_AUTO_BACKEND``, else the stored or probed one."""
     forced = os.environ.get("MOGLM_AUTO_BACKEND", "").strip().lower()
     if forced in ("compiled", "fused"):
         return {"backend": forced}
@@ -175,7 +223,7 @@ def choose(cell: Cell, params: Params, xs: Tensor, runners: dict, route_probe=No
         except Exception as error:  # noqa: BLE001 - e.g. out of memory running both
             warnings.warn(f"moglm: could not time the compiled and Python windows for {key} "
                           f"({type(error).__name__}: {error}); this class runs the compiled window on this machine",
-                          stacklevel=4)  # choose's caller (past backend_choice and choose)
+                          stacklevel=5)  # choose's caller (past backend_choice, _chosen and choose)
             return {**UNSTORED, "failed": f"{type(error).__name__}: {error}"[:200]}
 
     return backend_choice(key, timed)

@@ -270,6 +270,7 @@ def test_bench_compress_repeats_each_round_trip_and_reports_the_median_speed(cha
                  "--no-progress", "--out", str(out)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
     assert row["repeats"] == 3 and len(row["seconds_runs"]) == len(row["decompress_seconds_runs"]) == 3
+    assert row["path"]["backend"] in ("compiled", "fused")  # the recurrence path the header records
     assert row["seconds"] == statistics.median(row["seconds_runs"]) > 0
     assert row["kilobytes_per_second"] == pytest.approx(len(TEXT) / 1e3 / row["seconds"])
     assert row["decompress_kilobytes_per_second"] == pytest.approx(len(TEXT) / 1e3 / row["decompress_seconds"])

@@ -489,7 +489,7 @@ def test_an_older_files_header_reads_as_its_mixer_was_and_decodes(byte_run, vers
     settings = ContextSettings(mixers=mixers, sparse=sparse)
     blob, _ = coded_round_trip(byte_run, data, contexts=settings)
     old = {k: v for k, v in read_header(blob)[0]["contexts"].items() if k not in dropped}
-    older = forged(blob, version=version, contexts=old)
+    older = forged(blob, version=version, contexts=old, drop=("path",))  # before version 12: auto's own path
     read = ContextSettings(**read_header(older)[0]["contexts"])
     assert older[6] == version and read == (replace(settings, final_lr=0.0) if version == 8 else settings)
     trained = load_run(byte_run)

@@ -113,6 +113,29 @@ def test_moglm_auto_backend_forces_a_path_without_probing(choice_dir, spies, mon
     assert spies[forced] == 1 and not choice_dir.exists()
 
 
+@pytest.mark.parametrize("pin", ["compiled", "fused"])
+def test_a_pinned_path_comes_before_the_variable_and_the_stored_choice_and_recording_sees_it(choice_dir, spies,
+                                                                                           monkeypatch, pin):
+    """What a compressed file's decoder relies on: every layer takes the pinned path, whatever this machine's
+    variable or stored choice says, and nothing is probed or stored for it."""
+    other = {"compiled": "fused", "fused": "compiled"}[pin]
+    monkeypatch.setenv("MOGLM_AUTO_BACKEND", other)
+    model, x = moglm.LSTM(6, 5, num_layers=2), torch.randn(4, 3, 6)
+    with auto.pinned({"backend": pin, "route": None}), auto.recording() as seen:
+        train_step(model, x)
+    assert spies == {pin: 2, other: 0} and not choice_dir.exists()
+    assert seen == [{"backend": pin, "route": None}] * 2
+    with auto.recording() as seen:  # the pin ends with its block
+        train_step(model, x)
+    assert spies[other] == 2 and seen == [{"backend": other}] * 2
+
+
+def test_pinning_nothing_leaves_auto_as_it_is_and_recording_ends_with_its_block():
+    with auto.pinned(None), auto.recording() as seen:
+        assert auto._PINNED.get() is None and auto._SEEN.get() is seen == []
+    assert auto._SEEN.get() is None
+
+
 def test_a_choice_within_noise_still_picks_the_faster_median_after_max_pairs(monkeypatch):
     # warm-ups, then pairs in alternating order: compiled 1.0 or 1.04, fused always 1.02: overlapping
     times = iter([1.0, 1.0] + [1.0, 1.02, 1.02, 1.04] * auto.MAX_PAIRS)

@@ -1,0 +1,59 @@
+"""The path of the model's recurrence that a compressed file records (container version 12), so that its decoder
+computes the encoder's bits whatever the decoding machine's own choice.
+
+``backend="auto"`` runs each layer on the compiled window or the Python fused one, whichever it measured faster
+on this machine for the layer's shape class (:mod:`moglm.recurrence.auto`). The two round differently, so a file
+compressed where the fused window won (or where the compiled library cannot be built, or with
+``MOGLM_COMPILED=0``) would not decode where the compiled one wins, and the same machine kind can choose either
+where the two are close. So the encoder notes the path its first step took (:func:`coding_path`), runs every
+step pinned to it (:func:`moglm.recurrence.auto.pinned`), and the header records it; the decoder pins the same
+path (:func:`recorded_path`), or says in one line why it cannot (:func:`check_path`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import MoglmError
+from ..recurrence import auto, compiled
+from ..recurrence.compiled.routes import stored_route
+
+BACKENDS = ("compiled", "fused")
+
+
+def coding_path(net, rows: int, start: int) -> dict[str, Any] | None:
+    """The path ``net``'s recurrence takes for the coder's steps (``[1, rows]`` tokens) on this machine:
+    ``{"backend": "compiled", "route": name or None}`` or ``{"backend": "fused", "route": None}`` as ``auto``
+    chooses for its first layer, ``fused`` where the compiled window cannot run here, ``None`` where no layer has a
+    choice to make (cells without a fast path run their reference loop everywhere). One step of ``start`` tokens is
+    run to see it (and to probe, where this machine has not yet)."""
+    with auto.recording() as seen, torch.no_grad():
+        net(torch.full((1, rows), start, dtype=torch.long), None)
+    if seen:
+        backend = seen[0]["backend"]
+        return {"backend": backend, "route": seen[0].get("route") if backend == "compiled" else None}
+    return None if compiled.available() else {"backend": "fused", "route": None}
+
+
+def recorded_path(header: dict[str, Any], name: str = "the file") -> dict[str, Any] | None:
+    """The path a file's header records (``None``: none, as in files before version 12, which decode with
+    ``auto``'s own choice), or a one-line error where it is not one."""
+    path = header.get("path")
+    if path is None:
+        return None
+    route = path.get("route", ...) if isinstance(path, dict) else ...
+    if not isinstance(path, dict) or set(path) != {"backend", "route"} or path["backend"] not in BACKENDS \
+            or not (route is None or (isinstance(route, str) and path["backend"] == "compiled"
+                                      and stored_route(route) is not None)):
+        raise MoglmError(f"{name}: its header's recurrence path is not one this moglm runs ({path!r}): damaged, "
+                         "forged or made by a newer moglm")
+    return dict(path)
+
+
+def check_path(path: dict[str, Any] | None, name: str = "the file") -> None:
+    """A one-line error where this machine cannot run the recorded ``path`` (the compiled window unbuilt)."""
+    if path is not None and path["backend"] == "compiled" and not compiled.available():
+        raise MoglmError(f"{name} was coded with moglm's compiled recurrence, which cannot be built here "
+                         f"({compiled.unavailable_reason()}): decompress it where it builds")

@@ -1,0 +1,91 @@
+"""The recurrence's path that a compressed file records (moglm.compression.paths, container version 12): the
+encoder's path is pinned for every step and recorded, the decoder takes it whatever its own machine would choose,
+and a path this machine cannot run, or a forged one, is a one-line error."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("constriction", reason="the compress extra (constriction) is not installed")
+
+from conftest import coded_round_trip, tiny_format_run  # noqa: E402
+from moglm.compression import compress, decompress, paths, read_header  # noqa: E402
+from moglm.errors import MoglmError  # noqa: E402
+from moglm.recurrence import auto, compiled  # noqa: E402
+
+needs_compiled = pytest.mark.skipif(not compiled.available(), reason="the compiled recurrence cannot be built here")
+TEXT = b"Each step of the coder takes the path its header names,\nwhatever this machine would choose.\n" * 3
+
+
+@pytest.fixture(scope="module")
+def byte_run(tmp_path_factory):
+    return tiny_format_run(tmp_path_factory.mktemp("byte"), "byte", hidden_size=16)
+
+
+def _trained(run):
+    from moglm.runs.language_model import load_run
+
+    return load_run(run)
+
+
+@needs_compiled
+@pytest.mark.parametrize("coded, decoding", [("fused", "compiled"), ("compiled", "fused")])
+def test_a_file_decodes_on_the_path_its_header_records_whatever_this_machine_would_choose(byte_run, monkeypatch,
+                                                                                          coded, decoding):
+    """Coded where ``auto`` chose one path (forced here by the variable), decoded where it would choose the other:
+    every layer of every decoding step takes the recorded one, so the file round-trips."""
+    trained = _trained(byte_run)
+    monkeypatch.setenv("MOGLM_AUTO_BACKEND", coded)
+    blob, _ = compress(TEXT, trained.model, trained.vocab, factor=trained.temperature, block_size=64, progress=False)
+    assert read_header(blob)[0]["path"] == {"backend": coded, "route": None}
+    monkeypatch.setenv("MOGLM_AUTO_BACKEND", decoding)
+    with auto.recording() as seen:
+        assert decompress(blob, trained.model, trained.vocab, progress=False) == TEXT
+    assert seen and all(choice["backend"] == coded for choice in seen)
+
+
+def test_the_header_records_the_path_of_the_encoders_steps(byte_run, monkeypatch):
+    monkeypatch.delenv("MOGLM_AUTO_BACKEND", raising=False)
+    blob, _ = coded_round_trip(byte_run, TEXT)
+    path = read_header(blob)[0]["path"]
+    assert path == paths.recorded_path({"path": path}) and path["backend"] in paths.BACKENDS
+    assert path["backend"] == "compiled" or not compiled.available()
+
+
+def test_where_no_layer_chooses_the_path_is_the_fused_window_without_the_compiled_one_and_none_with_it(monkeypatch):
+    def no_choice(tokens, state):  # a model whose layers run their reference loop: auto is never asked
+        return tokens, state
+
+    monkeypatch.setattr(paths.compiled, "available", lambda: False)
+    assert paths.coding_path(no_choice, 3, 0) == {"backend": "fused", "route": None}
+    monkeypatch.setattr(paths.compiled, "available", lambda: True)
+    assert paths.coding_path(no_choice, 3, 0) is None
+
+
+def test_a_compiled_path_where_the_library_cannot_be_built_is_a_one_line_error(byte_run, monkeypatch):
+    trained = _trained(byte_run)
+    blob, _ = compress(TEXT, trained.model, trained.vocab, factor=trained.temperature, block_size=64, progress=False)
+    header = read_header(blob)[0]
+    if header["path"]["backend"] != "compiled":
+        pytest.skip("coded on the fused window here")
+    monkeypatch.setattr(paths.compiled, "available", lambda: False)
+    monkeypatch.setattr(paths.compiled, "unavailable_reason", lambda: "no compiler")
+    with pytest.raises(MoglmError, match=r"^f\.moglm was coded with moglm's compiled recurrence, which cannot be "
+                                         r"built here \(no compiler\): decompress it where it builds$"):
+        decompress(blob, trained.model, trained.vocab, name="f.moglm", progress=False)
+    paths.check_path({"backend": "fused", "route": None})  # the fused window runs anywhere
+    paths.check_path(None)
+
+
+@pytest.mark.parametrize("path", [{"backend": "gpu", "route": None}, {"backend": "compiled", "route": "abacus"},
+                                  {"backend": "fused", "route": "brgemm"}, {"backend": "compiled"},
+                                  {"backend": "compiled", "route": 3}, ["compiled"]])
+def test_a_recorded_path_that_is_not_one_is_a_one_line_error(path):
+    with pytest.raises(MoglmError, match="its header's recurrence path is not one this moglm runs"):
+        paths.recorded_path({"path": path}, "f")
+
+
+def test_a_file_before_version_12_records_no_path_and_decodes_with_autos_own_choice():
+    assert paths.recorded_path({}) is None and paths.recorded_path({"path": None}) is None
+    assert paths.recorded_path({"path": {"backend": "compiled", "route": "brgemm:panels"}}) == \
+        {"backend": "compiled", "route": "brgemm:panels"}
