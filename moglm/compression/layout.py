@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..data.vocabulary import Vocabulary
 from ..errors import MoglmError
 
@@ -55,6 +57,12 @@ class Layout:
         """Every byte is a token (a byte-level run): no file has a gap, and none is coded."""
         return self.encoding == "latin-1" and len(self.ids) == 256
 
+    def _byte_tokens(self) -> np.ndarray | None:
+        """``[256]``: each byte's token where every byte is one (a byte-level run's layout), else ``None``."""
+        if not self.gapless or any(chr(b) not in self.ids for b in range(256)):
+            return None
+        return np.array([self.ids[chr(b)] for b in range(256)], dtype=np.int64)
+
     def text(self, data: bytes) -> str:
         return data.decode(self.encoding, errors="surrogateescape" if self.encoding == "utf-8" else "strict")
 
@@ -69,7 +77,11 @@ class Layout:
         return data.decode("utf-8", errors="surrogateescape")
 
     def split(self, data: bytes) -> tuple[list[int], list[str]]:
-        """``(tokens, gaps)`` of a file, ``len(gaps) == len(tokens) + 1``."""
+        """``(tokens, gaps)`` of a file, ``len(gaps) == len(tokens) + 1`` (a gapless layout's by a table lookup of
+        the bytes, the same as the loop below)."""
+        table = self._byte_tokens()
+        if table is not None:
+            return table[np.frombuffer(data, dtype=np.uint8)].tolist(), [""] * (len(data) + 1)
         tokens, gaps, gap = [], [], []
         ids = self.ids
         for c in self.text(data):
@@ -85,6 +97,13 @@ class Layout:
 
     def join(self, tokens: list[int], gaps: list[str]) -> bytes:
         """The file that :meth:`split` read (``gaps`` has one more entry than ``tokens``)."""
+        if self._byte_tokens() is not None and not any(gaps):
+            spelled = np.full(max(self.chars) + 1, -1, dtype=np.int64)  # token -> its byte (-1: none)
+            spelled[list(self.chars)] = [ord(c) for c in self.chars.values()]
+            codes = np.asarray(tokens, dtype=np.int64)  # [N]
+            if len(codes) and (codes.min() < 0 or codes.max() >= len(spelled) or (spelled[codes] < 0).any()):
+                raise KeyError("a token that spells no byte")  # as the loop's lookup fails
+            return spelled[codes].astype(np.uint8).tobytes()
         parts = [gaps[0]]
         for token, gap in zip(tokens, gaps[1:]):
             parts.append(self.chars[token])

@@ -96,6 +96,19 @@ def test_blocks_share_the_tokens_out_evenly_and_cover_the_file():
     assert b"".join(layout.join(b.tokens, b.gaps) for b in blocks) == data
 
 
+def test_a_byte_layout_splits_and_joins_by_table_lookup_as_the_character_loop_does():
+    """A byte-level run's layout reads every byte as its token through one lookup; the tokens, the gaps and the
+    bytes written back are the character loop's, and a token that spells no byte fails as the loop's lookup
+    does (a ``KeyError``, which decompress turns into its one-line error)."""
+    layout = Layout.of(load_vocab_of_bytes())
+    data = bytes(np.random.default_rng(4).integers(0, 256, 5000, dtype=np.uint8)) + bytes(range(256))
+    tokens, gaps = layout.split(data)
+    assert tokens == [layout.ids[c] for c in layout.text(data)] and gaps == [""] * (len(data) + 1)
+    assert layout.join(tokens, gaps) == data and layout.join([], [""]) == b""
+    with pytest.raises(KeyError):
+        layout.join([max(layout.chars) + 1], ["", ""])
+
+
 def load_vocab_of_bytes():
     from moglm.data.vocabulary import Vocabulary
 
