@@ -4,10 +4,10 @@ that says what it needs to be decoded, and refuses anything else with a one-line
 The file is cut into B blocks of about ``block_size`` bytes (its tokens shared out evenly, so the blocks are
 read in step), coded side by side as one batch of B streams (:mod:`.coder`), one range-coder state per block.
 A block whose model code is no shorter than its bytes is stored raw and flagged, so no file grows by more than
-the header. Container, version 11 (little-endian)::
+the header. Container, version 12 (little-endian)::
 
     b"MOGLMZ" | version (1 byte) | header length (4 bytes)
-    | header (compact JSON, UTF-8, zlib-deflated with the preset dictionary header_dictionary(11))
+    | header (compact JSON, UTF-8, zlib-deflated with the preset dictionary header_dictionary(12))
     | block table: per block, its stored length times 2 plus 1 if it is raw (a LEB128 varint: 2 bytes for a
       block of up to 8 KB stored), then the CRC-16 of its stored bytes (2 bytes; CCITT, ``binascii.crc_hqx``)
     | CRC-32 of everything before it (4 bytes) | the blocks' stored bytes, in order

@@ -97,7 +97,7 @@ class Layout:
 
     def join(self, tokens: list[int], gaps: list[str]) -> bytes:
         """The file that :meth:`split` read (``gaps`` has one more entry than ``tokens``)."""
-        if self._byte_tokens() is not None and not any(gaps):
+        if self._byte_tokens() is not None and len(gaps) == len(tokens) + 1 and not any(gaps):
             spelled = np.full(max(self.chars) + 1, -1, dtype=np.int64)  # token -> its byte (-1: none)
             spelled[list(self.chars)] = [ord(c) for c in self.chars.values()]
             codes = np.asarray(tokens, dtype=np.int64)  # [N]

@@ -18,22 +18,26 @@ import torch
 
 from ..errors import MoglmError
 from ..recurrence import auto, compiled
-from ..recurrence.compiled.routes import stored_route
+from ..recurrence.compiled.routes import gemm_route, route_name, stored_route
 
 BACKENDS = ("compiled", "fused")
 
 
 def coding_path(net, rows: int, start: int) -> dict[str, Any] | None:
     """The path ``net``'s recurrence takes for the coder's steps (``[1, rows]`` tokens) on this machine:
-    ``{"backend": "compiled", "route": name or None}`` or ``{"backend": "fused", "route": None}`` as ``auto``
-    chooses for its first layer, ``fused`` where the compiled window cannot run here, ``None`` where no layer has a
-    choice to make (cells without a fast path run their reference loop everywhere). One step of ``start`` tokens is
-    run to see it (and to probe, where this machine has not yet)."""
+    ``{"backend": "compiled", "route": name}`` or ``{"backend": "fused", "route": None}`` as ``auto`` chooses for
+    its first layer, ``fused`` where the compiled window cannot run here, ``None`` where no layer has a choice to
+    make (cells without a fast path run their reference loop everywhere). A compiled choice without a route of its
+    own (``MOGLM_AUTO_BACKEND``, an unstored or failed probe) runs on the machine's GEMM route, which is recorded
+    in its place, so that the decoder does not take its own. One step of ``start`` tokens is run to see it (and to
+    probe, where this machine has not yet)."""
     with auto.recording() as seen, torch.no_grad():
         net(torch.full((1, rows), start, dtype=torch.long), None)
     if seen:
         backend = seen[0]["backend"]
-        return {"backend": backend, "route": seen[0].get("route") if backend == "compiled" else None}
+        if backend != "compiled":
+            return {"backend": backend, "route": None}
+        return {"backend": backend, "route": seen[0].get("route") or route_name(gemm_route(torch.float32))}
     return None if compiled.available() else {"backend": "fused", "route": None}
 
 
@@ -47,8 +51,8 @@ def recorded_path(header: dict[str, Any], name: str = "the file") -> dict[str, A
     if not isinstance(path, dict) or set(path) != {"backend", "route"} or path["backend"] not in BACKENDS \
             or not (route is None or (isinstance(route, str) and path["backend"] == "compiled"
                                       and stored_route(route) is not None)):
-        raise MoglmError(f"{name}: its header's recurrence path is not one this moglm runs ({path!r}): damaged, "
-                         "forged or made by a newer moglm")
+        raise MoglmError(f"{name}: its header's recurrence path is not one this moglm runs ({repr(path)[:200]}): "
+                         "damaged, forged or made by a newer moglm")
     return dict(path)
 
 

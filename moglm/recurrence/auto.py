@@ -169,9 +169,11 @@ _SEEN: ContextVar[list | None] = ContextVar("moglm_auto_seen", default=None)
 
 @contextmanager
 def pinned(choice: dict | None) -> Iterator[None]:
-    """While active, :func:`choose` returns ``choice`` for every layer without probing or reading the stored
-    choices or ``MOGLM_AUTO_BACKEND``: ``{"backend": "compiled", "route": name or None}`` or ``{"backend":
-    "fused"}`` (``None``: nothing pinned, ``auto`` as usual)."""
+    """While active, :func:`choose` returns ``choice`` for every layer it decides for, without probing or reading
+    the stored choices or ``MOGLM_AUTO_BACKEND``: ``{"backend": "compiled", "route": name or None}`` or
+    ``{"backend": "fused"}`` (``None``: nothing pinned, ``auto`` as usual). Layers ``auto`` does not decide for
+    take their own path as before: a cell without a fast path, sparse dynamic evaluation's adaptation, an empty
+    batch, or a window the compiled code cannot run (which then runs fused)."""
     token = _PINNED.set(None if choice is None else dict(choice))
     try:
         yield
@@ -199,7 +201,7 @@ def choose(cell: Cell, params: Params, xs: Tensor, runners: dict, route_probe=No
     choice = dict(pin) if pin is not None else _chosen(cell, params, xs, runners, route_probe)
     seen = _SEEN.get()
     if seen is not None:
-        seen.append(choice)
+        seen.append(dict(choice))  # a copy: the choice may be this process's stored one
     return choice
 
 

@@ -9,7 +9,10 @@ import pytest
 pytest.importorskip("constriction", reason="the compress extra (constriction) is not installed")
 
 from conftest import coded_round_trip, tiny_format_run  # noqa: E402
-from moglm.compression import compress, decompress, paths, read_header  # noqa: E402
+import torch  # noqa: E402
+
+from moglm.compression import compress, container, decompress, paths, read_header  # noqa: E402
+from moglm.recurrence.compiled.routes import gemm_route, route_name  # noqa: E402
 from moglm.errors import MoglmError  # noqa: E402
 from moglm.recurrence import auto, compiled  # noqa: E402
 
@@ -20,6 +23,18 @@ TEXT = b"Each step of the coder takes the path its header names,\nwhatever this 
 @pytest.fixture(scope="module")
 def byte_run(tmp_path_factory):
     return tiny_format_run(tmp_path_factory.mktemp("byte"), "byte", hidden_size=16)
+
+
+@pytest.fixture
+def choice_dir(tmp_path, monkeypatch):
+    """``auto`` free to probe, its choices stored in a fresh place (not this machine's cache)."""
+    from moglm.recurrence.compiled import routes
+
+    monkeypatch.setattr(routes, "backend_file", lambda: tmp_path / "backend_choice_v2.json")
+    monkeypatch.delenv("MOGLM_AUTO_BACKEND", raising=False)
+    routes.forget()
+    yield tmp_path / "backend_choice_v2.json"
+    routes.forget()
 
 
 def _trained(run):
@@ -37,19 +52,43 @@ def test_a_file_decodes_on_the_path_its_header_records_whatever_this_machine_wou
     trained = _trained(byte_run)
     monkeypatch.setenv("MOGLM_AUTO_BACKEND", coded)
     blob, _ = compress(TEXT, trained.model, trained.vocab, factor=trained.temperature, block_size=64, progress=False)
-    assert read_header(blob)[0]["path"] == {"backend": coded, "route": None}
+    path = read_header(blob)[0]["path"]
+    # a compiled choice forced by the variable has no route of its own: the machine's is recorded, not left open
+    assert path == {"backend": coded, "route": route_name(gemm_route(torch.float32)) if coded == "compiled" else None}
     monkeypatch.setenv("MOGLM_AUTO_BACKEND", decoding)
     with auto.recording() as seen:
         assert decompress(blob, trained.model, trained.vocab, progress=False) == TEXT
-    assert seen and all(choice["backend"] == coded for choice in seen)
+    assert seen and all(choice == path for choice in seen)
 
 
-def test_the_header_records_the_path_of_the_encoders_steps(byte_run, monkeypatch):
-    monkeypatch.delenv("MOGLM_AUTO_BACKEND", raising=False)
+@needs_compiled
+def test_the_encoders_steps_all_take_the_path_its_first_step_chose(byte_run, monkeypatch):
+    """The encoder pins what its first layer's choice was for every later step (here the variable would say
+    otherwise half way through, and is not read)."""
+    trained = _trained(byte_run)
+    monkeypatch.setenv("MOGLM_AUTO_BACKEND", "fused")
+    real = paths.coding_path
+
+    def then_compiled(*args):
+        path = real(*args)
+        monkeypatch.setenv("MOGLM_AUTO_BACKEND", "compiled")  # what an unpinned step would now take
+        return path
+
+    monkeypatch.setattr(container, "coding_path", then_compiled)
+    with auto.recording() as seen:
+        blob, _ = compress(TEXT, trained.model, trained.vocab, factor=trained.temperature, block_size=64,
+                           progress=False)
+    assert read_header(blob)[0]["path"] == {"backend": "fused", "route": None}
+    assert len(seen) > 2 and all(choice["backend"] == "fused" for choice in seen)
+
+
+def test_the_header_records_the_path_autos_own_choice_took(byte_run, choice_dir):
+    """With ``auto`` probing (into a fresh store), the header names the path and, for the compiled window, the
+    route its probe chose for the coder's steps."""
     blob, _ = coded_round_trip(byte_run, TEXT)
     path = read_header(blob)[0]["path"]
     assert path == paths.recorded_path({"path": path}) and path["backend"] in paths.BACKENDS
-    assert path["backend"] == "compiled" or not compiled.available()
+    assert (path["route"] is not None) == (path["backend"] == "compiled")
 
 
 def test_where_no_layer_chooses_the_path_is_the_fused_window_without_the_compiled_one_and_none_with_it(monkeypatch):
