@@ -116,6 +116,27 @@ def test_a_compiled_path_where_the_library_cannot_be_built_is_a_one_line_error(b
     paths.check_path(None)
 
 
+@needs_compiled
+def test_a_file_of_raw_blocks_without_adaptation_decodes_without_the_recurrence_it_was_coded_on(byte_run,
+                                                                                               monkeypatch):
+    """Every block stored raw, nothing adapting: the model's predictions decide nothing, so a compiled path the
+    machine cannot run is no reason to refuse the file (an empty file is one such)."""
+    import numpy as np
+
+    trained = _trained(byte_run)
+    noise = bytes(np.random.default_rng(6).integers(0, 256, 700, dtype=np.uint8))
+    coded = [compress(data, trained.model, trained.vocab, factor=trained.temperature, block_size=64, progress=False)
+             for data in (noise, b"")]
+    assert all(report.raw_blocks == report.blocks and read_header(blob)[0]["path"]["backend"] == "compiled"
+               for blob, report in coded)
+    monkeypatch.setattr(paths.compiled, "available", lambda: False)
+    for data, (blob, _) in zip((noise, b""), coded):
+        assert decompress(blob, trained.model, trained.vocab, progress=False) == data
+    coded_text = compress(TEXT, trained.model, trained.vocab, factor=trained.temperature, progress=False)[0]
+    with pytest.raises(MoglmError, match="coded with moglm's compiled recurrence"):  # a coded block: refused
+        decompress(coded_text, trained.model, trained.vocab, progress=False)
+
+
 @pytest.mark.parametrize("path", [{"backend": "gpu", "route": None}, {"backend": "compiled", "route": "abacus"},
                                   {"backend": "fused", "route": "brgemm"}, {"backend": "compiled"},
                                   {"backend": "compiled", "route": 3}, ["compiled"]])
