@@ -74,13 +74,13 @@ import torch
 
 from ..errors import MoglmError
 from ..evaluation.neural_cache import StepCacheSettings
-from ..recurrence import auto, compiled
+from ..recurrence import compiled
 from .coder import Block, GapModel, Predictor, decode, encode
 from .layout import Layout
 from .compiled_mixing import usable
 from .context_mixing import ContextSettings
 from .match import MatchSettings
-from .paths import check_path, coding_path, recorded_path
+from .paths import check_path, coding_path, pinned, recorded_path
 from .run import ADAPTING_BLOCKS, guard_margin, warmup_tokens
 
 MAGIC = b"MOGLMZ"
@@ -138,8 +138,9 @@ HEADER_DICTIONARY_11 = HEADER_DICTIONARY_10 + (
 #: version 12's dictionary: version 11's, then the recurrence's paths as a header spells them (the routes the
 #: probes chose most on the machines measured: the gates' route, then the rounds' where it is another)
 HEADER_DICTIONARY_12 = HEADER_DICTIONARY_11 + (
-    b'"path":{"backend":"fused","route":null},"route":"mkl_packed","route":"panels:brgemm",'
-    b'"route":"brgemm:mkl_packed","route":"brgemm:panels","path":{"backend":"compiled","route":"brgemm"},'
+    b'"path":{"backend":"fused","route":null,"weight_gradient_route":null},"route":"mkl_packed",'
+    b'"route":"panels:brgemm","route":"brgemm:mkl_packed","route":"brgemm:panels","weight_gradient_route":"aten",'
+    b'"weight_gradient_route":"brgemm","path":{"backend":"compiled","route":"brgemm","weight_gradient_route":null},'
 )
 MAX_HEADER = 1 << 20  # bytes of JSON an inflated header may have (a forged one cannot exhaust memory)
 BLOCK_SIZE = 4_096  # bytes per block, about (0: the whole file in one block); measured in docs/guides/compression.md
@@ -336,8 +337,8 @@ def compress(data: bytes, model, vocab, *, factor: float = 1.0, adapter=None, se
     blocks = _cut(layout, data, block_size)
     gaps, tokens = not layout.gapless, sum(len(b.tokens) for b in blocks)
     with fixed_threads(threads), compiled.flush_denormals(True):
-        path = coding_path(model if adapter is None else adapter.model, len(blocks), layout.start)
-        with auto.pinned(path):  # every step, the adaptation's included, on the path the header records
+        path = coding_path(model if adapter is None else adapter.model, len(blocks), layout.start, adapter is not None)
+        with pinned(path):  # every step, the adaptation's included, on the path the header records
             predictor = Predictor(model, layout.start, len(blocks), factor, adapter, cache,
                                   guard=guard_margin(settings), warmup=warmup_tokens(settings), match=match,
                                   contexts=contexts, chars=layout.chars, tokens=tokens)
@@ -613,7 +614,7 @@ def decompress(blob: bytes, model, vocab, *, adapter_for: Callable[[dict], Any] 
               for b, (content, n) in enumerate(zip(stored, counts))]
     payloads = [None if isinstance(content, bytes) else content for content in stored]
     version = _PREFIX.unpack_from(blob)[1]
-    with fixed_threads(header["threads"]), compiled.flush_denormals(version >= FLUSHED_FROM), auto.pinned(path):
+    with fixed_threads(header["threads"]), compiled.flush_denormals(version >= FLUSHED_FROM), pinned(path):
         predictor = Predictor(model, layout.start, len(blocks), float(header["factor"]), adapter,
                               recorded_cache(header, name), guard=guard_margin(header["adapt"]),
                               warmup=warmup_tokens(header["adapt"]), match=recorded_match(header, name),

@@ -54,11 +54,44 @@ def test_a_file_decodes_on_the_path_its_header_records_whatever_this_machine_wou
     blob, _ = compress(TEXT, trained.model, trained.vocab, factor=trained.temperature, block_size=64, progress=False)
     path = read_header(blob)[0]["path"]
     # a compiled choice forced by the variable has no route of its own: the machine's is recorded, not left open
-    assert path == {"backend": coded, "route": route_name(gemm_route(torch.float32)) if coded == "compiled" else None}
+    assert path == {"backend": coded, "route": route_name(gemm_route(torch.float32)) if coded == "compiled" else None,
+                    "weight_gradient_route": None}  # nothing adapts: no backward runs
     monkeypatch.setenv("MOGLM_AUTO_BACKEND", decoding)
     with auto.recording() as seen:
         assert decompress(blob, trained.model, trained.vocab, progress=False) == TEXT
-    assert seen and all(choice == path for choice in seen)
+    assert seen and all(choice == {"backend": coded, "route": path["route"]} for choice in seen)
+
+
+@needs_compiled
+def test_an_adapting_file_records_its_weight_gradient_route_and_decodes_on_it_whatever_this_machine_probed(
+        byte_run, monkeypatch):
+    """The compiled backward's weight-gradient products take the route the header records, not the one this
+    machine's probe stored (set to the other one here before decoding)."""
+    from moglm.dynamic_evaluation import DynamicEvaluator, Hyperparameters
+    from moglm.recurrence.compiled import routes
+
+    trained = _trained(byte_run)
+    hp = Hyperparameters(rule="sgd", lr=0.3, segment_length=5)
+    monkeypatch.setenv("MOGLM_AUTO_BACKEND", "compiled")
+
+    def adapter(header=None):
+        return DynamicEvaluator(trained.model, hp, factor=trained.temperature)
+
+    blob, _ = compress(TEXT, trained.model, trained.vocab, factor=trained.temperature, adapter=adapter(),
+                       settings={"hyperparameters": hp.as_dict()}, block_size=64, progress=False)
+    recorded = read_header(blob)[0]["path"]["weight_gradient_route"]
+    assert recorded == route_name(routes.weight_gradient_route(torch.float32))
+    other = "aten" if recorded == "brgemm" else "brgemm"
+    monkeypatch.setitem(routes._weight_gradient_routes, torch.float32, (routes.route_code(other), {}))
+    taken, real = [], routes.weight_gradient_route
+
+    def spy(dtype):
+        taken.append(route_name(real(dtype)))
+        return real(dtype)
+
+    monkeypatch.setattr(routes, "weight_gradient_route", spy)
+    assert decompress(blob, trained.model, trained.vocab, progress=False, adapter_for=adapter) == TEXT
+    assert taken and set(taken) == {recorded} and route_name(real(torch.float32)) == other  # the pin ended
 
 
 @needs_compiled
@@ -78,7 +111,7 @@ def test_the_encoders_steps_all_take_the_path_its_first_step_chose(byte_run, mon
     with auto.recording() as seen:
         blob, _ = compress(TEXT, trained.model, trained.vocab, factor=trained.temperature, block_size=64,
                            progress=False)
-    assert read_header(blob)[0]["path"] == {"backend": "fused", "route": None}
+    assert read_header(blob)[0]["path"] == {"backend": "fused", "route": None, "weight_gradient_route": None}
     assert len(seen) > 2 and all(choice["backend"] == "fused" for choice in seen)
 
 
@@ -96,7 +129,7 @@ def test_where_no_layer_chooses_the_path_is_the_fused_window_without_the_compile
         return tokens, state
 
     monkeypatch.setattr(paths.compiled, "available", lambda: False)
-    assert paths.coding_path(no_choice, 3, 0) == {"backend": "fused", "route": None}
+    assert paths.coding_path(no_choice, 3, 0) == {"backend": "fused", "route": None, "weight_gradient_route": None}
     monkeypatch.setattr(paths.compiled, "available", lambda: True)
     assert paths.coding_path(no_choice, 3, 0) is None
 
@@ -112,7 +145,7 @@ def test_a_compiled_path_where_the_library_cannot_be_built_is_a_one_line_error(b
     with pytest.raises(MoglmError, match=r"^f\.moglm was coded with moglm's compiled recurrence, which cannot be "
                                          r"built here \(no compiler\): decompress it where it builds$"):
         decompress(blob, trained.model, trained.vocab, name="f.moglm", progress=False)
-    paths.check_path({"backend": "fused", "route": None})  # the fused window runs anywhere
+    paths.check_path({"backend": "fused", "route": None, "weight_gradient_route": None})  # it runs anywhere
     paths.check_path(None)
 
 
@@ -137,9 +170,14 @@ def test_a_file_of_raw_blocks_without_adaptation_decodes_without_the_recurrence_
         decompress(coded_text, trained.model, trained.vocab, progress=False)
 
 
-@pytest.mark.parametrize("path", [{"backend": "gpu", "route": None}, {"backend": "compiled", "route": "abacus"},
-                                  {"backend": "fused", "route": "brgemm"}, {"backend": "compiled"},
-                                  {"backend": "compiled", "route": 3}, ["compiled"]])
+@pytest.mark.parametrize("path", [
+    {"backend": "gpu", "route": None, "weight_gradient_route": None},
+    {"backend": "compiled", "route": "abacus", "weight_gradient_route": None},
+    {"backend": "compiled", "route": "brgemm", "weight_gradient_route": "abacus"},
+    {"backend": "fused", "route": "brgemm", "weight_gradient_route": None},
+    {"backend": "fused", "route": None, "weight_gradient_route": "aten"},
+    {"backend": "compiled", "route": "brgemm"}, {"backend": "compiled", "route": 3, "weight_gradient_route": None},
+    ["compiled"]])
 def test_a_recorded_path_that_is_not_one_is_a_one_line_error(path):
     with pytest.raises(MoglmError, match="its header's recurrence path is not one this moglm runs"):
         paths.recorded_path({"path": path}, "f")
@@ -147,5 +185,5 @@ def test_a_recorded_path_that_is_not_one_is_a_one_line_error(path):
 
 def test_a_file_before_version_12_records_no_path_and_decodes_with_autos_own_choice():
     assert paths.recorded_path({}) is None and paths.recorded_path({"path": None}) is None
-    assert paths.recorded_path({"path": {"backend": "compiled", "route": "brgemm:panels"}}) == \
-        {"backend": "compiled", "route": "brgemm:panels"}
+    path = {"backend": "compiled", "route": "brgemm:panels", "weight_gradient_route": "aten"}
+    assert paths.recorded_path({"path": path}) == path

@@ -204,11 +204,31 @@ def _probe_weight_gradients(dtype: torch.dtype, candidates: list[str]) -> dict[s
     return times
 
 
+#: the weight-gradient products' route while :func:`pinned_weight_gradient_route` is active (``None``: the machine's)
+_weight_gradient_pin: contextvars.ContextVar[int | None] = contextvars.ContextVar("moglm_weight_gradient_route",
+                                                                                  default=None)
+
+
+@contextmanager
+def pinned_weight_gradient_route(name: str | None):
+    """While active, :func:`weight_gradient_route` is ``name``'s route whatever this machine probed (``None``: the
+    machine's own): a compressed file's header records the one its encoder's adaptation took."""
+    token = _weight_gradient_pin.set(None if name is None else route_code(name))
+    try:
+        yield
+    finally:
+        _weight_gradient_pin.reset(token)
+
+
 def weight_gradient_route(dtype: torch.dtype) -> int:
     """The route of the weight-gradient products after the loop: oneDNN's ukernel (``brgemm``) or ``at::mm``
-    (MKL), whichever is faster here, probed once per machine (``weight_gradient_route_<dtype>.json``). Which
-    wins depends on the CPU: the ukernel at about 1.6x MKL's rate on an AMD EPYC (Zen 4), MKL at about 1.8x
-    the ukernel's on an Intel Xeon with AMX (``moglm bench gemm-routes``, "weight gradient" rows)."""
+    (MKL), whichever is faster here, probed once per machine (``weight_gradient_route_<dtype>.json``), unless
+    :func:`pinned_weight_gradient_route` pins one. Which wins depends on the CPU: the ukernel at about 1.6x MKL's
+    rate on an AMD EPYC (Zen 4), MKL at about 1.8x the ukernel's on an Intel Xeon with AMX (``moglm bench
+    gemm-routes``, "weight gradient" rows)."""
+    pinned = _weight_gradient_pin.get()
+    if pinned is not None:
+        return pinned
     if dtype not in _weight_gradient_routes:
         candidates = ["aten", "brgemm"] if "brgemm" in candidate_routes(dtype) else ["aten"]
         _weight_gradient_routes[dtype] = _probed_route("weight_gradient_route", dtype, candidates,
