@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -57,11 +58,17 @@ class Layout:
         """Every byte is a token (a byte-level run): no file has a gap, and none is coded."""
         return self.encoding == "latin-1" and len(self.ids) == 256
 
-    def _byte_tokens(self) -> np.ndarray | None:
-        """``[256]``: each byte's token where every byte is one (a byte-level run's layout), else ``None``."""
+    @cached_property
+    def _byte_tables(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Where every byte is a token (a byte-level run's layout): ``[256]`` each byte's token and ``[max id + 1]``
+        each token's byte (-1: none), computed once per layout (a file's blocks are joined one at a time); else
+        ``None``."""
         if not self.gapless or any(chr(b) not in self.ids for b in range(256)):
             return None
-        return np.array([self.ids[chr(b)] for b in range(256)], dtype=np.int64)
+        tokens = np.array([self.ids[chr(b)] for b in range(256)], dtype=np.int64)  # [256]
+        spelled = np.full(max(self.chars) + 1, -1, dtype=np.int64)  # token -> its byte
+        spelled[list(self.chars)] = [ord(c) for c in self.chars.values()]
+        return tokens, spelled
 
     def text(self, data: bytes) -> str:
         return data.decode(self.encoding, errors="surrogateescape" if self.encoding == "utf-8" else "strict")
@@ -79,9 +86,8 @@ class Layout:
     def split(self, data: bytes) -> tuple[list[int], list[str]]:
         """``(tokens, gaps)`` of a file, ``len(gaps) == len(tokens) + 1`` (a gapless layout's by a table lookup of
         the bytes, the same as the loop below)."""
-        table = self._byte_tokens()
-        if table is not None:
-            return table[np.frombuffer(data, dtype=np.uint8)].tolist(), [""] * (len(data) + 1)
+        if self._byte_tables is not None:
+            return self._byte_tables[0][np.frombuffer(data, dtype=np.uint8)].tolist(), [""] * (len(data) + 1)
         tokens, gaps, gap = [], [], []
         ids = self.ids
         for c in self.text(data):
@@ -97,9 +103,8 @@ class Layout:
 
     def join(self, tokens: list[int], gaps: list[str]) -> bytes:
         """The file that :meth:`split` read (``gaps`` has one more entry than ``tokens``)."""
-        if self._byte_tokens() is not None and len(gaps) == len(tokens) + 1 and not any(gaps):
-            spelled = np.full(max(self.chars) + 1, -1, dtype=np.int64)  # token -> its byte (-1: none)
-            spelled[list(self.chars)] = [ord(c) for c in self.chars.values()]
+        if self._byte_tables is not None and len(gaps) == len(tokens) + 1 and not any(gaps):
+            spelled = self._byte_tables[1]  # [max id + 1]
             codes = np.asarray(tokens, dtype=np.int64)  # [N]
             if len(codes) and (codes.min() < 0 or codes.max() >= len(spelled) or (spelled[codes] < 0).any()):
                 raise KeyError("a token that spells no byte")  # as the loop's lookup fails
