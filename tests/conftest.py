@@ -82,6 +82,19 @@ def write_tiny_corpus(directory, lines_per_split=(400, 40, 40), seed=0):
 
 
 @pytest.fixture
+def fresh_choice_store(tmp_path, monkeypatch):
+    """``auto`` free to probe (``MOGLM_AUTO_BACKEND`` lifted), its choices stored in a fresh place rather than this
+    machine's cache (the built library stays where it is); yields the store's file."""
+    from moglm.recurrence.compiled import routes
+
+    monkeypatch.setattr(routes, "backend_file", lambda: tmp_path / "backend_choice_v2.json")
+    monkeypatch.delenv("MOGLM_AUTO_BACKEND", raising=False)
+    routes.forget()
+    yield tmp_path / "backend_choice_v2.json"
+    routes.forget()
+
+
+@pytest.fixture
 def tiny_corpus(tmp_path):
     return write_tiny_corpus(tmp_path / "tiny")
 

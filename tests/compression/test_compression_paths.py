@@ -25,18 +25,6 @@ def byte_run(tmp_path_factory):
     return tiny_format_run(tmp_path_factory.mktemp("byte"), "byte", hidden_size=16)
 
 
-@pytest.fixture
-def choice_dir(tmp_path, monkeypatch):
-    """``auto`` free to probe, its choices stored in a fresh place (not this machine's cache)."""
-    from moglm.recurrence.compiled import routes
-
-    monkeypatch.setattr(routes, "backend_file", lambda: tmp_path / "backend_choice_v2.json")
-    monkeypatch.delenv("MOGLM_AUTO_BACKEND", raising=False)
-    routes.forget()
-    yield tmp_path / "backend_choice_v2.json"
-    routes.forget()
-
-
 def _trained(run):
     from moglm.runs.language_model import load_run
 
@@ -115,7 +103,7 @@ def test_the_encoders_steps_all_take_the_path_its_first_step_chose(byte_run, mon
     assert len(seen) > 2 and all(choice["backend"] == "fused" for choice in seen)
 
 
-def test_the_header_records_the_path_autos_own_choice_took(byte_run, choice_dir):
+def test_the_header_records_the_path_autos_own_choice_took(byte_run, fresh_choice_store):
     """With ``auto`` probing (into a fresh store), the header names the path and, for the compiled window, the
     route its probe chose for the coder's steps."""
     blob, _ = coded_round_trip(byte_run, TEXT)

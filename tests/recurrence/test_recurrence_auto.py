@@ -16,15 +16,11 @@ from moglm.recurrence.compiled import routes
 
 
 @pytest.fixture
-def choice_dir(tmp_path, monkeypatch):
-    """A fresh, empty place for the stored choices (the built library stays where it is)."""
+def choice_dir(request):
+    """A fresh, empty place for the stored choices (conftest's ``fresh_choice_store``), with the compiled window."""
     if not compiled.available():
         pytest.skip(f"compiled recurrence unavailable: {compiled.unavailable_reason()}")
-    monkeypatch.setattr(routes, "backend_file", lambda: tmp_path / "backend_choice_v2.json")
-    monkeypatch.delenv("MOGLM_AUTO_BACKEND", raising=False)
-    routes.forget()
-    yield tmp_path / "backend_choice_v2.json"
-    routes.forget()
+    return request.getfixturevalue("fresh_choice_store")
 
 
 @pytest.fixture
