@@ -13,7 +13,7 @@ import lzma
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..errors import MoglmError
 
@@ -44,16 +44,18 @@ def file_streams(run_dir: Path, file: Path, block_size: int) -> int:
 
 def run_compression(run_dir: Path, file: Path, settings: dict | None, block_size: int, threads: int,
                     checkpoint: str = "best", progress: bool = True, cache: bool = True, match: bool = True,
-                    contexts: bool = True, log: Callable[[str], None] = print, repeats: int = 1) -> dict[str, Any]:
+                    contexts: bool = True, log: Callable[[str], None] = print, repeats: int = 1,
+                    ensemble: Sequence[tuple[Path, dict | None]] = ()) -> dict[str, Any]:
     """The report of compressing and decompressing ``file`` (a path, or one relative to ``$MOGLM_DATA``)
     with the run (``settings``: adapt while coding, as ``moglm compress --dynamic`` records them; None: static),
     ``block_size`` bytes per block, ``threads`` torch threads and ``moglm compress``'s neural cache, context
     mixer and match model (or none). ``repeats``: round trips, each checked; the speeds are their medians (on a
-    shared machine one run's can be 20% off), and every run's seconds are kept."""
+    shared machine one run's can be 20% off), and every run's seconds are kept. ``ensemble``: further runs mixed
+    with the run (``moglm compress --ensemble``), each with its adaptation's settings (``None``: static)."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise MoglmError(f"repeats must be a whole number >= 1, not {repeats!r}")
     runs = [_round_trip(run_dir, file, settings, block_size, threads, checkpoint, progress, cache, match, contexts,
-                        log) for _ in range(repeats)]
+                        log, ensemble) for _ in range(repeats)]
     if len({r["compressed_bytes"] for r in runs}) != 1:  # the same file coded twice must be the same bytes
         raise MoglmError("two runs of the same compression gave different sizes")
     result = dict(runs[0])
@@ -69,10 +71,10 @@ def run_compression(run_dir: Path, file: Path, settings: dict | None, block_size
 
 def _round_trip(run_dir: Path, file: Path, settings: dict | None, block_size: int, threads: int, checkpoint: str,
                 progress: bool, cache: bool, match: bool, contexts: bool,
-                log: Callable[[str], None]) -> dict[str, Any]:
+                log: Callable[[str], None], ensemble: Sequence[tuple[Path, dict | None]]) -> dict[str, Any]:
     """One compression and decompression of ``file`` (:func:`run_compression`'s arguments)."""
     from ..compression import compress, decompress, read_header
-    from ..compression.run import CACHE, CONTEXTS, MATCH, adapter_from_settings, coding_model
+    from ..compression.run import CACHE, CONTEXTS, MATCH, adapter_from_settings, coding_model, ensemble_member
     from ..recurrence.compiled import info
 
     file = _located(file)
@@ -81,21 +83,26 @@ def _round_trip(run_dir: Path, file: Path, settings: dict | None, block_size: in
     adapter = None
     if settings is not None:
         adapter = adapter_from_settings(run_dir, model, checkpoint, factor, settings)
+    others = [ensemble_member(each, checkpoint, vocab, adapting) for each, adapting in ensemble]
     blob, report = compress(data, model, vocab, factor=factor, adapter=adapter, settings=settings,
                             cache=CACHE if cache else None, match=MATCH if match else None,
                             contexts=CONTEXTS if contexts else None, block_size=block_size, threads=threads,
-                            progress=progress)
+                            progress=progress, others=others)
     log(f"compressed: {report.summary()}")
     start, cpu = time.perf_counter(), time.process_time()
     restored = decompress(blob, model, vocab, progress=progress,
                           adapter_for=lambda header: adapter_from_settings(run_dir, model, checkpoint, factor,
-                                                                           header["adapt"]))
+                                                                           header["adapt"]),
+                          ensemble_for=lambda records: [
+                              ensemble_member(each, checkpoint, vocab, record["adapt"], record["factor"])
+                              for (each, _), record in zip(ensemble, records)])
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
     if restored != data:  # decompress checks the SHA-256 itself; this is the benchmark's own check
         raise MoglmError("the round trip did not restore the file")
     baselines = {"gzip -9": len(gzip.compress(data, 9, mtime=0)), "bzip2 -9": len(bz2.compress(data, 9)),
                  "xz -9": len(lzma.compress(data, preset=9))}
-    result = {"file": file.name, "run": run_dir.name, "architecture": model.architecture,
+    result = {"file": file.name, "run": run_dir.name, "ensemble": [each.name for each, _ in ensemble],
+              "architecture": model.architecture,
               "parameters": sum(p.numel() for p in model.parameters()), "dynamic": settings,
               "block_size": block_size,
               **report.as_dict(), "decompress_seconds": seconds,
@@ -122,7 +129,8 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         label = (f"moglm compress --block-size {r['block_size']}" + _adaptation(r["dynamic"])
                  + ("" if r.get("cache") else " --no-cache") + ("" if r.get("contexts", True) else " --no-contexts")
-                 + ("" if r.get("match", True) else " --no-match"))
+                 + ("" if r.get("match", True) else " --no-match")
+                 + "".join(f" --ensemble {each}" for each in r.get("ensemble", [])))
         lines.append(f"| {label} | {r['blocks']} ({r['raw_blocks']}) | {r['compressed_bytes']:,} | "
                      f"{r['bits_per_byte']:.3f} | {r['model_bits_per_token']:.4f} | "
                      f"{100 * r['coding_overhead']:+.3f}% | "

@@ -261,6 +261,8 @@ def compress(
     without_match: bool = typer.Option(False, "--without-match", help="Also code every row without the match "
                                        "model (a row each, measured in the same run)."),
     threads: Optional[int] = typer.Option(None, min=1, help="Torch threads (default: moglm compress's)."),
+    ensemble: list[Path] = typer.Option([], "--ensemble", metavar="RUN", help="Code every row with this run mixed "
+                                        "in too (repeatable; moglm compress --ensemble)."),
     repeats: int = typer.Option(1, min=1, help="Round trips of each row, each checked; the speeds are their "
                                 "medians."),
     progress: bool = typer.Option(True, help="Show progress bars."),
@@ -269,12 +271,13 @@ def compress(
     """Compress and decompress a file with a run: size against the model's cross-entropy, gzip -9, bzip2 -9
     and xz -9, and the speed in KB/s of both directions."""
     out = out or default_out("compression.json")  # read at call time: $MOGLM_BENCH_DIR may change
-    from ..compression.run import dynamic_settings, scratch_settings
+    from ..compression.run import check_ensemble, dynamic_settings, scratch_settings
     from ..bench import command_line, write_report
     from ..bench.compression import file_size, file_streams, markdown_table, run_compression
 
     from ..compression.container import THREADS, default_block_size
 
+    check_ensemble(ensemble, from_scratch)
     adapting = dynamic or (from_scratch is None and (rule is not None or adapt_learning_rate is not None))
     scratch = [scratch_settings(from_scratch, rule, adapt_learning_rate)] if from_scratch is not None else []
     size = file_size(file)
@@ -289,8 +292,14 @@ def compress(
     mixes = ([(cache, contexts, match)] + ([(False, contexts, match)] if without_cache and cache else [])
              + ([(cache, False, match)] if without_contexts and contexts else [])
              + ([(cache, contexts, False)] if without_match and match else []))  # (cache, context mixer, match)
+
+    def members(settings: dict | None, size: int) -> list:  # the ensemble's runs, adapting where the row adapts
+        return [(other, None if settings is None else dynamic_settings(
+            other, rule, adapt_learning_rate, file_streams(other, file, size))) for other in ensemble]
+
     rows = [run_compression(run_dir, file, each, each_size, threads or THREADS, progress=progress, cache=mixed,
-                            contexts=mixed_contexts, match=matched, log=typer.echo, repeats=repeats)
+                            contexts=mixed_contexts, match=matched, log=typer.echo, repeats=repeats,
+                            ensemble=members(each, each_size))
             for given in block_size or [None] for each, each_size in ways(given)
             for mixed, mixed_contexts, matched in mixes]
     write_report({"command": command_line(), "rows": rows}, out)

@@ -53,6 +53,11 @@ def compress(
     match: bool = typer.Option(True, help="Then mix in the match model: what followed the last occurrence, in any "
                                f"block, of a block's last {MATCH.min_length} tokens, at a probability learnt "
                                "from how often such predictions came true."),
+    ensemble: list[Path] = typer.Option(
+        [], "--ensemble", metavar="RUN", help="Also read the file with this run (repeatable; the same vocabulary) "
+        "and mix its predictions with RUN_DIR's, by weights learnt while coding; each run adapts as RUN_DIR does. Two "
+        "runs trained apart code held-out English 1.3-1.5% smaller at about half the speed; decompress needs the "
+        "same runs, in the same order."),
     block_size: Optional[int] = typer.Option(
         None, min=0, help="Bytes per block, about: the blocks are coded side by side as one batch of streams "
         f"(default 4096; adapting, at most {ADAPTING_BLOCKS} blocks of 4096 bytes or more; 0: the whole file as one "
@@ -67,8 +72,10 @@ def compress(
     """Compress a file losslessly with a trained run's predictions (range coding; thesis 2.1.2)."""
     from ..compression import container
     from ..compression.layout import Layout, coverage_warning
-    from ..compression.run import adapter_from_settings, coding_model, dynamic_settings, scratch_settings
+    from ..compression.run import (adapter_from_settings, check_ensemble, coding_model, dynamic_settings,
+                                   ensemble_member, scratch_settings)
 
+    check_ensemble(ensemble, from_scratch)
     data = _read(file)
     target = container.output_path(file, output, compressing=True)
     check_free(target, force)
@@ -84,13 +91,16 @@ def compress(
     adapting = settings is not None or dynamic or rule is not None or adapt_learning_rate is not None
     size = block_size if block_size is not None else container.default_block_size(len(data), adapting)
     options = {"block_size": size} | ({} if threads is None else {"threads": threads})
+    streams = container.streams(data, vocab, size)
     if settings is None and adapting:
-        settings = dynamic_settings(run_dir, rule, adapt_learning_rate, container.streams(data, vocab, size))
+        settings = dynamic_settings(run_dir, rule, adapt_learning_rate, streams)
     if settings is not None:
         adapter = adapter_from_settings(run_dir, model, checkpoint, factor, settings)
+    others = [ensemble_member(each, checkpoint, vocab, dynamic_settings(each, rule, adapt_learning_rate, streams)
+                              if adapting else None) for each in ensemble]
     blob, result = container.compress(data, model, vocab, factor=factor, adapter=adapter, settings=settings,
                                       cache=CACHE if cache else None, match=MATCH if match else None,
-                                      contexts=CONTEXTS if contexts else None, progress=progress,
+                                      contexts=CONTEXTS if contexts else None, progress=progress, others=others,
                                       **options)
     _write(target, blob, force)
     typer.echo(f"{file} -> {target}: {result.summary()}")
@@ -110,6 +120,8 @@ def decompress(
         None, help="Only checked: the header decides how the file decodes, and a file compressed otherwise is "
         "refused."),
     block_size: Optional[int] = typer.Option(None, min=0, help="Only checked, as --dynamic."),
+    ensemble: list[Path] = typer.Option([], "--ensemble", metavar="RUN", help="The further runs the file was "
+                                        "compressed with (moglm compress --ensemble), in the same order."),
     force: bool = typer.Option(False, "--force", "-f", help="Replace an existing output file."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
 ) -> None:
@@ -118,19 +130,21 @@ def decompress(
     import time
 
     from ..compression import container
-    from ..compression.run import adapter_from_settings, coding_model
+    from ..compression.run import adapter_from_settings, coding_model, ensemble_member
 
     blob = _read(file)
     target = container.output_path(file, output, compressing=False)
     check_free(target, force)
     header, _ = container.read_header(blob, str(file))  # a damaged file fails before the model loads
-    container.check_settings(header, str(file), dynamic=dynamic, block_size=block_size)
+    container.check_settings(header, str(file), dynamic=dynamic, block_size=block_size, runs=1 + len(ensemble))
     model, vocab, _ = coding_model(run_dir, checkpoint, container.scratch_seed(header))
     start = time.perf_counter()
     data = container.decompress(
         blob, model, vocab, name=str(file), progress=progress,
         adapter_for=lambda header: adapter_from_settings(run_dir, model, checkpoint, float(header["factor"]),
-                                                         header["adapt"]))
+                                                         header["adapt"]),
+        ensemble_for=lambda records: [ensemble_member(each, checkpoint, vocab, record["adapt"], record["factor"])
+                                      for each, record in zip(ensemble, records)])
     _write(target, data, force)
     seconds = time.perf_counter() - start
     typer.echo(f"{file} -> {target}: {len(data):,} bytes in {seconds:.1f}s, "

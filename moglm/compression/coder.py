@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -36,7 +36,9 @@ from ..evaluation.neural_cache import StepCache, fitted
 from ..progress import progress_bar
 from .compiled_mixing import context_mixer
 from .context_mixing import ContextSettings
+from .ensemble import Ensemble, EnsembleSettings, Member
 from .match import MatchModel, MatchSettings
+from .run import guard_margin, warmup_tokens
 
 LITERAL_END = 256  # a new gap is spelled as bytes 0-255, then this symbol
 MAX_GAPS = 1024  # distinct gaps the table keeps
@@ -52,9 +54,9 @@ def _constriction():
     return constriction
 
 
-class Predictor:
-    """The model's next-token probabilities for ``rows`` streams read side by side, one step at a time,
-    optionally adapting after every segment.
+class Reader:
+    """One run's next-token probabilities for ``rows`` streams read side by side, one step at a time, optionally
+    adapting after every segment: its own state, adaptation, divergence guard and neural cache.
 
     ``model``: a language model in eval mode; ``start``: the token every stream reads before its first;
     ``factor``: the logit factor (the run's tuned softmax temperature); ``adapter``: a
@@ -67,17 +69,10 @@ class Predictor:
     than theirs by the margin over the recent text, it rolls back and its step halves (``None``: only a
     non-finite loss rolls back, as in files written before the guard); ``warmup``: with an adapter, its step
     grows linearly from 0 to its full size over the first ``warmup`` tokens read (all streams together; 0: full
-    from the start); ``contexts``: the :class:`~.context_mixing.ContextSettings` of the context mixer applied after
-    the cache (the file's own order-k statistics; ``None``: none), ``chars`` each token's character (the layout's,
-    read by its word contexts and its mixer, ``tokens`` about how many tokens the streams hold in all (its tables'
-    memory is mapped at once for many); ``match``: the :class:`~.match.MatchSettings` of
-    the match model applied last (exact repeats of the recent tokens anywhere in the file read so far; ``None``:
-    none)."""
+    from the start)."""
 
     def __init__(self, model, start: int, rows: int = 1, factor: float = 1.0, adapter=None, cache=None,
-                 guard: float | None = None, warmup: int = 0, match: MatchSettings | None = None,
-                 contexts: ContextSettings | None = None, chars: dict[int, str] | None = None,
-                 tokens: int = 0) -> None:
+                 guard: float | None = None, warmup: int = 0) -> None:
         self.net = model if adapter is None else adapter.model
         self.factor, self.adapter, self.warmup, self.steps = factor, adapter, warmup, 0
         self.static = model if adapter is not None and guard is not None else None
@@ -89,8 +84,6 @@ class Predictor:
         self.log_p, self.features, self.state = self._read(first, None)
         hidden, vocab = self.features.shape[-1], self.log_p.shape[-1]
         self.cache = None if cache is None else StepCache(fitted(cache, rows, hidden), rows, hidden, vocab)
-        self.contexts = None if contexts is None else context_mixer(contexts, rows, vocab, chars, tokens)
-        self.match = None if match is None else MatchModel(match, rows)
 
     def _read(self, tokens: torch.Tensor, state):
         with torch.no_grad():
@@ -101,27 +94,20 @@ class Predictor:
     def probabilities(self) -> np.ndarray:
         """``[B, V]`` float64: every stream's distribution of its next token, mixed with the cache's (uniform in a
         row where it is not finite: an adaptation that diverged is rolled back after its segment, and both sides
-        see the same), then with the context mixer's statistics, then with the match model's prediction."""
+        see the same)."""
         p = self.log_p.double().exp().numpy()  # [B, V]
         if self.cache is not None:
             p = self.cache.mix(p, self.features)  # [B, V]
         bad = ~(np.isfinite(p).all(axis=1) & (p.sum(axis=1) > 0))  # [B]
         if bad.any():
             p[bad] = 1.0
-        if self.contexts is not None:
-            p = self.contexts.mix(p)  # [B, V]
-        return p if self.match is None else self.match.mix(p)
+        return p
 
-    def advance(self, tokens) -> None:
-        """Read ``tokens`` (``[B]``, one per stream): update on the segment they complete (with an adapter),
-        then predict the next."""
-        tokens = torch.tensor(np.asarray(tokens, dtype=np.int64))  # [B], a copy: the segment keeps it
+    def advance(self, tokens: torch.Tensor) -> None:
+        """Read ``tokens`` (``[B]``, one per stream, a tensor the segment may keep): update on the segment they
+        complete (with an adapter), then predict the next."""
         if self.cache is not None:
             self.cache.append(self.features, tokens)
-        if self.contexts is not None:
-            self.contexts.append(tokens)
-        if self.match is not None:
-            self.match.append(tokens)
         adapter = self.adapter
         if adapter is not None:
             if len(self.segment) == adapter.hp.segment_length:
@@ -144,6 +130,63 @@ class Predictor:
             self.segment.append(tokens)
         self.steps += 1
         self.log_p, self.features, self.state = self._read(tokens, self.state)
+
+
+class Predictor:
+    """The next-token probabilities of ``rows`` streams read side by side, one step at a time: the run's
+    (:class:`Reader`; the arguments up to ``warmup`` are its), or with ``others`` several runs' combined
+    (:mod:`.ensemble`), then the context mixer's and the match model's.
+
+    ``contexts``: the :class:`~.context_mixing.ContextSettings` of the context mixer applied after the cache (the
+    file's own order-k statistics; ``None``: none), ``chars`` each token's character (the layout's, read by its
+    word contexts and its mixer, ``tokens`` about how many tokens the streams hold in all (its tables' memory is
+    mapped at once for many); ``match``: the :class:`~.match.MatchSettings` of the match model applied last (exact
+    repeats of the recent tokens anywhere in the file read so far; ``None``: none); ``others``: further runs
+    (:class:`~.ensemble.Member`: each read with its own factor, adapter and the guard and warm-up its settings
+    give, and the same neural cache settings), mixed with the run by an :class:`~.ensemble.Ensemble` of
+    ``ensemble``'s settings."""
+
+    def __init__(self, model, start: int, rows: int = 1, factor: float = 1.0, adapter=None, cache=None,
+                 guard: float | None = None, warmup: int = 0, match: MatchSettings | None = None,
+                 contexts: ContextSettings | None = None, chars: dict[int, str] | None = None,
+                 tokens: int = 0, others: Sequence[Member] = (), ensemble: EnsembleSettings | None = None) -> None:
+        self.readers = [Reader(model, start, rows, factor, adapter, cache, guard, warmup)] + [
+            Reader(m.model, start, rows, m.factor, m.adapter, cache, guard_margin(m.settings),
+                   warmup_tokens(m.settings)) for m in others]
+        self.cache = self.readers[0].cache
+        self.ensemble = Ensemble(ensemble or EnsembleSettings(), len(self.readers)) if others else None
+        vocab = self.readers[0].log_p.shape[-1]
+        self.contexts = None if contexts is None else context_mixer(contexts, rows, vocab, chars, tokens)
+        self.match = None if match is None else MatchModel(match, rows)
+
+    @property
+    def rollbacks(self) -> int:
+        """Times the runs' divergence guards rolled their adaptations back, all runs together."""
+        return sum(r.adapter.rollbacks for r in self.readers if r.adapter is not None)
+
+    def probabilities(self) -> np.ndarray:
+        """``[B, V]`` float64: every stream's distribution of its next token: the run's with its cache (the runs'
+        combined), then with the context mixer's statistics, then with the match model's prediction."""
+        if self.ensemble is None:
+            p = self.readers[0].probabilities()  # [B, V]
+        else:
+            p = self.ensemble.mix([r.probabilities() for r in self.readers])  # [B, V]
+        if self.contexts is not None:
+            p = self.contexts.mix(p)  # [B, V]
+        return p if self.match is None else self.match.mix(p)
+
+    def advance(self, tokens) -> None:
+        """Read ``tokens`` (``[B]``, one per stream): every run updates on the segment they complete (with an
+        adapter), then predicts the next."""
+        tokens = torch.tensor(np.asarray(tokens, dtype=np.int64))  # [B], a copy: the segments keep it
+        if self.ensemble is not None:
+            self.ensemble.learn(tokens.numpy())
+        if self.contexts is not None:
+            self.contexts.append(tokens)
+        if self.match is not None:
+            self.match.append(tokens)
+        for reader in self.readers:
+            reader.advance(tokens)
 
 
 class GapModel:

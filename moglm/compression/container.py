@@ -4,10 +4,10 @@ that says what it needs to be decoded, and refuses anything else with a one-line
 The file is cut into B blocks of about ``block_size`` bytes (its tokens shared out evenly, so the blocks are
 read in step), coded side by side as one batch of B streams (:mod:`.coder`), one range-coder state per block.
 A block whose model code is no shorter than its bytes is stored raw and flagged, so no file grows by more than
-the header. Container, version 12 (little-endian)::
+the header. Container, version 13 (little-endian)::
 
     b"MOGLMZ" | version (1 byte) | header length (4 bytes)
-    | header (compact JSON, UTF-8, zlib-deflated with the preset dictionary header_dictionary(12))
+    | header (compact JSON, UTF-8, zlib-deflated with the preset dictionary header_dictionary(13))
     | block table: per block, its stored length times 2 plus 1 if it is raw (a LEB128 varint: 2 bytes for a
       block of up to 8 KB stored), then the CRC-16 of its stored bytes (2 bytes; CCITT, ``binascii.crc_hqx``)
     | CRC-32 of everything before it (4 bytes) | the blocks' stored bytes, in order
@@ -21,6 +21,9 @@ blocks and the block size, whether gaps are coded, the original length and its S
 library versions. Decoding checks the header's CRC, that the block table stays inside the file, every block's
 CRC (a damaged or truncated file, named by its block), the run's digest (another run, or a changed one) and,
 at the end, the output's SHA-256 and length before anything is written: a wrong output is never produced.
+Version 13 records the further runs of an ensemble (the header's ``ensemble``: the weights' step and each run's
+digest, architecture, factor and adaptation, :mod:`.ensemble`; ``None``: one run, as in every file of version 12 or
+older) and deflates the header with :data:`HEADER_DICTIONARY_13`.
 Version 12 records the path of the model's recurrence (the header's ``path``: the compiled window on its GEMM
 route, or the Python fused one; :mod:`.paths`), which the decoder takes whatever its own machine would choose, and
 deflates the header with :data:`HEADER_DICTIONARY_12`; a file of version 11 or older decodes with ``auto``'s choice,
@@ -67,7 +70,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -79,12 +82,14 @@ from .coder import Block, GapModel, Predictor, decode, encode
 from .layout import Layout
 from .compiled_mixing import usable
 from .context_mixing import ContextSettings
+from .ensemble import Ensemble, EnsembleSettings, Member, recorded as recorded_ensemble
+from .ensemble import record as ensemble_record
 from .match import MatchSettings
 from .paths import check_path, coding_path, pinned, recorded_path
 from .run import ADAPTING_BLOCKS, guard_margin, warmup_tokens
 
 MAGIC = b"MOGLMZ"
-VERSION = 12
+VERSION = 13
 #: the context mixer's settings that later versions added, by the first version that records them, with what a
 #: header of an older version leaves out, as it was coded: version 9's further weight sets and second layer (one set
 #: before), version 10's sparse contexts (none before), version 11's arithmetic (numpy's before)
@@ -92,7 +97,7 @@ CONTEXT_FIELDS = {9: {"mixers": [], "final_lr": 0.0}, 10: {"sparse": []}, 11: {"
 #: the first version whose block table is compact (varint lengths with the raw flag, CRC-16s)
 COMPACT_FROM = 8
 #: the header fields that later versions added, and the first version that records each (an older file has none)
-ADDED_FIELDS = {"cache": 3, "match": 6, "contexts": 7, "path": 12}
+ADDED_FIELDS = {"cache": 3, "match": 6, "contexts": 7, "path": 12, "ensemble": 13}
 #: the first version coded with the compiled windows flushing subnormals to zero (before it they were kept)
 FLUSHED_FROM = 5
 #: version 4's header is deflated with this preset dictionary (zlib's ``zdict``): a typical header, so that what
@@ -141,6 +146,12 @@ HEADER_DICTIONARY_12 = HEADER_DICTIONARY_11 + (
     b'"path":{"backend":"fused","route":null,"weight_gradient_route":null},"route":"mkl_packed",'
     b'"route":"panels:brgemm","route":"brgemm:mkl_packed","route":"brgemm:panels","weight_gradient_route":"aten",'
     b'"weight_gradient_route":"brgemm","path":{"backend":"compiled","route":"brgemm","weight_gradient_route":null},'
+)
+#: version 13's dictionary: version 12's, then an ensemble's field as a header spells it, with one run's and none
+HEADER_DICTIONARY_13 = HEADER_DICTIONARY_12 + (
+    b'"ensemble":{"lr":0.005,"runs":[{"run":"","architecture":"mogrifier","factor":1.0,"adapt":{"hyperparameters":'
+    b'{"rule":"rms-rmsdecay","lr":0.005,"decay":0.0,"eps":0.001,"segment_length":20},"statistics":'
+    b'{"fraction":0.01,"batch_size":8,"bptt":70},"guard":0.1},"adapt_digest":""}]},"ensemble":null,'
 )
 MAX_HEADER = 1 << 20  # bytes of JSON an inflated header may have (a forged one cannot exhaust memory)
 BLOCK_SIZE = 4_096  # bytes per block, about (0: the whole file in one block); measured in docs/guides/compression.md
@@ -229,6 +240,7 @@ class Report:
     rollbacks: int = 0  # times the adaptation's divergence guard rolled the weights back and halved the step
     match: dict[str, Any] | None = None  # the match model's settings as coded (the header's), or none
     contexts: dict[str, Any] | None = None  # the context mixer's settings as coded (the header's), or none
+    runs: int = 1  # runs mixed (an ensemble: more than one)
 
     @property
     def payload_bits(self) -> int:
@@ -251,6 +263,7 @@ class Report:
         blocks = (f"{self.blocks} block{'s' if self.blocks > 1 else ''}"
                   + (f", {self.raw_blocks} stored raw" if self.raw_blocks else "") + f", {self.threads} thread"
                   + ("s" if self.threads > 1 else "")
+                  + (f", {self.runs} runs mixed" if self.runs > 1 else "")
                   + (f", the adaptation rolled back {self.rollbacks} time{'s' if self.rollbacks > 1 else ''}"
                      if self.rollbacks else ""))
         if not self.original_bytes:  # nothing to code: no rate or overhead to speak of
@@ -320,28 +333,36 @@ def _stored(layout: Layout, block: Block) -> tuple[int, bytes]:
 def compress(data: bytes, model, vocab, *, factor: float = 1.0, adapter=None, settings: dict | None = None,
              cache: StepCacheSettings | None = None, block_size: int = BLOCK_SIZE, threads: int = THREADS,
              progress: bool = True, match: MatchSettings | None = None,
-             contexts: ContextSettings | None = None) -> tuple[bytes, Report]:
+             contexts: ContextSettings | None = None, others: Sequence[Member] = (),
+             ensemble: EnsembleSettings | None = None) -> tuple[bytes, Report]:
     """``data`` coded with ``model`` (eval mode, CPU, float32); returns the container and its report.
     ``adapter``: adapt while coding; ``settings``: what rebuilds it for decoding (recorded in the header);
     ``cache``: mix the neural cache into the predictions (recorded in the header); ``contexts``: then the context
     mixer's statistics (:mod:`.context_mixing`; recorded in the header); ``match``: then the match model's
     prediction (:mod:`.match`; recorded in the header); ``block_size``: bytes per
-    block, about (0: one block); ``threads``: torch threads of both sides."""
-    if (adapter is None) != (settings is None):
+    block, about (0: one block); ``threads``: torch threads of both sides; ``others``: further runs of the same
+    vocabulary mixed with this one (:mod:`.ensemble`; each recorded in the header by its digest), with the weights'
+    ``ensemble`` settings."""
+    if any((a is None) != (s is None) for a, s in [(adapter, settings), *((m.adapter, m.settings) for m in others)]):
         raise ValueError("an adapter and the settings that rebuild it come together")
     _check_options(block_size, threads)
     layout = Layout.of(vocab)
     _check_model(model)
+    members = [_member_record(m, vocab, i + 2) for i, m in enumerate(others)]
     contexts = usable(contexts)
     start, cpu = time.perf_counter(), time.process_time()
     blocks = _cut(layout, data, block_size)
     gaps, tokens = not layout.gapless, sum(len(b.tokens) for b in blocks)
     with fixed_threads(threads), compiled.flush_denormals(True):
-        path = coding_path(model if adapter is None else adapter.model, len(blocks), layout.start, adapter is not None)
+        nets = [model if adapter is None else adapter.model] + [m.model if m.adapter is None else m.adapter.model
+                                                                for m in others]
+        path = coding_path(nets, len(blocks), layout.start,
+                           adapter is not None or any(m.adapter is not None for m in others))
         with pinned(path):  # every step, the adaptation's included, on the path the header records
             predictor = Predictor(model, layout.start, len(blocks), factor, adapter, cache,
                                   guard=guard_margin(settings), warmup=warmup_tokens(settings), match=match,
-                                  contexts=contexts, chars=layout.chars, tokens=tokens)
+                                  contexts=contexts, chars=layout.chars, tokens=tokens, others=others,
+                                  ensemble=ensemble)
             encode(predictor, blocks, _gap_model(layout, gaps), layout.start, progress)
     stored = [_stored(layout, block) for block in blocks]
     header = {"run": run_digest(model, vocab), "architecture": model.architecture, "dtype": "float32",
@@ -350,7 +371,9 @@ def compress(data: bytes, model, vocab, *, factor: float = 1.0, adapter=None, se
               "contexts": None if contexts is None else asdict(contexts),
               "match": None if match is None else asdict(match), "tokens": tokens,
               "bytes": len(data), "blocks": len(blocks), "block_size": block_size, "gaps": gaps,
-              "sha256": hashlib.sha256(data).hexdigest(), "path": path, **_environment(threads)}
+              "sha256": hashlib.sha256(data).hexdigest(), "path": path,
+              "ensemble": ensemble_record(predictor.ensemble.settings, members) if members else None,
+              **_environment(threads)}
     deflate = zlib.compressobj(9, zdict=header_dictionary(VERSION))
     encoded = deflate.compress(json.dumps(header, separators=(",", ":")).encode()) + deflate.flush()
     head = _PREFIX.pack(MAGIC, VERSION, len(encoded)) + encoded + pack_table(
@@ -362,8 +385,19 @@ def compress(data: bytes, model, vocab, *, factor: float = 1.0, adapter=None, se
                     sum(b.gap_bits for b in blocks), time.perf_counter() - start, len(blocks),
                     len(blocks) - len(coded), threads, sum(len(c) for _, c in coded),
                     sum(b.model_bits + b.gap_bits for b, _ in coded), time.process_time() - cpu, header["cache"],
-                    0 if adapter is None else adapter.rollbacks, header["match"], header["contexts"])
+                    predictor.rollbacks, header["match"], header["contexts"], 1 + len(members))
     return blob, report
+
+
+def _member_record(member: Member, vocab, number: int) -> dict[str, Any]:
+    """What the header records of an ensemble's further run (its ``number``, from 2, names it in an error)."""
+    _check_model(member.model)
+    if member.vocab.to_json() != vocab.to_json():
+        raise MoglmError(f"run {number} of the ensemble has another vocabulary than the first: runs mixed must read "
+                         "the same tokens")
+    return {"run": run_digest(member.model, vocab),
+            "architecture": member.model.architecture, "factor": member.factor, "adapt": member.settings,
+            "adapt_digest": adapter_digest(member.adapter)}
 
 
 def _check_options(block_size: int, threads: int) -> None:
@@ -375,8 +409,8 @@ def _check_options(block_size: int, threads: int) -> None:
 
 _TYPES = {"run": str, "factor": (int, float), "adapt": (dict, type(None)), "adapt_digest": (str, type(None)),
           "cache": (dict, type(None)), "match": (dict, type(None)), "contexts": (dict, type(None)),
-          "path": (dict, type(None)), "tokens": int, "bytes": int, "sha256": str, "blocks": int, "block_size": int,
-          "threads": int, "gaps": bool}
+          "path": (dict, type(None)), "ensemble": (dict, type(None)), "tokens": int, "bytes": int, "sha256": str,
+          "blocks": int, "block_size": int, "threads": int, "gaps": bool}
 
 
 def read_header(blob: bytes, name: str = "the file") -> tuple[dict[str, Any], list[np.ndarray | bytes]]:
@@ -476,7 +510,8 @@ def _words(content: bytes, dtype: str) -> np.ndarray:
 
 def header_dictionary(version: int) -> bytes:
     """The preset dictionary a header of ``version`` (4 or later) is deflated with."""
-    return (HEADER_DICTIONARY_12 if version >= 12 else HEADER_DICTIONARY_11 if version >= 11
+    return (HEADER_DICTIONARY_13 if version >= 13 else HEADER_DICTIONARY_12 if version >= 12
+            else HEADER_DICTIONARY_11 if version >= 11
             else HEADER_DICTIONARY_10 if version >= 10
             else HEADER_DICTIONARY_9 if version >= 9
             else HEADER_DICTIONARY_7 if version >= 7 else HEADER_DICTIONARY)
@@ -538,8 +573,16 @@ def _read_version_1(blob: bytes, length: int, name: str) -> tuple[dict[str, Any]
 
 
 def check_settings(header: dict[str, Any], name: str = "the file", *, dynamic: bool | None = None,
-                   block_size: int | None = None) -> None:
-    """What a decoder was told, against the header, which decides: a file made otherwise is a one-line error."""
+                   block_size: int | None = None, runs: int | None = None) -> None:
+    """What a decoder was told, against the header, which decides: a file made otherwise is a one-line error.
+    ``runs``: how many runs the decoder has (the first and those of ``--ensemble``)."""
+    recorded = recorded_ensemble(header, name)
+    coded = 1 + (len(recorded[1]) if recorded else 0)
+    if runs is not None and runs != coded:
+        if coded == 1:
+            raise MoglmError(f"{name} was compressed with one run, not {runs} mixed: drop --ensemble")
+        raise MoglmError(f"{name} was compressed with {coded} runs mixed, not {runs}: give the other {coded - 1} with "
+                         "--ensemble, in the order compress had them")
     made = header["adapt"] is not None
     if dynamic is not None and dynamic != made:
         raise MoglmError(f"{name} was compressed {'with' if made else 'without'} --dynamic: its header decides how "
@@ -588,9 +631,12 @@ def scratch_seed(header: dict[str, Any], name: str = "the file") -> int | None:
 
 
 def decompress(blob: bytes, model, vocab, *, adapter_for: Callable[[dict], Any] | None = None,
-               name: str = "the file", progress: bool = True) -> bytes:
+               name: str = "the file", progress: bool = True,
+               ensemble_for: Callable[[list[dict]], list[Member]] | None = None) -> bytes:
     """The original bytes of a container made by :func:`compress` with this ``model``. ``adapter_for``:
-    builds the adapter from the header's settings (needed when the file was coded with adaptation)."""
+    builds the adapter from the header's settings (needed when the file was coded with adaptation);
+    ``ensemble_for``: the further runs of a file coded by an ensemble, from the header's records of them (each
+    with the adapter its record's ``adapt`` settings rebuild)."""
     header, stored = read_header(blob, name)
     layout = Layout.of(vocab)
     _check_model(model)
@@ -599,7 +645,10 @@ def decompress(blob: bytes, model, vocab, *, adapter_for: Callable[[dict], Any] 
         raise MoglmError(f"{name} was compressed with another run or checkpoint (model digest {header['run']}; "
                          f"this one's is {digest}): decompress it with the run and --checkpoint that compressed it")
     path = recorded_path(header, name)
-    if header["adapt"] is not None or not all(isinstance(content, bytes) for content in stored):
+    recorded = recorded_ensemble(header, name)
+    others = [] if recorded is None else _members(recorded[1], ensemble_for, vocab, name)
+    adapting = header["adapt"] is not None or any(m.adapter is not None for m in others)
+    if adapting or not all(isinstance(content, bytes) for content in stored):
         check_path(path, name)  # raw blocks without adaptation do not depend on how the model rounds
     adapter = None
     if header["adapt"] is not None:
@@ -618,7 +667,8 @@ def decompress(blob: bytes, model, vocab, *, adapter_for: Callable[[dict], Any] 
         predictor = Predictor(model, layout.start, len(blocks), float(header["factor"]), adapter,
                               recorded_cache(header, name), guard=guard_margin(header["adapt"]),
                               warmup=warmup_tokens(header["adapt"]), match=recorded_match(header, name),
-                              contexts=recorded_contexts(header, name), chars=layout.chars, tokens=header["tokens"])
+                              contexts=recorded_contexts(header, name), chars=layout.chars, tokens=header["tokens"],
+                              others=others, ensemble=None if recorded is None else recorded[0])
         try:
             decode(predictor, blocks, payloads, counts, _gap_model(layout, header["gaps"], header["bytes"]),
                    layout.start, progress)
@@ -634,6 +684,30 @@ def decompress(blob: bytes, model, vocab, *, adapter_for: Callable[[dict], Any] 
                          f"written (compressed with {then}, decoded with {now}: another "
                          "CPU or library can round the model's probabilities differently)")
     return data
+
+
+def _members(records: list[dict[str, Any]], ensemble_for: Callable[[list[dict]], list[Member]] | None, vocab,
+             name: str) -> list[Member]:
+    """The further runs of an ensemble's file, checked against the header's ``records`` of them."""
+    if ensemble_for is None:
+        raise MoglmError(f"{name} was compressed with {1 + len(records)} runs mixed: give the other {len(records)} "
+                         "with --ensemble, in the order compress had them")
+    members = ensemble_for(records)
+    if len(members) != len(records):
+        raise MoglmError(f"{name} was compressed with {1 + len(records)} runs mixed, not {1 + len(members)}")
+    for number, (member, record) in enumerate(zip(members, records), start=2):
+        given = _member_record(member, vocab, number)
+        if given["run"] != record["run"]:
+            raise MoglmError(f"{name}: run {number} of its ensemble was another run or checkpoint (model digest "
+                             f"{record['run']}; this one's is {given['run']}): give the runs compress had, in order")
+        if (record["adapt"] is None) != (member.adapter is None):
+            raise MoglmError(f"{name}: run {number} of its ensemble was coded "
+                             f"{'with' if record['adapt'] is not None else 'without'} adaptation, and is given "
+                             f"{'without' if member.adapter is None else 'with'}")
+        if given["adapt_digest"] != record["adapt_digest"]:
+            raise MoglmError(f"{name}: run {number} of its ensemble was compressed with other RMS statistics than "
+                             "this run's (dyneval/rms-*.safetensors changed or was recollected)")
+    return members
 
 
 def _raw_block(layout: Layout, content: bytes, count: int, b: int, blocks: int, name: str) -> Block:

@@ -14,7 +14,7 @@ names the route of the compiled backward's weight-gradient products, which each 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -26,18 +26,21 @@ from ..recurrence.compiled.routes import (gemm_route, pinned_weight_gradient_rou
 BACKENDS = ("compiled", "fused")
 
 
-def coding_path(net, rows: int, start: int, adapting: bool = False) -> dict[str, Any] | None:
-    """The path ``net``'s recurrence takes for the coder's steps (``[1, rows]`` tokens) on this machine:
-    ``{"backend": "compiled", "route": name, "weight_gradient_route": name or None}`` or ``{"backend": "fused",
-    "route": None, "weight_gradient_route": None}`` as ``auto`` chooses for its first layer, ``fused`` where the
-    compiled window cannot run here, ``None`` where no layer has a choice to make (cells without a fast path run
-    their reference loop everywhere). A compiled choice without a route of its own (``MOGLM_AUTO_BACKEND``, an
-    unstored or failed probe) runs on the machine's GEMM route, which is recorded in its place, so that the decoder
-    does not take its own; ``adapting``: the compiled backward's weight-gradient route is recorded too (else
-    ``None``: no backward runs). One step of ``start`` tokens is run to see it (and to probe, where this machine
-    has not yet)."""
+def coding_path(nets: Sequence, rows: int, start: int, adapting: bool = False) -> dict[str, Any] | None:
+    """The path the recurrence of ``nets`` (the coder's model, or an ensemble's models: the first that has a choice
+    decides) takes for the coder's steps (``[1, rows]`` tokens) on this machine: ``{"backend": "compiled", "route":
+    name, "weight_gradient_route": name or None}`` or ``{"backend": "fused", "route": None, "weight_gradient_route":
+    None}`` as ``auto`` chooses for its first layer, ``fused`` where the compiled window cannot run here, ``None``
+    where no layer has a choice to make (cells without a fast path run their reference loop everywhere). A compiled
+    choice without a route of its own (``MOGLM_AUTO_BACKEND``, an unstored or failed probe) runs on the machine's
+    GEMM route, which is recorded in its place, so that the decoder does not take its own; ``adapting``: the
+    compiled backward's weight-gradient route is recorded too (else ``None``: no backward runs). One step of
+    ``start`` tokens is run to see it (and to probe, where this machine has not yet)."""
     with auto.recording() as seen, torch.no_grad():
-        net(torch.full((1, rows), start, dtype=torch.long), None)
+        for net in nets:
+            net(torch.full((1, rows), start, dtype=torch.long), None)
+            if seen:
+                break
     if seen:
         if seen[0]["backend"] != "compiled":
             return {"backend": seen[0]["backend"], "route": None, "weight_gradient_route": None}

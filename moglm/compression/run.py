@@ -189,3 +189,24 @@ def coding_model(run_dir: Path, checkpoint: str, seed: int | None):
         return run.model, run.vocab, run.temperature
     model, vocab = LanguageModelRun(run_dir).fresh_model(seed)
     return model, vocab, 1.0
+
+
+def check_ensemble(runs, from_scratch: int | None) -> None:
+    """A one-line error for ``--ensemble`` with ``--from-scratch``: the ensemble mixes trained runs."""
+    if runs and from_scratch is not None:
+        raise MoglmError("--from-scratch codes with weights drawn afresh and --ensemble mixes trained runs: use one")
+
+
+def ensemble_member(run_dir: Path, checkpoint: str, vocab, settings: dict | None, factor: float | None = None):
+    """A further run of an ensemble (``moglm compress --ensemble``; :class:`~.ensemble.Member`): the run's
+    checkpoint, which must read ``vocab`` (the first run's), adapting as ``settings`` say (``None``: static), with
+    ``factor`` (default: the run's own; a decoder passes the header's)."""
+    from .ensemble import Member
+
+    model, own, temperature = coding_model(run_dir, checkpoint, None)
+    if own.to_json() != vocab.to_json():
+        raise MoglmError(f"{run_dir}: its vocabulary is not the first run's, and runs mixed by --ensemble must read "
+                         "the same tokens")
+    factor = temperature if factor is None else float(factor)
+    adapter = None if settings is None else adapter_from_settings(run_dir, model, checkpoint, factor, settings)
+    return Member(model, own, factor, adapter, settings)

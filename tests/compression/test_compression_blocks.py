@@ -267,7 +267,7 @@ def test_a_version_4_file_decodes_with_the_windows_keeping_subnormals_as_it_was_
     it on."""
     trained = load_run(char_run)
     blob, _ = compress(TEXT, trained.model, trained.vocab, factor=trained.temperature, block_size=300, progress=False)
-    assert blob[6] == container.VERSION == 12
+    assert blob[6] == container.VERSION == 13
     asked = []
     real = container.compiled.flush_denormals
 
@@ -347,8 +347,8 @@ def test_every_bad_input_is_a_one_line_error_that_touches_no_file(char_run, tmp_
                                                                  "its block size of 100 bytes cuts"),
         "raw-tokens.moglm": (forged(blob, tokens=header["tokens"] - header["blocks"]),
                              f"raw block {raw + 1} of {header['blocks']} does not hold the"),
-        "version-13.moglm": (blob[:6] + bytes([container.VERSION + 1]) + blob[7:],
-                            f"a version {container.VERSION + 1} moglm-compressed file; this moglm reads"),
+        "newer-version.moglm": (blob[:6] + bytes([container.VERSION + 1]) + blob[7:],
+                                f"a version {container.VERSION + 1} moglm-compressed file; this moglm reads"),
         "forged-match.moglm": (forged(blob, match={"min_length": 1}), "its header's match settings are not settings"),
         "forged-match-field.moglm": (forged(blob, match={"min_length": 5, "order": 2}),
                                      "its header's match settings are not settings"),
@@ -359,6 +359,9 @@ def test_every_bad_input_is_a_one_line_error_that_touches_no_file(char_run, tmp_
                                                    "weight_gradient_route": None}),
                                 "its header's recurrence path is not one this moglm runs"),
         "path-not-a-dict.moglm": (forged(blob, path="compiled"), "damaged header"),
+        "forged-ensemble.moglm": (forged(blob, ensemble={"lr": 0.005, "runs": [{"run": "a"}]}),
+                                  "its header's ensemble is not one"),
+        "ensemble-not-a-dict.moglm": (forged(blob, ensemble="lstm"), "damaged header"),
         "forged-contexts.moglm": (forged(blob, contexts=mixer | {"orders": [3, 1]}),
                                   "its header's contexts settings are not settings"),
         "forged-contexts-alpha.moglm": (forged(blob, contexts=mixer | {"alpha": -1}),

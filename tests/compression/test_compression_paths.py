@@ -117,9 +117,9 @@ def test_where_no_layer_chooses_the_path_is_the_fused_window_without_the_compile
         return tokens, state
 
     monkeypatch.setattr(paths.compiled, "available", lambda: False)
-    assert paths.coding_path(no_choice, 3, 0) == {"backend": "fused", "route": None, "weight_gradient_route": None}
+    assert paths.coding_path([no_choice], 3, 0) == {"backend": "fused", "route": None, "weight_gradient_route": None}
     monkeypatch.setattr(paths.compiled, "available", lambda: True)
-    assert paths.coding_path(no_choice, 3, 0) is None
+    assert paths.coding_path([no_choice], 3, 0) is None
 
 
 def test_a_compiled_path_where_the_library_cannot_be_built_is_a_one_line_error(byte_run, monkeypatch):
