@@ -14,6 +14,13 @@ from .common import Checkpoint, UpdateRule
 from ..errors import MoglmError
 
 
+#: ``--ensemble``'s help (measured in docs/guides/compression.md, "Two runs mixed")
+ENSEMBLE_HELP = ("Also read the file with this run (repeatable; the same vocabulary) and mix its predictions with "
+                 "RUN_DIR's, by weights learnt while coding; each run adapts as RUN_DIR does. Two runs trained apart "
+                 "coded held-out English 1-1.7% smaller, at half the speed; decompress needs the same runs, in the "
+                 "same order.")
+
+
 def _read(path: Path) -> bytes:
     if not path.is_file():
         raise MoglmError(f"{path}: no such file")
@@ -53,11 +60,7 @@ def compress(
     match: bool = typer.Option(True, help="Then mix in the match model: what followed the last occurrence, in any "
                                f"block, of a block's last {MATCH.min_length} tokens, at a probability learnt "
                                "from how often such predictions came true."),
-    ensemble: list[Path] = typer.Option(
-        [], "--ensemble", metavar="RUN", help="Also read the file with this run (repeatable; the same vocabulary) "
-        "and mix its predictions with RUN_DIR's, by weights learnt while coding; each run adapts as RUN_DIR does. Two "
-        "runs trained apart code held-out English 1.3-1.5% smaller at about half the speed; decompress needs the "
-        "same runs, in the same order."),
+    ensemble: list[Path] = typer.Option([], "--ensemble", metavar="RUN", help=ENSEMBLE_HELP),
     block_size: Optional[int] = typer.Option(
         None, min=0, help="Bytes per block, about: the blocks are coded side by side as one batch of streams "
         f"(default 4096; adapting, at most {ADAPTING_BLOCKS} blocks of 4096 bytes or more; 0: the whole file as one "
