@@ -82,8 +82,12 @@ class Reader:
         first = torch.full((rows,), start, dtype=torch.long)  # [B]
         self.segment, self.before = [first], None  # the segment's inputs (each [B]), the state before its first
         self.log_p, self.features, self.state = self._read(first, None)
-        hidden, vocab = self.features.shape[-1], self.log_p.shape[-1]
-        self.cache = None if cache is None else StepCache(fitted(cache, rows, hidden), rows, hidden, vocab)
+        self.cache = None if cache is None else self.attach(fitted(cache, rows, self.features.shape[-1]))
+
+    def attach(self, cache) -> StepCache:
+        """This run's neural cache of the (already fitted) settings ``cache``, one per stream."""
+        rows, hidden = self.features.shape
+        return StepCache(cache, rows, hidden, self.log_p.shape[-1])
 
     def _read(self, tokens: torch.Tensor, state):
         with torch.no_grad():
@@ -150,9 +154,13 @@ class Predictor:
                  guard: float | None = None, warmup: int = 0, match: MatchSettings | None = None,
                  contexts: ContextSettings | None = None, chars: dict[int, str] | None = None,
                  tokens: int = 0, others: Sequence[Member] = (), ensemble: EnsembleSettings | None = None) -> None:
-        self.readers = [Reader(model, start, rows, factor, adapter, cache, guard, warmup)] + [
-            Reader(m.model, start, rows, m.factor, m.adapter, cache, guard_margin(m.settings),
+        self.readers = [Reader(model, start, rows, factor, adapter, None, guard, warmup)] + [
+            Reader(m.model, start, rows, m.factor, m.adapter, None, guard_margin(m.settings),
                    warmup_tokens(m.settings)) for m in others]
+        if cache is not None:  # one size for every run's cache: all of them fit in the caches' memory together
+            cache = fitted(cache, rows, sum(r.features.shape[-1] for r in self.readers))
+            for reader in self.readers:
+                reader.cache = reader.attach(cache)
         self.cache = self.readers[0].cache
         self.ensemble = Ensemble(ensemble or EnsembleSettings(), len(self.readers)) if others else None
         vocab = self.readers[0].log_p.shape[-1]

@@ -82,7 +82,7 @@ from .coder import Block, GapModel, Predictor, decode, encode
 from .layout import Layout
 from .compiled_mixing import usable
 from .context_mixing import ContextSettings
-from .ensemble import Ensemble, EnsembleSettings, Member, recorded as recorded_ensemble
+from .ensemble import EnsembleSettings, Member, check_runs, recorded as recorded_ensemble, valid_factor
 from .ensemble import record as ensemble_record
 from .match import MatchSettings
 from .paths import check_path, coding_path, pinned, recorded_path
@@ -348,6 +348,7 @@ def compress(data: bytes, model, vocab, *, factor: float = 1.0, adapter=None, se
     _check_options(block_size, threads)
     layout = Layout.of(vocab)
     _check_model(model)
+    check_runs(1 + len(others))
     members = [_member_record(m, vocab, i + 2) for i, m in enumerate(others)]
     contexts = usable(contexts)
     start, cpu = time.perf_counter(), time.process_time()
@@ -545,6 +546,7 @@ def _parse_header(encoded: bytes | None, name: str, version: int) -> dict[str, A
             if version < first and isinstance(header.get("contexts"), dict):
                 header["contexts"] = {**before, **header["contexts"]}
     if not isinstance(header, dict) or any(not isinstance(header.get(k, ...), t) for k, t in _TYPES.items()) \
+            or not valid_factor(header["factor"]) \
             or not 0 <= header["tokens"] <= header["bytes"] \
             or not 1 <= header["threads"] <= MAX_THREADS or header["block_size"] < 0:  # a token spells >= 1 byte
         raise MoglmError(f"{name} has a damaged header")
@@ -700,6 +702,9 @@ def _members(records: list[dict[str, Any]], ensemble_for: Callable[[list[dict]],
         if given["run"] != record["run"]:
             raise MoglmError(f"{name}: run {number} of its ensemble was another run or checkpoint (model digest "
                              f"{record['run']}; this one's is {given['run']}): give the runs compress had, in order")
+        if float(member.factor) != float(record["factor"]):
+            raise MoglmError(f"{name}: run {number} of its ensemble is given logit factor {member.factor}, where the "
+                             f"file was coded with {record['factor']}")
         if (record["adapt"] is None) != (member.adapter is None):
             raise MoglmError(f"{name}: run {number} of its ensemble was coded "
                              f"{'with' if record['adapt'] is not None else 'without'} adaptation, and is given "

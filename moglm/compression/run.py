@@ -192,7 +192,11 @@ def coding_model(run_dir: Path, checkpoint: str, seed: int | None):
 
 
 def check_ensemble(runs, from_scratch: int | None) -> None:
-    """A one-line error for ``--ensemble`` with ``--from-scratch``: the ensemble mixes trained runs."""
+    """A one-line error for more ``--ensemble`` runs than a file may mix, or for any with ``--from-scratch``: the
+    ensemble mixes trained runs."""
+    from .ensemble import check_runs
+
+    check_runs(1 + len(runs))
     if runs and from_scratch is not None:
         raise MoglmError("--from-scratch codes with weights drawn afresh and --ensemble mixes trained runs: use one")
 

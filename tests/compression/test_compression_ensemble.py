@@ -23,10 +23,12 @@ from test_compression import TEXT, forged  # noqa: E402
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Two char-level runs of the same corpus, trained apart (a Mogrifier and an LSTM), and a byte-level one."""
+    """Two char-level runs of the same corpus, trained apart (a Mogrifier and an LSTM), a byte-level one, and a
+    char-level LSTM half as wide."""
     return (tiny_format_run(tmp_path_factory.mktemp("mogrifier"), "char"),
             tiny_format_run(tmp_path_factory.mktemp("lstm"), "char", architecture="lstm", cell={}),
-            tiny_format_run(tmp_path_factory.mktemp("byte"), "byte"))
+            tiny_format_run(tmp_path_factory.mktemp("byte"), "byte"),
+            tiny_format_run(tmp_path_factory.mktemp("narrow"), "char", architecture="lstm", cell={}, hidden_size=12))
 
 
 def _distributions(rng, runs: int, rows: int, vocab: int) -> list[np.ndarray]:
@@ -106,7 +108,7 @@ def test_two_runs_mixed_round_trip_and_the_header_records_the_second(runs, adapt
 
 
 def test_the_cli_mixes_runs_and_every_wrong_ensemble_is_a_one_line_error_that_writes_nothing(runs, tmp_path, capsys):
-    mogrifier, lstm, byte = (str(r) for r in runs)
+    mogrifier, lstm, byte = (str(r) for r in runs[:3])
     source = tmp_path / "text.txt"
     source.write_bytes(TEXT * 2)
     mixed, single, out = tmp_path / "mixed.moglm", tmp_path / "single.moglm", tmp_path / "out.txt"
@@ -141,8 +143,13 @@ def test_the_cli_mixes_runs_and_every_wrong_ensemble_is_a_one_line_error_that_wr
         assert len(err.splitlines()) == 1 and message in err and not target.exists(), err
 
 
+ENTRY = {"run": "a", "architecture": "lstm", "factor": 1.0, "adapt": None, "adapt_digest": None}
+
+
 @pytest.mark.parametrize("field", [
-    {"lr": 0.005, "runs": []}, {"lr": -1, "runs": [{}]}, {"lr": 0.005},
+    {"lr": 0.005, "runs": []}, {"lr": 0.005, "runs": [{}]}, {"lr": 0.005}, {"lr": 0.005, "runs": [ENTRY] * 8},
+    *({"lr": lr, "runs": [ENTRY]} for lr in (-1, float("nan"), float("inf"), True, "0.1")),
+    *({"lr": 0.005, "runs": [ENTRY | {"factor": factor}]} for factor in (0, -1.0, float("inf"), float("nan"), 10**400)),
     {"lr": 0.005, "runs": [{"run": "a", "architecture": "lstm", "factor": 1.0, "adapt": None}]},
     {"lr": 0.005, "runs": [{"run": 1, "architecture": "lstm", "factor": 1.0, "adapt": None, "adapt_digest": None}]},
     {"lr": 0.005, "runs": [{"run": "a", "architecture": "lstm", "factor": True, "adapt": None,
@@ -153,8 +160,55 @@ def test_a_forged_ensemble_is_a_one_line_error(runs, field):
     blob, _ = compress(TEXT, first.model, first.vocab, factor=first.temperature, progress=False)
     with pytest.raises(MoglmError, match="f.moglm: its header's ensemble is not one"):
         decompress(forged(blob, ensemble=field), first.model, first.vocab, name="f.moglm", progress=False)
-    with pytest.raises(MoglmError, match="damaged header"):
-        decompress(forged(blob, ensemble=[1]), first.model, first.vocab, name="f.moglm", progress=False)
+
+
+@pytest.mark.parametrize("forgery", [{"ensemble": [1]}, {"factor": 10**400}, {"factor": -1.0}, {"factor": True}])
+def test_a_forged_header_field_of_the_runs_is_a_damaged_header(runs, forgery):
+    first = load_run(runs[0])
+    blob, _ = compress(TEXT, first.model, first.vocab, factor=first.temperature, progress=False)
+    with pytest.raises(MoglmError, match="f.moglm has a damaged header"):
+        decompress(forged(blob, **forgery), first.model, first.vocab, name="f.moglm", progress=False)
+
+
+def test_runs_of_other_widths_share_one_cache_size_that_fits_them_all(runs, monkeypatch):
+    """The caches' memory bound (STEP_CACHE_BYTES) cuts every run's cache to one size, from the runs' widths
+    together, and the header's size is that one: the decoder's runs get the encoder's sizes, so a mixture of a wide
+    and a narrow run still round-trips where the bound cuts."""
+    from moglm.compression.run import CACHE
+    from moglm.evaluation import neural_cache
+
+    first, narrow = load_run(runs[0]), load_run(runs[3])
+    rows = 4
+    hidden = [24, 12]  # the two runs' widths: alone, the first's caches would have room for 45 positions
+    monkeypatch.setattr(neural_cache, "STEP_CACHE_BYTES", 4 * rows * sum(hidden) * 30)  # together, for 30
+    data = TEXT[: rows * 90]
+    member = Member(narrow.model, narrow.vocab, narrow.temperature)
+    blob, report = compress(data, first.model, first.vocab, factor=first.temperature, cache=CACHE,
+                            block_size=90, progress=False, others=[member])
+    assert report.blocks == rows and report.cache["size"] == 30
+    assert decompress(blob, first.model, first.vocab, ensemble_for=lambda records: [member], progress=False) == data
+
+
+def test_mixing_more_runs_than_a_file_may_record_or_a_member_unlike_its_record_is_a_one_line_error(runs):
+    from moglm.compression.ensemble import MAX_RUNS
+
+    first, second = (load_run(r) for r in runs[:2])
+    member = Member(second.model, second.vocab, second.temperature)
+    with pytest.raises(MoglmError, match=f"at most {MAX_RUNS} runs can be mixed"):
+        compress(TEXT, first.model, first.vocab, progress=False, others=[member] * MAX_RUNS)
+    blob, _ = compress(TEXT, first.model, first.vocab, factor=first.temperature, progress=False,
+                       others=[member] * (MAX_RUNS - 1))
+    assert decompress(blob, first.model, first.vocab, progress=False,
+                      ensemble_for=lambda records: [member] * len(records)) == TEXT
+    hp = Hyperparameters(rule="sgd", lr=0.3, segment_length=5)
+    adapted = Member(second.model, second.vocab, second.temperature,
+                     DynamicEvaluator(second.model, hp, factor=second.temperature), {"hyperparameters": hp.as_dict()})
+    wrong = {"adapting": ([adapted], "was coded without adaptation, and is given with"),
+             "factor": ([Member(second.model, second.vocab, second.temperature * 2)], "is given logit factor")}
+    blob, _ = compress(TEXT, first.model, first.vocab, factor=first.temperature, progress=False, others=[member])
+    for given, message in wrong.values():
+        with pytest.raises(MoglmError, match=message):
+            decompress(blob, first.model, first.vocab, progress=False, ensemble_for=lambda records: given)
 
 
 def test_a_file_before_version_13_has_no_ensemble_and_decodes_with_its_one_run(runs):
