@@ -61,17 +61,15 @@ class Reader:
     ``model``: a language model in eval mode; ``start``: the token every stream reads before its first;
     ``factor``: the logit factor (the run's tuned softmax temperature); ``adapter``: a
     :class:`~moglm.dynamic_evaluation.DynamicEvaluator` (its private copy of the model is the one read; its
-    weights are shared by the streams); ``cache``: a :class:`~moglm.evaluation.neural_cache.StepCacheSettings`, the
-    neural cache mixed into every stream's distribution (Krause thesis 2.2.1; each stream caches its own
-    positions, with the features of the model as it was when it read them); ``guard``: with an adapter, the
+    weights are shared by the streams); ``guard``: with an adapter, the
     margin of its divergence guard (nats per token; it replaces the adapter's): every segment is scored with
     ``model`` too (the trained weights, which never change), and where the adaptation's code has been longer
     than theirs by the margin over the recent text, it rolls back and its step halves (``None``: only a
     non-finite loss rolls back, as in files written before the guard); ``warmup``: with an adapter, its step
     grows linearly from 0 to its full size over the first ``warmup`` tokens read (all streams together; 0: full
-    from the start)."""
+    from the start). Its neural cache, if any, is :meth:`attach`-ed."""
 
-    def __init__(self, model, start: int, rows: int = 1, factor: float = 1.0, adapter=None, cache=None,
+    def __init__(self, model, start: int, rows: int = 1, factor: float = 1.0, adapter=None,
                  guard: float | None = None, warmup: int = 0) -> None:
         self.net = model if adapter is None else adapter.model
         self.factor, self.adapter, self.warmup, self.steps = factor, adapter, warmup, 0
@@ -82,12 +80,14 @@ class Reader:
         first = torch.full((rows,), start, dtype=torch.long)  # [B]
         self.segment, self.before = [first], None  # the segment's inputs (each [B]), the state before its first
         self.log_p, self.features, self.state = self._read(first, None)
-        self.cache = None if cache is None else self.attach(fitted(cache, rows, self.features.shape[-1]))
+        self.cache: StepCache | None = None
 
-    def attach(self, cache) -> StepCache:
-        """This run's neural cache of the (already fitted) settings ``cache``, one per stream."""
+    def attach(self, cache) -> None:
+        """Mix the neural cache of the (already fitted) :class:`~moglm.evaluation.neural_cache.StepCacheSettings`
+        ``cache`` into every stream's distribution (Krause thesis 2.2.1; each stream caches its own positions, with
+        the features of the model as it was when it read them)."""
         rows, hidden = self.features.shape
-        return StepCache(cache, rows, hidden, self.log_p.shape[-1])
+        self.cache = StepCache(cache, rows, hidden, self.log_p.shape[-1])
 
     def _read(self, tokens: torch.Tensor, state):
         with torch.no_grad():
@@ -138,9 +138,11 @@ class Reader:
 
 class Predictor:
     """The next-token probabilities of ``rows`` streams read side by side, one step at a time: the run's
-    (:class:`Reader`; the arguments up to ``warmup`` are its), or with ``others`` several runs' combined
-    (:mod:`.ensemble`), then the context mixer's and the match model's.
+    (:class:`Reader`; the arguments up to ``warmup`` but ``cache`` are its), or with ``others`` several runs'
+    combined (:mod:`.ensemble`), then the context mixer's and the match model's.
 
+    ``cache``: the :class:`~moglm.evaluation.neural_cache.StepCacheSettings` of every run's neural cache, one size for
+    all, cut so that the runs' caches fit in memory together (``None``: none);
     ``contexts``: the :class:`~.context_mixing.ContextSettings` of the context mixer applied after the cache (the
     file's own order-k statistics; ``None``: none), ``chars`` each token's character (the layout's, read by its
     word contexts and its mixer, ``tokens`` about how many tokens the streams hold in all (its tables' memory is
@@ -154,13 +156,13 @@ class Predictor:
                  guard: float | None = None, warmup: int = 0, match: MatchSettings | None = None,
                  contexts: ContextSettings | None = None, chars: dict[int, str] | None = None,
                  tokens: int = 0, others: Sequence[Member] = (), ensemble: EnsembleSettings | None = None) -> None:
-        self.readers = [Reader(model, start, rows, factor, adapter, None, guard, warmup)] + [
-            Reader(m.model, start, rows, m.factor, m.adapter, None, guard_margin(m.settings),
+        self.readers = [Reader(model, start, rows, factor, adapter, guard, warmup)] + [
+            Reader(m.model, start, rows, m.factor, m.adapter, guard_margin(m.settings),
                    warmup_tokens(m.settings)) for m in others]
         if cache is not None:  # one size for every run's cache: all of them fit in the caches' memory together
             cache = fitted(cache, rows, sum(r.features.shape[-1] for r in self.readers))
             for reader in self.readers:
-                reader.cache = reader.attach(cache)
+                reader.attach(cache)
         self.cache = self.readers[0].cache
         self.ensemble = Ensemble(ensemble or EnsembleSettings(), len(self.readers)) if others else None
         vocab = self.readers[0].log_p.shape[-1]
