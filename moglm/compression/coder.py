@@ -37,7 +37,7 @@ from ..progress import progress_bar
 from .compiled_mixing import context_mixer
 from .context_mixing import ContextSettings
 from .ensemble import Ensemble, EnsembleSettings, Member
-from .match import MatchModel, MatchSettings
+from .match import MatchSettings, match_model
 from .run import guard_margin, warmup_tokens
 
 LITERAL_END = 256  # a new gap is spelled as bytes 0-255, then this symbol
@@ -167,7 +167,7 @@ class Predictor:
         self.ensemble = Ensemble(ensemble or EnsembleSettings(), len(self.readers)) if others else None
         vocab = self.readers[0].log_p.shape[-1]
         self.contexts = None if contexts is None else context_mixer(contexts, rows, vocab, chars, tokens)
-        self.match = None if match is None else MatchModel(match, rows)
+        self.match = None if match is None else match_model(match, rows)
 
     @property
     def rollbacks(self) -> int:

@@ -14,7 +14,8 @@ their proportions and share ``1 - p_hit``. It is an adaptive probability map (an
 model and the neural cache: the neural cache (:class:`~moglm.evaluation.neural_cache.StepCache`) finds
 positions whose features look alike within a block's last 2,000, this finds exact repeats across the whole
 file, which the blocks cut apart. Everything is float64 numpy arithmetic in a fixed order, the same on both
-sides.
+sides. :class:`CompiledMatchModel` runs the same step in C++ (``moglm/recurrence/compiled/csrc/match.cpp``) with
+the same bits, so a file does not say which of the two coded it; :class:`MatchModel` is its reference twin.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from ..errors import MoglmError
+from ..recurrence import compiled
 from .hashing import PRIME, table_slots
 
 #: lower edges of the match-length bins (tokens matched before the predicted one)
@@ -153,3 +156,46 @@ class MatchModel:
         free, source, position, same = free[real], source[real], position[real], same[real]
         self._source[free], self._position[free] = source, position
         self._matched[free] = np.where(same.all(axis=1), LONGEST, np.argmin(same, axis=1))
+
+
+class CompiledMatchModel(MatchModel):
+    """:class:`MatchModel` with its step in C++ (the same bits: its numpy state is shared with the ops, and the
+    rows' normalisation stays numpy's); the per-step numpy calls of the twin cost more than its arithmetic."""
+
+    def __init__(self, settings: MatchSettings, streams: int) -> None:
+        if not kernel_available():  # builds or loads the library, whose ops these are
+            raise MoglmError(f"the compiled match model cannot be built here ({compiled.unavailable_reason()})")
+        super().__init__(settings, streams)
+        self._predictions = np.full((streams, 3), -1, dtype=np.int64)  # [B, 3]: predicted token (-1: none), bins
+        self._share()
+
+    def _share(self) -> None:
+        self._state = [torch.from_numpy(a) for a in (self._history, self._source, self._position, self._matched,
+                                                     self._hits, self._trials, self._predictions)]
+        self._table_t = torch.from_numpy(self._table)
+
+    def mix(self, p: np.ndarray) -> np.ndarray:
+        p = np.ascontiguousarray(p / p.sum(axis=1, keepdims=True), np.float64)  # [B, V]: written in place below
+        torch.ops.moglm.match_mix(torch.from_numpy(p), *self._state)
+        return p
+
+    def append(self, tokens) -> None:
+        read = np.ascontiguousarray(tokens, dtype=np.int64)  # [B]
+        i = self._length
+        if i == self._history.shape[1]:
+            self._history = np.concatenate([self._history, np.zeros_like(self._history)], axis=1)
+            self._share()
+        history, *rest = self._state
+        torch.ops.moglm.match_append(torch.from_numpy(read), history, i, self._table_t, *rest,
+                                     self.settings.min_length, self._bits)
+        self._length = i + 1
+
+
+def kernel_available() -> bool:
+    """Whether the compiled step can run here (it is built with the compiled recurrence, at first use)."""
+    return compiled.available()
+
+
+def match_model(settings: MatchSettings, streams: int) -> MatchModel:
+    """The compiled match model where moglm's compiled library is built, else its numpy twin (the same bits)."""
+    return (CompiledMatchModel if kernel_available() else MatchModel)(settings, streams)

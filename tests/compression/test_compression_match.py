@@ -10,7 +10,9 @@ pytest.importorskip("constriction", reason="the compress extra (constriction) is
 
 from conftest import coded_round_trip, tiny_format_run  # noqa: E402
 from moglm.compression import read_header  # noqa: E402
-from moglm.compression.match import MatchModel, MatchSettings, table_bits  # noqa: E402
+from moglm.compression import match as match_module  # noqa: E402
+from moglm.compression.match import CompiledMatchModel, MatchModel, MatchSettings, match_model, table_bits  # noqa: E402
+from moglm.recurrence import compiled  # noqa: E402
 from moglm.dynamic_evaluation import Hyperparameters  # noqa: E402
 from moglm.errors import MoglmError  # noqa: E402
 
@@ -135,3 +137,54 @@ def test_text_repeated_across_blocks_codes_smaller_with_the_match_model_and_roun
     assert matched.model_bits < 0.8 * plain.model_bits
     assert read_header(with_match)[0]["match"] == {"min_length": 5} and read_header(without)[0]["match"] is None
     assert matched.match == {"min_length": 5} and plain.match is None
+
+
+needs_library = pytest.mark.skipif(not compiled.available(), reason="the compiled library cannot be built here")
+
+
+@needs_library
+@pytest.mark.parametrize("min_length, streams, vocab, steps", [(2, 1, 5, 1500), (5, 7, 8, 1200), (3, 37, 4, 700),
+                                                               (32, 3, 3, 900), (5, 198, 256, 120)])
+def test_the_compiled_step_gives_the_numpy_twins_bits_at_every_step(min_length, streams, vocab, steps):
+    """Text that mostly repeats (so matches start, hold, fail and collide in the table) through both twins: every
+    step's mixed distributions and, at the end, every piece of state (history past its first growth, table,
+    pointers, the hit counts) are bitwise equal. Some rows give the predicted token all the probability, where
+    the other tokens' scale is cut at its floor."""
+    rng = np.random.default_rng(min_length * 1000 + streams)
+    text = rng.integers(0, vocab, 60)
+    twin, fast = MatchModel(MatchSettings(min_length), streams), CompiledMatchModel(MatchSettings(min_length), streams)
+    for t in range(steps):
+        p = rng.random((streams, vocab)) ** 3
+        if t % 7 == 0:
+            p[0] = np.eye(vocab)[t % vocab]
+        expected, got = twin.mix(p.copy()), fast.mix(p.copy())
+        assert np.array_equal(expected, got), f"step {t}"
+        tokens = np.where(rng.random(streams) < 0.85, text[(t + 13 * np.arange(streams)) % 60],
+                          rng.integers(0, vocab, streams))
+        twin.append(tokens)
+        fast.append(tokens)
+    assert twin._history.shape[1] > 1024 or steps < 1024
+    assert (twin._trials > 1).sum() >= 3  # several bins saw predictions
+    for name in ("_history", "_table", "_source", "_position", "_matched", "_hits", "_trials"):
+        assert np.array_equal(getattr(twin, name), getattr(fast, name)), name
+
+
+def test_without_the_compiled_library_the_numpy_twin_codes_the_same_file(byte_run, monkeypatch):
+    """A file does not say which twin coded it: one coded with the compiled step decodes with numpy's, and the
+    two code the same bytes."""
+    from moglm.compression import decompress
+    from moglm.runs.language_model import load_run
+
+    rng = np.random.default_rng(1)
+    half = rng.choice(np.frombuffer(b"abcdefgh .", dtype=np.uint8), 256).tobytes()
+    data = half + half[16:] + half[:16]
+    fast = coded_round_trip(byte_run, data, match=MatchSettings())[0] if compiled.available() else None
+    monkeypatch.setattr(match_module, "kernel_available", lambda: False)
+    assert type(match_model(MatchSettings(), 2)) is MatchModel
+    with pytest.raises(MoglmError, match="compiled match model cannot be built here"):
+        CompiledMatchModel(MatchSettings(), 2)
+    plain = coded_round_trip(byte_run, data, match=MatchSettings())[0]
+    if fast is not None:
+        assert fast == plain
+        trained = load_run(byte_run)
+        assert decompress(fast, trained.model, trained.vocab, progress=False) == data

@@ -1,6 +1,6 @@
 """Building and loading the compiled recurrence's C++ (``csrc/``) for this machine, at first use. The same
 library holds the context mixer's compiled step (``csrc/context_mixing.cpp``,
-:mod:`moglm.compression.compiled_mixing`).
+:mod:`moglm.compression.compiled_mixing`) and the match model's (``csrc/match.cpp``, :mod:`moglm.compression.match`).
 
 ``torch.utils.cpp_extension.load`` (ninja) with ``-O3 -march=native -fopenmp``, into a cache directory keyed by
 the sources, torch, Python and this CPU (``MOGLM_EXTENSIONS_DIR``, default ``~/.cache/moglm/extensions``), so a
@@ -29,7 +29,8 @@ from ...atomic import exclusive_lock
 from ...errors import MoglmError
 from ..fallback import FusedFallbackWarning, user_stacklevel
 
-SOURCES = ("workspace.h", "window.h", "mogrifier_lstm.cpp", "multiplicative_lstm.cpp", "context_mixing.cpp")
+SOURCES = ("workspace.h", "window.h", "mogrifier_lstm.cpp", "multiplicative_lstm.cpp", "context_mixing.cpp",
+           "match.cpp")
 #: -fno-trapping-math lets GCC turn the pointwise kernels' comparisons into vector selects; nothing here
 #: changes values the way -ffast-math would (torch itself is built with it and -fno-math-errno)
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-trapping-math", "-fno-math-errno", "-fopenmp", "-DNDEBUG")
