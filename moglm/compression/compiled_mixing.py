@@ -10,8 +10,10 @@ against the plain loop at every step (tests/compression/test_compression_context
 other on a byte-level step of many blocks (tests/compression/test_compression_compiled_mixing.py). One difference
 is out of a model's reach: where a row's estimate of an uncounted token falls below 1e-300 (p(v) below about
 1e-296), numpy floors it there and this kernel does not. The weights' steps and the counting are compiled too,
-with the numpy mixer's arithmetic; the hashing of the contexts, the choice of each weight set's row and the moving
-on of every block's context are the numpy mixer's own code, shared.
+with the numpy mixer's arithmetic, and so are the hashing of the contexts, the choice of each weight set's row
+and the moving on of every block's context (``csrc/mixer_contexts.cpp``: integer arithmetic, the same bits as the
+numpy mixer's code, which the tests compare at every step). A step is then a few calls, where numpy's glue of
+small arrays cost more than the kernels on a small model (docs/guides/compression.md).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import torch
 
 from ..errors import MoglmError
 from ..recurrence import compiled
-from .context_mixing import APM_EDGES, COUNT_LIMIT, STEP_COUNTS, ContextMixer, ContextSettings
+from .context_mixing import (APM_EDGES, COUNT_LIMIT, MIXER_CONTEXTS, SPARSE_CONTEXTS, STEP_COUNTS, ContextMixer,
+                             ContextSettings)
 
 
 def kernel_available() -> bool:
@@ -62,20 +65,36 @@ class CompiledContextMixer(ContextMixer):
         self._tables_t = torch.from_numpy(self._tables)  # [K, S, V] uint16, shares the numpy counts
         self._corrections_t = torch.from_numpy(self._corrections)  # shares the map's corrections
         self._sets_t = [torch.from_numpy(w) for w in [self._weights, *self._sets]]  # share the weights
-        self._chosen: list[np.ndarray] | None = None
+        self._chosen: torch.Tensor | None = None  # [S, B]: each set's rows at the pending step
+        # the contexts, updated in place by the ops (the numpy mixer reassigns them): the kinds of the last two
+        # tokens, the last two tokens and the word's length share one array, each attribute a view of its row
+        recent = np.stack([self._last, self._last2, self._before, self._before2, self._word_length])  # [5, B]
+        self._last, self._last2, self._before, self._before2, self._word_length = recent
+        self._recent_t = torch.from_numpy(recent)
+        self._contexts_t = [torch.from_numpy(a.view(np.int64)) for a in (self._recent, self._word, self._above)]
+        self._column_t, self._line_t = torch.from_numpy(self._column), torch.from_numpy(self._line.view(np.int64))
+        self._codes = ([MIXER_CONTEXTS.index(m) for m in settings.mixers],
+                       [SPARSE_CONTEXTS.index(m) for m in settings.sparse])
+        self._gathered = torch.empty(sets, streams, tables + 1, **f64)  # [S, B, M]: the chosen rows of the weights
+        self._lookup = [torch.from_numpy(a) for a in (self._newline, self._kinds, self._letters)]
+
+    def _rows(self) -> np.ndarray:
+        recent, word, above = self._contexts_t
+        return torch.ops.moglm.context_rows(recent, word, self._column_t, above, list(self.settings.orders),
+                                            self.settings.words, self._codes[1], self._bits).numpy()  # [K, B]
 
     def mix(self, p: np.ndarray) -> np.ndarray:
         rows = self._rows()  # [K, B]
-        rows_t = torch.from_numpy(np.ascontiguousarray(rows))
-        totals = torch.ops.moglm.context_totals(self._tables_t, rows_t).numpy()  # [K, B]
-        chosen = self._chosen_rows(totals)
-        weights = np.stack([w[c] for w, c in zip([self._weights, *self._sets], chosen)])  # [S, B, M]
+        rows_t = torch.from_numpy(rows)
+        totals = torch.ops.moglm.context_totals(self._tables_t, rows_t)  # [K, B]
+        self._chosen = torch.ops.moglm.context_choose(totals, self._recent_t, self._codes[0],
+                                                      [len(w) for w in self._sets], self.vocab, self._sets_t,
+                                                      self._gathered)  # [S, B], and the weights' rows gathered
         torch.ops.moglm.context_mix(
-            self._tables_t, rows_t, torch.from_numpy(totals), torch.from_numpy(np.ascontiguousarray(p, np.float64)),
-            torch.from_numpy(weights), torch.from_numpy(self._final), self._corrections_t,
-            torch.from_numpy(np.ascontiguousarray(self._before, np.int64)), float(self.settings.alpha),
+            self._tables_t, rows_t, totals, torch.from_numpy(np.ascontiguousarray(p, np.float64)), self._gathered,
+            torch.from_numpy(self._final), self._corrections_t, self._recent_t[2], float(self.settings.alpha),
             bool(self.settings.mixers), bool(self.settings.apm_lr), self._work)
-        self._pending, self._chosen = (rows, chosen[0], None), chosen
+        self._pending = (rows, None, None)
         out = self._work[8 if self.settings.apm_lr else 6]  # [B, V]: refined by the map, else mixed
         return out.numpy().copy()  # the workspace is rewritten at the next step
 
@@ -88,10 +107,15 @@ class CompiledContextMixer(ContextMixer):
             bool(self.settings.mixers), bool(self.settings.apm_lr), sets, len(self._tables),
             self._work)  # [S, B, M], [B, S]
         for weights, rows, gradient in zip(self._sets_t, self._chosen, grads):
-            torch.ops.moglm.context_step(weights, torch.from_numpy(np.ascontiguousarray(rows, np.int64)), gradient,
-                                         float(self.settings.lr), bool(self.settings.mixers))
+            torch.ops.moglm.context_step(weights, rows, gradient, float(self.settings.lr), bool(self.settings.mixers))
         if self.settings.mixers:
             self._final += self.settings.final_lr * final.numpy().mean(axis=0)
+
+    def _move_on(self, read: np.ndarray) -> None:
+        recent, word, above = self._contexts_t
+        torch.ops.moglm.context_move_on(torch.from_numpy(np.ascontiguousarray(read, np.int64)), recent,
+                                        self._recent_t, self._column_t, self._line_t, above, word, *self._lookup,
+                                        bool(self.settings.sparse), bool(self.settings.words))
 
     def _count_tables(self, read: np.ndarray, rows: np.ndarray) -> None:
         torch.ops.moglm.context_count(self._tables_t, torch.from_numpy(np.ascontiguousarray(rows)),

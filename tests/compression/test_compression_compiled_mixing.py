@@ -80,6 +80,42 @@ def test_the_compiled_and_the_numpy_arithmetic_agree_on_a_byte_level_step_of_man
 
 
 @needs_kernel
+@pytest.mark.parametrize("settings", [CONTEXTS, replace(CONTEXTS, orders=(2, 5), words=1, mixers=("word", "token"),
+                                                        sparse=("skip",)),
+                                      replace(CONTEXTS, orders=(1,), words=0, mixers=(), sparse=())],
+                         ids=["shipped", "some", "fewest"])
+def test_the_compiled_contexts_hash_choose_and_move_on_as_the_numpy_twin_does(settings):
+    """Every step, the compiled ops' table rows and weight rows equal the numpy mixer's own code on the same state
+    (its ``_rows`` and ``_chosen_rows``), and after the tokens every context (last tokens, line and the line above
+    past the remembered width, words, kinds, word lengths) equals numpy's moving on; text with long lines, words,
+    digits and line ends, in 13 blocks."""
+    line = b"word 12 Word, " * 30  # 420 bytes: past the 256 columns remembered
+    text = np.frombuffer(line + b"\n" + b"ab cd\n" * 5 + line[:50] + b"\n\n", np.uint8)
+    chars = {i: chr(i) for i in range(256)}
+    fast = CompiledContextMixer(settings, 13, 256, chars)
+    twin = ContextMixer(replace(settings, kernel="numpy"), 13, 256, chars)
+    rng, kinds, wide = np.random.default_rng(5), set(), False
+    for t in range(700):
+        rows = fast._rows()
+        assert np.array_equal(rows, twin._rows())
+        fast.mix(rng.random((13, 256)) + 0.01)
+        totals = fast._tables[np.arange(len(rows))[:, None], rows].sum(axis=2, dtype=np.int64)  # [K, B]
+        for got, expected in zip(fast._chosen, twin._chosen_rows(totals), strict=True):
+            assert np.array_equal(got.numpy(), expected)
+        tokens = text[(np.arange(13) * 37 + t) % len(text)].astype(np.int64)
+        fast.append(tokens)
+        twin._move_on(tokens)  # the numpy twin's own code
+        for name in ("_recent", "_word", "_column", "_line", "_above", "_last", "_last2", "_before", "_before2",
+                     "_word_length"):
+            assert np.array_equal(getattr(fast, name), getattr(twin, name)), (t, name)
+        kinds |= set(twin._last.tolist())
+        wide |= bool(twin._line[:, 255].any() and (twin._column > 256).any())
+    assert kinds == {0, 1, 2, 3, 4}  # letters, spaces, line ends, digits and the rest were read
+    assert wide == bool(settings.sparse)  # lines longer than the columns remembered (with the sparse contexts)
+    assert twin._word[:, 1].any() == (settings.words > 0)  # a word that ended is remembered
+
+
+@needs_kernel
 def test_the_default_codes_with_the_compiled_step_and_the_header_says_so(byte_run):
     blob, report = coded_round_trip(byte_run, TEXT, contexts=CONTEXTS)
     assert read_header(blob)[0]["contexts"]["kernel"] == "compiled" == report.contexts["kernel"]

@@ -30,7 +30,7 @@ from ...errors import MoglmError
 from ..fallback import FusedFallbackWarning, user_stacklevel
 
 SOURCES = ("workspace.h", "window.h", "mogrifier_lstm.cpp", "multiplicative_lstm.cpp", "context_mixing.cpp",
-           "match.cpp")
+           "mixer_contexts.cpp", "match.cpp")
 #: -fno-trapping-math lets GCC turn the pointwise kernels' comparisons into vector selects; nothing here
 #: changes values the way -ffast-math would (torch itself is built with it and -fno-math-errno)
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-trapping-math", "-fno-math-errno", "-fopenmp", "-DNDEBUG")
