@@ -102,12 +102,10 @@ class CompiledContextMixer(ContextMixer):
         if self._pending is None:
             return
         sets = len(self.settings.mixers) + 1
-        grads, final = torch.ops.moglm.context_learn(
+        final = torch.ops.moglm.context_learn_step(
             torch.from_numpy(np.ascontiguousarray(read, np.int64)), self._corrections_t, float(self.settings.apm_lr),
-            bool(self.settings.mixers), bool(self.settings.apm_lr), sets, len(self._tables),
-            self._work)  # [S, B, M], [B, S]
-        for weights, rows, gradient in zip(self._sets_t, self._chosen, grads):
-            torch.ops.moglm.context_step(weights, rows, gradient, float(self.settings.lr), bool(self.settings.mixers))
+            bool(self.settings.mixers), bool(self.settings.apm_lr), sets, len(self._tables), self._work,
+            self._sets_t, self._chosen, float(self.settings.lr))  # [B, S]; every set's weights stepped
         if self.settings.mixers:
             self._final += self.settings.final_lr * final.numpy().mean(axis=0)
 

@@ -179,13 +179,16 @@ at::Tensor context_totals(const at::Tensor& tables, const at::Tensor& rows) {
   const i64* row = rows.data_ptr<i64>();
   at::Tensor totals = at::empty({K, B}, rows.options());
   i64* out = totals.data_ptr<i64>();
-  for (i64 i = 0; i < K * B; ++i) {
-    if (i + AHEAD < K * B) prefetch_row(counts + (((i + AHEAD) / B) * S + row[i + AHEAD]) * V, V);
-    const uint16_t* n = counts + ((i / B) * S + row[i]) * V;
-    i64 total = 0;
-    for (i64 v = 0; v < V; ++v) total += n[v];
-    out[i] = total;
-  }
+  ready_threads();
+  at::parallel_for(0, K * B, 64, [&](i64 begin, i64 end) {  // integer sums: the same whichever thread
+    for (i64 i = begin; i < end; ++i) {
+      if (i + AHEAD < end) prefetch_row(counts + (((i + AHEAD) / B) * S + row[i + AHEAD]) * V, V);
+      const uint16_t* n = counts + ((i / B) * S + row[i]) * V;
+      i64 total = 0;
+      for (i64 v = 0; v < V; ++v) total += n[v];
+      out[i] = total;
+    }
+  });
   return totals;
 }
 
@@ -410,6 +413,18 @@ void context_step(at::Tensor weights, const at::Tensor& rows, const at::Tensor& 
   }
 }
 
+// context_learn, then every set's context_step (weights[s] [R_s, M], its rows chosen[s] [B], mean with the second
+// layer): one call a step. Returns the second layer's gradients [B, S].
+at::Tensor context_learn_step(const at::Tensor& read, at::Tensor corrections, double apm_lr, bool second_layer,
+                              bool refine, i64 S, i64 K, at::TensorList work, at::TensorList weights,
+                              const at::Tensor& chosen, double lr) {
+  TORCH_CHECK(static_cast<i64>(weights.size()) == S && chosen.dim() == 2 && chosen.size(0) == S,
+              "moglm context mixer: inconsistent weight sets");
+  std::vector<at::Tensor> grads = context_learn(read, corrections, apm_lr, second_layer, refine, S, K, work);
+  for (i64 s = 0; s < S; ++s) context_step(weights[s], chosen[s], grads[0][s], lr, second_layer);
+  return grads[1];
+}
+
 // Count the tokens ``read`` ([B]) in every table's row ``rows`` ([K, B]) of ``tables`` ([K, S, V] uint16): a row
 // with a cell about to be counted that has reached ``limit - most`` is halved first (once, however many blocks read
 // it), then each cell gains the blocks that read it, at most ``most``: context_mixing.ContextMixer._count's.
@@ -466,6 +481,9 @@ TORCH_LIBRARY_FRAGMENT(moglm, m) {
   m.def("context_learn(Tensor read, Tensor(a!) corrections, float apm_lr, bool second_layer, bool refine, int S, "
         "int K, Tensor[] work) -> Tensor[]",
         &context_learn);
+  m.def("context_learn_step(Tensor read, Tensor(a!) corrections, float apm_lr, bool second_layer, bool refine, "
+        "int S, int K, Tensor[] work, Tensor(b!)[] weights, Tensor chosen, float lr) -> Tensor",
+        &context_learn_step);
   m.def("context_exp_log(Tensor x) -> Tensor[]", &context_exp_log);
   m.def("context_step(Tensor(a!) weights, Tensor rows, Tensor gradient, float lr, bool mean) -> ()", &context_step);
   m.def("context_count(Tensor(a!) tables, Tensor rows, Tensor read, int most, int limit) -> ()", &context_count);
