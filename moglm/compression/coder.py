@@ -24,7 +24,9 @@ longest block ends (their predictions are never coded).
 
 from __future__ import annotations
 
+import gc
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -335,6 +337,20 @@ def _token_matrix(blocks: list[Block], start: int, length: int) -> np.ndarray:
     return matrix
 
 
+@contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector paused over a coding loop (as it was after): every step makes small
+    objects (tensors, arrays, lists) that reference counting frees, and the collector's passes over them took a
+    few percent of a small model's time; what a step leaves in a cycle is collected once, after the loop."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def encode(predictor: Predictor, blocks: list[Block], gap_model: Callable[[], GapModel] | None, start: int,
            progress: bool = True) -> None:
     """Code every block (each ``tokens`` and ``gaps``) side by side, setting each block's ``words`` and ideal
@@ -346,21 +362,22 @@ def encode(predictor: Predictor, blocks: list[Block], gap_model: Callable[[], Ga
     model_bits = np.zeros(len(blocks))  # [B]
     pending: list[np.ndarray] = []  # gapless: the steps' probabilities [B, V] not yet coded
     bar = progress_bar(int(counts.sum()), "compress", 1, progress)
-    for t in range(matrix.shape[0]):
-        p = predictor.probabilities()  # [B, V]
-        rows = np.flatnonzero(counts > t)  # [R]: the blocks that have a token t
-        model_bits[rows] += _ideal_bits(p[rows], matrix[t, rows])
-        if gaps is None:
-            pending.append(p)
-            if len(pending) == CHUNK or t == matrix.shape[0] - 1:
-                _encode_chunk(coders, matrix, counts, pending, t + 1 - len(pending))
-                pending = []
-        else:
-            for b in rows:
-                gaps[b].encode(coders[b], blocks[b].gaps[t])
-                coders[b].encode(int(matrix[t, b]), p[b])
-        predictor.advance(matrix[t])
-        bar.update(len(rows))
+    with collector_paused():
+        for t in range(matrix.shape[0]):
+            p = predictor.probabilities()  # [B, V]
+            rows = np.flatnonzero(counts > t)  # [R]: the blocks that have a token t
+            model_bits[rows] += _ideal_bits(p[rows], matrix[t, rows])
+            if gaps is None:
+                pending.append(p)
+                if len(pending) == CHUNK or t == matrix.shape[0] - 1:
+                    _encode_chunk(coders, matrix, counts, pending, t + 1 - len(pending))
+                    pending = []
+            else:
+                for b in rows:
+                    gaps[b].encode(coders[b], blocks[b].gaps[t])
+                    coders[b].encode(int(matrix[t, b]), p[b])
+            predictor.advance(matrix[t])
+            bar.update(len(rows))
     bar.close()
     for b, block in enumerate(blocks):
         if gaps is not None:
@@ -403,24 +420,25 @@ def decode(predictor: Predictor, blocks: list[Block], payloads: list[np.ndarray 
     decoded_bits = np.zeros(len(coded))  # [C]: gapless, what each coded block's symbols cost at least, in bits
     payload_bits = np.array([coders[b].payload_bits for b in coded], dtype=np.float64)  # [C]
     bar = progress_bar(sum(counts), "decompress", 1, progress)
-    for t in range(matrix.shape[0]):
-        p = predictor.probabilities()  # [B, V]
-        if gaps:
-            for b in coded:
-                if t < counts[b]:
-                    coder, block = coders[b], blocks[b]
-                    block.gaps.append(gaps[b].decode(coder))
-                    matrix[t, b] = coder.decode(p[b])
-                    coder.check_payload()
-        else:  # the symbols one coder call each, their costs and the payloads' check for every block at once
-            live = counts_[coded_] > t  # [C]
-            rows = coded_[live]  # [R]
-            matrix[t, rows] = _symbols(coders, p, rows.tolist())
-            chosen = p[rows, matrix[t, rows]] / p[rows].sum(axis=1)  # [R]
-            decoded_bits[live] += least_bits(chosen, p.shape[1])
-            check_payloads(decoded_bits[live], payload_bits[live])
-        predictor.advance(matrix[t])
-        bar.update(int((counts_ > t).sum()))
+    with collector_paused():
+        for t in range(matrix.shape[0]):
+            p = predictor.probabilities()  # [B, V]
+            if gaps:
+                for b in coded:
+                    if t < counts[b]:
+                        coder, block = coders[b], blocks[b]
+                        block.gaps.append(gaps[b].decode(coder))
+                        matrix[t, b] = coder.decode(p[b])
+                        coder.check_payload()
+            else:  # the symbols one coder call each, their costs and the payloads' check for every block at once
+                live = counts_[coded_] > t  # [C]
+                rows = coded_[live]  # [R]
+                matrix[t, rows] = _symbols(coders, p, rows.tolist())
+                chosen = p[rows, matrix[t, rows]] / p[rows].sum(axis=1)  # [R]
+                decoded_bits[live] += least_bits(chosen, p.shape[1])
+                check_payloads(decoded_bits[live], payload_bits[live])
+            predictor.advance(matrix[t])
+            bar.update(int((counts_ > t).sum()))
     bar.close()
     for b in coded:  # the tokens read, and the gap after the last one
         blocks[b].tokens = matrix[: counts[b], b].tolist()
