@@ -581,3 +581,28 @@ def test_bench_compress_puts_each_row_beside_itself_without_the_cache_the_mixer_
     assert "| moglm compress --block-size 4096 --no-cache |" in table
     assert "| moglm compress --block-size 4096 --no-contexts |" in table
     assert "| moglm compress --block-size 4096 --no-match |" in table
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_garbage_collector_is_paused_while_coding_and_left_as_it_was(enabled, monkeypatch):
+    """Both loops run with the cyclic collector off, and leave it on or off as they found it, an error too."""
+    import gc
+
+    from moglm.compression import coder
+
+    seen = []
+    monkeypatch.setattr(coder.Predictor, "probabilities",
+                        lambda self: seen.append(gc.isenabled()) or np.full((1, 256), 1.0))
+    monkeypatch.setattr(coder.Predictor, "advance", lambda self, tokens: None)
+    predictor = coder.Predictor.__new__(coder.Predictor)
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        coder.encode(predictor, [coder.Block(tokens=[1, 2, 3])], None, 0, progress=False)
+        assert gc.isenabled() == enabled
+        with pytest.raises(MoglmError):
+            coder.decode(predictor, [coder.Block()], [np.zeros(0, np.uint32)], [10**6], None, 0, progress=False)
+        assert gc.isenabled() == enabled
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert seen and not any(seen)
