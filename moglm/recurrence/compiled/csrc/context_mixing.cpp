@@ -24,6 +24,9 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -171,6 +174,35 @@ inline void prefetch_row(const uint16_t* row, i64 V) {
   for (i64 v = 0; v < V; v += 32) __builtin_prefetch(row + v);  // 32 counts: one 64-byte line
 }
 
+// The tokens a row of counts ``n`` [V] has counted, in increasing order, into ``idx``; returns how many. With
+// AVX-512, sixteen cells at a time (a mask of the nonzero ones compresses their indices in a register, stored
+// under a mask: compressing straight to memory is slow on some CPUs); else four empty cells skipped at a time.
+inline int32_t counted_tokens(const uint16_t* n, i64 V, int32_t* idx) {
+  int32_t j = 0;
+  i64 v = 0;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (; v + 16 <= V; v += 16) {
+    const __m256i cells = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(n + v));
+    const __mmask16 nonzero = _mm256_test_epi16_mask(cells, cells);
+    if (!nonzero) continue;
+    const __m512i at = _mm512_maskz_compress_epi32(nonzero, _mm512_add_epi32(lanes, _mm512_set1_epi32(int32_t(v))));
+    const int found = __builtin_popcount(nonzero);
+    _mm512_mask_storeu_epi32(idx + j, static_cast<__mmask16>((1u << found) - 1u), at);
+    j += found;
+  }
+#endif
+  for (; v < V; v += 4) {  // rows are sparse: skip four empty cells at a time
+    uint64_t four = 0;
+    if (v + 4 <= V) std::memcpy(&four, n + v, sizeof four);
+    else four = 1;
+    if (four == 0) continue;
+    for (i64 u = v; u < std::min(v + 4, V); ++u)
+      if (n[u]) idx[j++] = static_cast<int32_t>(u);
+  }
+  return j;
+}
+
 // [K, B]: the count of every table's row (tables [K, S, V] uint16, rows [K, B])
 at::Tensor context_totals(const at::Tensor& tables, const at::Tensor& rows) {
   const i64 K = rows.size(0), B = rows.size(1), S = tables.size(1), V = tables.size(2);
@@ -226,7 +258,7 @@ void context_mix(const at::Tensor& tables, const at::Tensor& rows, const at::Ten
   at::parallel_for(0, B, 1, [&](i64 begin, i64 end) {
     IeeeScope ieee;
     // this thread's: estimates or log p_out, lp + c_k of the counted tokens, p, exp L_s
-    std::vector<double> scratch(V), gathered(V), pn(V), probs(S * V);
+    std::vector<double> scratch(V), gathered(V), pn(V), probs(S * V), weight(S);
     for (i64 b = begin; b < end; ++b) {
       if (b + 1 < end)
         for (i64 k = 0; k < K; ++k) prefetch_row(counts + (k * S_rows + row[k * B + b + 1]) * V, V);
@@ -254,14 +286,7 @@ void context_mix(const at::Tensor& tables, const at::Tensor& rows, const at::Ten
         int32_t j = 0;
         if (N > 0) {
           const double denominator = N + alpha, c = log_alpha - log_d(denominator);
-          for (i64 v = 0; v < V; v += 4) {  // rows are sparse: skip four empty cells at a time
-            uint64_t four = 0;
-            if (v + 4 <= V) std::memcpy(&four, n + v, sizeof four);
-            else four = 1;
-            if (four == 0) continue;
-            for (i64 u = v; u < std::min(v + 4, V); ++u)
-              if (n[u]) idx[j++] = static_cast<int32_t>(u);
-          }
+          j = counted_tokens(n, V, idx);
           // the counted tokens' estimates and lp + c, gathered so that D_k's logarithms vectorise in one loop
           double *estimate = scratch.data(), *base = gathered.data();
           for (int32_t i = 0; i < j; ++i) {
@@ -272,24 +297,36 @@ void context_mix(const at::Tensor& tables, const at::Tensor& rows, const at::Ten
         }
         counted[b * K + k] = j;
       }
-      for (i64 s = 0; s < S; ++s) {  // each set's mixture, normalised, and its expectations of lp and each D_k
-        const double* ws = w + (s * B + b) * M;
-        double *L = logs + (s * B + b) * V, *P = probs.data() + s * V, *es = st + s * (K + 2);  // L: (sum w) lp
-        for (i64 k = 0; k < K; ++k) {
-          const int32_t* idx = index + (b * K + k) * V;
-          const double* d = delta + (b * K + k) * V;
-          for (int32_t i = 0; i < counted[b * K + k]; ++i) L[idx[i]] += ws[k + 1] * d[i];
+      // each set's mixture: L_s (= (sum w) lp) gains every table's sparse terms, table by table; all the sets in
+      // one pass over each table's counted tokens (each L_s[v] still sums its terms in table order)
+      for (i64 k = 0; k < K; ++k) {
+        const int32_t* idx = index + (b * K + k) * V;
+        const double* d = delta + (b * K + k) * V;
+        for (i64 s = 0; s < S; ++s) weight[s] = w[(s * B + b) * M + k + 1];
+        for (int32_t i = 0; i < counted[b * K + k]; ++i) {
+          const i64 v = idx[i];
+          const double dv = d[i];
+          for (i64 s = 0; s < S; ++s) logs[(s * B + b) * V + v] += weight[s] * dv;
         }
-        normalise(L, P, V);
+      }
+      for (i64 s = 0; s < S; ++s) {  // normalised, and its expectation of lp
+        double *P = probs.data() + s * V, *es = st + s * (K + 2);
+        normalise(logs + (s * B + b) * V, P, V);
         es[0] = lane_dot(P, lb, V);
-        for (i64 k = 0; k < K; ++k) {
-          const int32_t* idx = index + (b * K + k) * V;
-          const double* d = delta + (b * K + k) * V;
-          double expected = 0.0;
-          for (int32_t i = 0; i < counted[b * K + k]; ++i) expected += P[idx[i]] * d[i];
-          es[1 + k] = expected;
-        }
         es[K + 1] = 0.0;
+      }
+      // every set's expectation of each D_k, each one running sum as it always was: summed into an array shared by
+      // the sets in one pass, GCC fused its multiply-adds where it had kept them apart (its tuning for this CPU
+      // avoids FMA in a register's chain of sums), and the mixtures, so the files, changed
+      for (i64 k = 0; k < K; ++k) {
+        const int32_t* idx = index + (b * K + k) * V;
+        const double* d = delta + (b * K + k) * V;
+        for (i64 s = 0; s < S; ++s) {
+          const double* P = probs.data() + s * V;
+          double e = 0.0;
+          for (int32_t i = 0; i < counted[b * K + k]; ++i) e += P[idx[i]] * d[i];
+          st[s * (K + 2) + 1 + k] = e;
+        }
       }
       double* out = mixed + b * V;
       double* log_out = scratch.data();
