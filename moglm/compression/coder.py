@@ -366,7 +366,7 @@ def encode(predictor: Predictor, blocks: list[Block], gap_model: Callable[[], Ga
         for t in range(matrix.shape[0]):
             p = predictor.probabilities()  # [B, V]
             rows = np.flatnonzero(counts > t)  # [R]: the blocks that have a token t
-            model_bits[rows] += _ideal_bits(p[rows], matrix[t, rows])
+            model_bits[rows] += _ideal_bits(p if len(rows) == len(p) else p[rows], matrix[t, rows])
             if gaps is None:
                 pending.append(p)
                 if len(pending) == CHUNK or t == matrix.shape[0] - 1:
@@ -434,7 +434,7 @@ def decode(predictor: Predictor, blocks: list[Block], payloads: list[np.ndarray 
                 live = counts_[coded_] > t  # [C]
                 rows = coded_[live]  # [R]
                 matrix[t, rows] = _symbols(coders, p, rows.tolist())
-                chosen = p[rows, matrix[t, rows]] / p[rows].sum(axis=1)  # [R]
+                chosen = p[rows, matrix[t, rows]] / (p if len(rows) == len(p) else p[rows]).sum(axis=1)  # [R]
                 decoded_bits[live] += least_bits(chosen, p.shape[1])
                 check_payloads(decoded_bits[live], payload_bits[live])
             predictor.advance(matrix[t])
