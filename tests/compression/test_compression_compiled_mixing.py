@@ -82,8 +82,10 @@ def test_the_compiled_and_the_numpy_arithmetic_agree_on_a_byte_level_step_of_man
 @needs_kernel
 @pytest.mark.parametrize("settings", [CONTEXTS, replace(CONTEXTS, orders=(2, 5), words=1, mixers=("word", "token"),
                                                         sparse=("skip",)),
+                                      replace(CONTEXTS, orders=(1,), words=0, mixers=("kinds", "order2"),
+                                              sparse=("above_pair", "above")),
                                       replace(CONTEXTS, orders=(1,), words=0, mixers=(), sparse=())],
-                         ids=["shipped", "some", "fewest"])
+                         ids=["shipped", "some", "one-token-back", "fewest"])
 def test_the_compiled_contexts_hash_choose_and_move_on_as_the_numpy_twin_does(settings):
     """Every step, the compiled ops' table rows and weight rows equal the numpy mixer's own code on the same state
     (its ``_rows`` and ``_chosen_rows``), and after the tokens every context (last tokens, line and the line above

@@ -47,8 +47,9 @@ at::Tensor context_rows(const at::Tensor& recent, const at::Tensor& word, const 
   check(word, B, "words");
   check(column, B, "columns");
   check(above, B, "lines above");
-  TORCH_CHECK(longest <= history && history >= (sparse.empty() ? 1 : 3) && above.size(1) == LINE_WIDTH + 1 &&
-                  bits >= 1 && bits <= 63,
+  const bool skip = std::find(sparse.begin(), sparse.end(), i64{SKIP}) != sparse.end();
+  TORCH_CHECK(longest <= history && history >= (skip ? 3 : 1) && above.size(1) == LINE_WIDTH + 1 && bits >= 1 &&
+                  bits <= 63,
               "moglm context mixer: inconsistent contexts");
   const i64 K = static_cast<i64>(orders.size()) + words + static_cast<i64>(sparse.size());
   at::Tensor rows = at::empty({K, B}, recent.options());
