@@ -101,10 +101,11 @@ class Reader:
         """``[B, V]`` float64: every stream's distribution of its next token, mixed with the cache's (uniform in a
         row where it is not finite: an adaptation that diverged is rolled back after its segment, and both sides
         see the same)."""
-        p = self.log_p.double().exp().numpy()  # [B, V]
+        p = self.log_p.double().exp_().numpy()  # [B, V]
         if self.cache is not None:
             p = self.cache.mix(p, self.features)  # [B, V]
-        bad = ~(np.isfinite(p).all(axis=1) & (p.sum(axis=1) > 0))  # [B]
+        total = p.sum(axis=1)  # [B]: every entry is at most 1 or not finite, so this is finite iff they all are
+        bad = ~(np.isfinite(total) & (total > 0))  # [B]
         if bad.any():
             p[bad] = 1.0
         return p

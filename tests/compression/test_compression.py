@@ -606,3 +606,20 @@ def test_the_garbage_collector_is_paused_while_coding_and_left_as_it_was(enabled
     finally:
         (gc.enable if was else gc.disable)()
     assert seen and not any(seen)
+
+
+def test_a_row_that_is_not_a_finite_distribution_is_read_as_uniform_and_the_others_as_they_are():
+    """A model gone non-finite (a NaN, an infinite logit) or one whose row underflows to all zeros gives that row
+    1 everywhere (uniform once normalised); a finite row is exp of its log-probabilities, untouched."""
+    from moglm.compression import coder
+
+    reader = coder.Reader.__new__(coder.Reader)
+    reader.cache = None
+    log_p = torch.log_softmax(torch.randn(5, 7), dim=1)
+    log_p[1, 3] = float("nan")
+    log_p[2, 0] = float("inf")
+    log_p[3] = float("-inf")
+    reader.log_p = log_p
+    p = reader.probabilities()
+    assert (p[1:4] == 1.0).all()
+    assert np.array_equal(p[[0, 4]], log_p[[0, 4]].double().exp().numpy())
