@@ -101,7 +101,7 @@ class Reader:
         """``[B, V]`` float64: every stream's distribution of its next token, mixed with the cache's (uniform in a
         row where it is not finite: an adaptation that diverged is rolled back after its segment, and both sides
         see the same)."""
-        p = self.log_p.double().exp_().numpy()  # [B, V]
+        p = self.log_p.to(torch.float64, copy=True).exp_().numpy()  # [B, V]: a copy, as log_p is kept
         if self.cache is not None:
             p = self.cache.mix(p, self.features)  # [B, V]
         total = p.sum(axis=1)  # [B]: every entry is at most 1 or not finite, so this is finite iff they all are

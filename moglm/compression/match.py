@@ -84,6 +84,7 @@ class MatchModel:
     def mix(self, p: np.ndarray) -> np.ndarray:
         """``[B, V]``: the distributions ``p`` (each row normalised here) with every matched block's predicted
         token at its learnt ``p_hit`` and the rest scaled to ``1 - p_hit``."""
+        p = np.asarray(p, dtype=np.float64)
         p = p / p.sum(axis=1, keepdims=True)  # [B, V]
         rows, tokens = self.predicted()  # [A], [A]
         if not len(rows):
@@ -175,7 +176,8 @@ class CompiledMatchModel(MatchModel):
         self._table_t = torch.from_numpy(self._table)
 
     def mix(self, p: np.ndarray) -> np.ndarray:
-        p = np.ascontiguousarray(p / p.sum(axis=1, keepdims=True), np.float64)  # [B, V]: written in place below
+        p = np.asarray(p, dtype=np.float64)
+        p = np.ascontiguousarray(p / p.sum(axis=1, keepdims=True))  # [B, V]: written in place below
         torch.ops.moglm.match_mix(torch.from_numpy(p), *self._state)
         return p
 

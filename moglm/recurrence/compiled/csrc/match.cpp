@@ -61,12 +61,13 @@ inline i64 slot_of(const int32_t* tokens, i64 n, int bits) {
   return static_cast<i64>((key * GOLDEN) >> (64 - bits));
 }
 
-// np.searchsorted(edges, x, side="right") - 1; a NaN sorts after every edge, as numpy's
+// np.searchsorted(edges, x, side="right") - 1 as numpy indexes with it: a NaN sorts after every edge, and a
+// negative probability's -1 indexes the last bin
 inline i64 probability_bin(double own) {
   if (std::isnan(own)) return PROBABILITY_BINS - 1;
   i64 n = 0;
   for (i64 j = 0; j < PROBABILITY_BINS; ++j) n += PROBABILITY_EDGES[j] <= own ? 1 : 0;
-  return n - 1;
+  return n > 0 ? n - 1 : PROBABILITY_BINS - 1;
 }
 
 inline i64 length_bin(i64 matched) {
