@@ -397,16 +397,6 @@ def _encode_chunk(coders: list[Coder], matrix: np.ndarray, counts: np.ndarray, p
             coder.encode_all(matrix[first : first + k, b], stacked[b, :k])
 
 
-def _symbols(coders: list[Coder], p: np.ndarray, rows: list[int]) -> list[int]:
-    """The next symbol of each block in ``rows``, decoded with its row of ``p`` ``[B, V]``: :meth:`Coder.symbol`
-    for many blocks, without a Python call per symbol on top of the coder's own."""
-    family = coders[rows[0]].family if rows else None
-    try:
-        return [int(coders[b].decoder.decode(family, p[b : b + 1])[0]) for b in rows]
-    except Exception as e:  # the coder's own error on data that is not what it wrote
-        raise MoglmError(f"the compressed data is damaged (the range decoder failed: {e})") from None
-
-
 def decode(predictor: Predictor, blocks: list[Block], payloads: list[np.ndarray | None], counts: list[int],
            gap_model: Callable[[], GapModel] | None, start: int, progress: bool = True) -> None:
     """Fill in the ``tokens`` and ``gaps`` of every block whose payload (uint32 words) is given, ``counts[b]``
@@ -434,7 +424,7 @@ def decode(predictor: Predictor, blocks: list[Block], payloads: list[np.ndarray 
             else:  # the symbols one coder call each, their costs and the payloads' check for every block at once
                 live = counts_[coded_] > t  # [C]
                 rows = coded_[live]  # [R]
-                matrix[t, rows] = _symbols(coders, p, rows.tolist())
+                matrix[t, rows] = [coders[b].symbol(p[b]) for b in rows.tolist()]
                 chosen = p[rows, matrix[t, rows]] / (p if len(rows) == len(p) else p[rows]).sum(axis=1)  # [R]
                 decoded_bits[live] += least_bits(chosen, p.shape[1])
                 check_payloads(decoded_bits[live], payload_bits[live])

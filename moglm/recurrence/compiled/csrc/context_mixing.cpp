@@ -515,14 +515,10 @@ TORCH_LIBRARY_FRAGMENT(moglm, m) {
   m.def("context_mix(Tensor tables, Tensor rows, Tensor totals, Tensor p, Tensor weights, Tensor final_weights, "
         "Tensor corrections, Tensor before, float alpha, bool second_layer, bool refine, Tensor(a!)[] work) -> ()",
         &context_mix);
-  m.def("context_learn(Tensor read, Tensor(a!) corrections, float apm_lr, bool second_layer, bool refine, int S, "
-        "int K, Tensor[] work) -> Tensor[]",
-        &context_learn);
   m.def("context_learn_step(Tensor read, Tensor(a!) corrections, float apm_lr, bool second_layer, bool refine, "
         "int S, int K, Tensor[] work, Tensor(b!)[] weights, Tensor chosen, float lr) -> Tensor",
         &context_learn_step);
   m.def("context_exp_log(Tensor x) -> Tensor[]", &context_exp_log);
-  m.def("context_step(Tensor(a!) weights, Tensor rows, Tensor gradient, float lr, bool mean) -> ()", &context_step);
   m.def("context_count(Tensor(a!) tables, Tensor rows, Tensor read, int most, int limit) -> ()", &context_count);
 }
 
