@@ -156,6 +156,28 @@ def test_brgemm_route_at_panel_and_row_block_sizes_matches_reference(make, weigh
         torch.testing.assert_close(a, e, rtol=1e-4, atol=2e-5, msg=lambda m: f"{name}: {m}")
 
 
+@pytest.mark.usefixtures("batch_parallel")
+def test_rank_64_round_gradients_shared_out_by_columns_on_the_ukernel_match_reference(monkeypatch):
+    """A rank-64 round's factor gradients after the loop are one block of 64 output rows, so the two threads
+    share out their blocks of 128 columns instead (261 units: three blocks, the last of 5 columns; the x side's
+    67 columns: one block, on one thread as before); float32 against the float32 reference loop."""
+    if "brgemm" not in compiled.candidate_routes(torch.float32):
+        pytest.skip("this torch exports no float32 brgemm")
+    force_route(monkeypatch, "brgemm")
+    monkeypatch.setattr(routes, "weight_gradient_route", lambda dtype: routes.ROUTES["brgemm"])
+    torch.manual_seed(0)
+    hidden = 261
+    model = moglm.MogrifierLSTM(WIDE_M, hidden, 1, rounds=5, rank=64).train()
+    x = torch.randn(WIDE_T, WIDE_B, WIDE_M)
+    state = tuple(torch.randn(1, WIDE_B, hidden) for _ in range(2))
+    actual = run_backend(model, "compiled", x, state)
+    expected = run_backend(model, "reference", x, state)
+    names = ["y", "h_n", "c_n", "d input", "d h0", "d c0", *(f"d {n}" for n, _ in model.named_parameters())]
+    assert any(n.startswith("d mogrifier_q_right") for n in names)
+    for name, a, e in zip(names, actual, expected, strict=True):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=2e-5, msg=lambda m: f"{name}: {m}")
+
+
 #: sizes at which the column split runs: 37 units over two threads (blocks of 16 and 21), and 261 (blocks
 #: on 64-wide panels: 128 and 133); batches of 1 (a thread with no rows in the rounds' phase), 5 and 37
 COLUMN_M, COLUMN_H, COLUMN_T = 19, 37, 6

@@ -495,14 +495,21 @@ inline at::Tensor product_tn(Route route, const at::Tensor& A, const at::Tensor&
   const float* l = lhs.data_ptr<float>();
   const float* r = rhs.data_ptr<float>();
   float* o = out.data_ptr<float>();
-  at::parallel_for(0, (M + MB - 1) / MB, 1, [&](i64 mb0, i64 mb1) {
+  // the threads share out blocks of MB output rows; where there are fewer blocks than threads (a round's factor:
+  // M = k = 64 is one block), blocks of NB output columns instead. Each output tile sums its KC-row chunks in
+  // the same order and with the same calls either way.
+  const i64 row_blocks = (M + MB - 1) / MB, column_blocks = (P + NB - 1) / NB;
+  const bool by_columns = row_blocks < at::get_num_threads() && column_blocks > row_blocks;
+  at::parallel_for(0, by_columns ? column_blocks : row_blocks, 1, [&](i64 b0, i64 b1) {
     DenormalScope denormals;
+    const i64 mb0 = by_columns ? 0 : b0, mb1 = by_columns ? row_blocks : b1;
+    const i64 pb0 = by_columns ? b0 : 0, pb1 = by_columns ? b1 : column_blocks;
     for (i64 k0 = 0; k0 < R; k0 += KC) {
       const i64 kc = std::min(KC, R - k0);
       for (i64 mb = mb0; mb < mb1; ++mb) {
         const i64 m0 = mb * MB, rows = std::min(MB, M - m0);
-        for (i64 p0 = 0; p0 < P; p0 += NB) {
-          const i64 w = std::min(NB, P - p0);
+        for (i64 pb = pb0; pb < pb1; ++pb) {
+          const i64 p0 = pb * NB, w = std::min(NB, P - p0);
 #ifdef CPUBLAS_BRGEMM_F32F32F32
           at::native::cpublas::brgemm(rows, w, kc, R, P, P, k0 > 0, l + m0 * R + k0, r + k0 * P + p0,
                                       o + m0 * P + p0, false);
