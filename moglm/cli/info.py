@@ -55,6 +55,8 @@ def describe(as_json: bool, verbose: bool = False) -> str:
             if cache["limit_bytes"] else "off (MOGLM_WORKSPACE_CACHE_MB=0)")
         lines["flush_denormals"] = ("yes (subnormals are zero in the windows)" if details["flush_denormals"]
                                     else "no")
+        lines["blocked_products"] = ("yes (per-step products over 768 KiB of rows summed in chunks)"
+                                     if details["blocked_products"] else "no")
         choices = details["auto_backend"]
         lines["auto_backend"] = (f"{len(choices)} shape classes probed on this machine"
                                  + ("" if verbose else " (--verbose lists them)") if choices

@@ -21,6 +21,9 @@ blocks and the block size, whether gaps are coded, the original length and its S
 library versions. Decoding checks the header's CRC, that the block table stays inside the file, every block's
 CRC (a damaged or truncated file, named by its block), the run's digest (another run, or a changed one) and,
 at the end, the output's SHA-256 and length before anything is written: a wrong output is never produced.
+Version 14 is version 13 computed with the compiled windows' per-step products summing a large left operand in
+chunks (:func:`moglm.recurrence.compiled.blocked_products`); a version 13 file or older decodes with them summed
+whole, as it was coded.
 Version 13 records the further runs of an ensemble (the header's ``ensemble``: the weights' step and each run's
 digest, architecture, factor and adaptation, :mod:`.ensemble`; ``None``: one run, as in every file of version 12 or
 older) and deflates the header with :data:`HEADER_DICTIONARY_13`.
@@ -89,7 +92,7 @@ from .paths import check_path, coding_path, pinned, recorded_path
 from .run import ADAPTING_BLOCKS, guard_margin, warmup_tokens
 
 MAGIC = b"MOGLMZ"
-VERSION = 13
+VERSION = 14
 #: the context mixer's settings that later versions added, by the first version that records them, with what a
 #: header of an older version leaves out, as it was coded: version 9's further weight sets and second layer (one set
 #: before), version 10's sparse contexts (none before), version 11's arithmetic (numpy's before)
@@ -100,6 +103,8 @@ COMPACT_FROM = 8
 ADDED_FIELDS = {"cache": 3, "match": 6, "contexts": 7, "path": 12, "ensemble": 13}
 #: the first version coded with the compiled windows flushing subnormals to zero (before it they were kept)
 FLUSHED_FROM = 5
+#: the first version coded with the compiled windows' large per-step products summed in chunks (before it: whole)
+BLOCKED_FROM = 14
 #: version 4's header is deflated with this preset dictionary (zlib's ``zdict``): a typical header, so that what
 #: every header repeats (its field names, the usual settings) costs a few bytes, which matters on small files.
 #: Part of the format: never changed (a new dictionary is a new version).
@@ -354,7 +359,7 @@ def compress(data: bytes, model, vocab, *, factor: float = 1.0, adapter=None, se
     start, cpu = time.perf_counter(), time.process_time()
     blocks = _cut(layout, data, block_size)
     gaps, tokens = not layout.gapless, sum(len(b.tokens) for b in blocks)
-    with fixed_threads(threads), compiled.flush_denormals(True):
+    with fixed_threads(threads), compiled.flush_denormals(True), compiled.blocked_products(True):
         nets = [model if adapter is None else adapter.model] + [m.model if m.adapter is None else m.adapter.model
                                                                 for m in others]
         path = coding_path(nets, len(blocks), layout.start,
@@ -665,7 +670,8 @@ def decompress(blob: bytes, model, vocab, *, adapter_for: Callable[[dict], Any] 
               for b, (content, n) in enumerate(zip(stored, counts))]
     payloads = [None if isinstance(content, bytes) else content for content in stored]
     version = _PREFIX.unpack_from(blob)[1]
-    with fixed_threads(header["threads"]), compiled.flush_denormals(version >= FLUSHED_FROM), pinned(path):
+    with (fixed_threads(header["threads"]), compiled.flush_denormals(version >= FLUSHED_FROM),
+          compiled.blocked_products(version >= BLOCKED_FROM), pinned(path)):
         predictor = Predictor(model, layout.start, len(blocks), float(header["factor"]), adapter,
                               recorded_cache(header, name), guard=guard_margin(header["adapt"]),
                               warmup=warmup_tokens(header["adapt"]), match=recorded_match(header, name),

@@ -261,26 +261,37 @@ def test_a_version_3_file_still_decodes_its_header_deflated_without_the_dictiona
     assert decompress(version_3, trained.model, trained.vocab, progress=False) == TEXT
 
 
-def test_a_version_4_file_decodes_with_the_windows_keeping_subnormals_as_it_was_coded(char_run, monkeypatch):
-    """Version 5 on is coded with the compiled windows flushing subnormals to zero; a version 4 file was coded
-    with them kept, so it decodes with the flush off (the switch is back on after), and a version 7 file with
-    it on."""
+#: each process-wide switch of the compiled windows that a later version turned on: (its context manager, whether it
+#: is on now, the last version coded with it off, that version's header fields)
+SWITCHES = {
+    "flush": ("flush_denormals", lambda: container.compiled.flushes_denormals() == (
+        container.compiled.available() and torch.ops.moglm.flush_denormals_supported()), 4, {"match": None}),
+    "chunks": ("blocked_products", lambda: container.compiled.blocks_products() == container.compiled.available(),
+               13, {}),
+}
+
+
+@pytest.mark.parametrize("switch", SWITCHES)
+def test_an_older_file_decodes_with_the_windows_arithmetic_it_was_coded_with(switch, char_run, monkeypatch):
+    """Version 5 on is coded with the compiled windows flushing subnormals to zero, version 14 on with their large
+    per-step products summed in chunks; a file of an older version was coded with the switch off, so it decodes
+    with it off (and it is back on after), and a version 14 file with it on."""
+    name, back_on, old, fields = SWITCHES[switch]
     trained = load_run(char_run)
     blob, _ = compress(TEXT, trained.model, trained.vocab, factor=trained.temperature, block_size=300, progress=False)
-    assert blob[6] == container.VERSION == 13
+    assert blob[6] == container.VERSION == 14
     asked = []
-    real = container.compiled.flush_denormals
+    real = getattr(container.compiled, name)
 
     def spy(on):
         asked.append(on)
         return real(on)
 
-    monkeypatch.setattr(container.compiled, "flush_denormals", spy)
-    assert decompress(forged(blob, version=4, match=None), trained.model, trained.vocab, progress=False) == TEXT
+    monkeypatch.setattr(container.compiled, name, spy)
+    assert decompress(forged(blob, version=old, **fields), trained.model, trained.vocab, progress=False) == TEXT
     assert decompress(blob, trained.model, trained.vocab, progress=False) == TEXT
     assert asked == [False, True]
-    assert container.compiled.flushes_denormals() == (container.compiled.available()
-                                                      and torch.ops.moglm.flush_denormals_supported())
+    assert back_on()
 
 
 def test_a_version_1_file_still_decodes_as_one_block(char_run):

@@ -178,6 +178,34 @@ def test_rank_64_round_gradients_shared_out_by_columns_on_the_ukernel_match_refe
         torch.testing.assert_close(a, e, rtol=1e-4, atol=2e-5, msg=lambda m: f"{name}: {m}")
 
 
+@pytest.mark.usefixtures("batch_parallel")
+def test_large_per_step_products_summed_in_chunks_match_reference_and_round_differently(monkeypatch):
+    """Split by columns at 800 units, the backward's per-step products read dG [64, 3200]: 819 KB, over the
+    768 KiB from which the ukernel's products sum in chunks of 256 KiB (1024, 1024, 1024 and 128 of its columns). With
+    the chunks (the default) and summed whole, float32 against the float32 reference loop; the two must round
+    differently, or the chunks did not run."""
+    if "brgemm" not in compiled.candidate_routes(torch.float32):
+        pytest.skip("this torch exports no float32 brgemm")
+    force_route(monkeypatch, "brgemm+columns")
+    torch.manual_seed(0)
+    hidden, batch = 800, 64
+    model = moglm.MogrifierLSTM(64, hidden, 1, rounds=5, rank=64).train()
+    x = torch.randn(3, batch, 64)
+    state = tuple(torch.randn(1, batch, hidden) for _ in range(2))
+    assert compiled.blocks_products()
+    chunked = run_backend(model, "compiled", x, state)
+    with compiled.blocked_products(False):
+        assert not compiled.blocks_products() and not compiled.info(paths=False)["blocked_products"]
+        whole = run_backend(model, "compiled", x, state)
+    assert compiled.blocks_products()  # the switch is back as it was
+    expected = run_backend(model, "reference", x, state)
+    names = ["y", "h_n", "c_n", "d input", "d h0", "d c0", *(f"d {n}" for n, _ in model.named_parameters())]
+    for name, a, b, e in zip(names, chunked, whole, expected, strict=True):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=2e-5, msg=lambda m: f"{name}, in chunks: {m}")
+        torch.testing.assert_close(b, e, rtol=1e-4, atol=2e-5, msg=lambda m: f"{name}, whole: {m}")
+    assert not torch.equal(chunked[3], whole[3])  # the input's gradient: through the chunked products
+
+
 #: sizes at which the column split runs: 37 units over two threads (blocks of 16 and 21), and 261 (blocks
 #: on 64-wide panels: 128 and 133); batches of 1 (a thread with no rows in the rounds' phase), 5 and 37
 COLUMN_M, COLUMN_H, COLUMN_T = 19, 37, 6

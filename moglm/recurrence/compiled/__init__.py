@@ -24,6 +24,8 @@ from . import build, routes
 from .build import (
     CompiledUnavailableWarning,
     available,
+    blocked_products,
+    blocks_products,
     empty_cache,
     flush_denormals,
     flushes_denormals,
@@ -62,6 +64,7 @@ def info(paths: bool = True) -> dict:
         out["mkl_thread_control"] = bool(torch.ops.moglm.mkl_thread_control_available())
         out["workspace_cache"] = build.workspace_cache()
         out["flush_denormals"] = build.flushes_denormals()
+        out["blocked_products"] = build.blocks_products()
         out["auto_backend"] = routes.stored_backends()  # per shape class: compiled or fused, with the probe's timings
     return out
 
@@ -74,6 +77,8 @@ __all__ = [
     "CompiledMultiplicativeLSTMFunction",
     "CompiledUnavailableWarning",
     "available",
+    "blocked_products",
+    "blocks_products",
     "can_run",
     "candidate_routes",
     "class_route",

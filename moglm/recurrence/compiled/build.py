@@ -224,13 +224,41 @@ def flush_denormals(on: bool):
     if not available() or not torch.ops.moglm.flush_denormals_supported():
         yield
         return
-    saved = torch.ops.moglm.set_flush_denormals(on)
+    with _switched("set_flush_denormals", on):
+        yield
+
+
+@contextmanager
+def _switched(setter: str, on: bool):
+    """One of the library's process-wide switches (``torch.ops.moglm.<setter>``, which returns the old value) set
+    to ``on`` while inside, then as before."""
+    saved = getattr(torch.ops.moglm, setter)(on)
     try:
         yield
     finally:
-        torch.ops.moglm.set_flush_denormals(saved)
+        getattr(torch.ops.moglm, setter)(saved)
 
 
 def flushes_denormals() -> bool:
     """Whether the compiled windows flush subnormals to zero now (False where they do not run)."""
     return bool(_state["loaded"]) and bool(torch.ops.moglm.flush_denormals_enabled())
+
+
+@contextmanager
+def blocked_products(on: bool):
+    """While inside, the compiled windows' per-step products on oneDNN's ukernel sum a left operand larger than
+    768 KiB in chunks of 256 KiB (``on``, the default outside), so that each chunk stays in a core's L2 while the
+    weight's panels stream past, or sum it whole (``off``), process-wide, then as before. The two round
+    differently; off is for what must round as before the chunks existed: a compressed file written then
+    (:mod:`moglm.compression.container`). Loads the library (building it on first use); a no-op where it is not
+    loaded."""
+    if not available():
+        yield
+        return
+    with _switched("set_blocked_products", on):
+        yield
+
+
+def blocks_products() -> bool:
+    """Whether the compiled windows sum large per-step products in chunks now (False where they do not run)."""
+    return bool(_state["loaded"]) and bool(torch.ops.moglm.blocked_products_enabled())

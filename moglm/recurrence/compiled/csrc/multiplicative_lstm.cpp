@@ -360,6 +360,8 @@ TORCH_LIBRARY_FRAGMENT(moglm, m) {
   m.def("set_flush_denormals(bool on) -> bool", [](bool on) { return flush_denormals_switch().exchange(on); });
   m.def("flush_denormals_enabled() -> bool", [] { return bool(MOGLM_HAS_MXCSR) && flush_denormals_switch().load(); });
   m.def("flush_denormals_supported() -> bool", [] { return bool(MOGLM_HAS_MXCSR); });
+  m.def("set_blocked_products(bool on) -> bool", [](bool on) { return blocked_products_switch().exchange(on); });
+  m.def("blocked_products_enabled() -> bool", [] { return blocked_products_switch().load(); });
 }
 
 TORCH_LIBRARY_IMPL(moglm, CPU, m) {
