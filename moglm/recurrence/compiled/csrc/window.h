@@ -316,24 +316,24 @@ inline void gemm(i64 M, i64 N, i64 K, const float* A, i64 lda, const float* pack
 }
 }  // namespace panels
 
-// The brgemm route: op(B) [K, N] packed into panels of NB columns, each panel K rows of its width
-// (``panel_width``) contiguous, and C[M, N] = A[M, K] @ panel, panel by panel, one ukernel call each.
-// Panels of 64 columns over the whole K measured best among the tilings tried at the windows' shapes
-// (H = 256-1024, 16-64 rows per thread) on an AVX-512 CPU (route table in docs/fused-recurrence.md).
 // A per-step product on oneDNN's ukernel whose left operand is larger than BLOCKED_FROM_BYTES (dG [64, 4096] of
 // the backward at H = 1024 is 1 MiB, the whole L2 of a Zen 5 core) sums its K terms in chunks of at most
-// BLOCKED_BYTES of that operand, each chunk through every panel before the next, so that the chunk stays in L2 while
-// the panels stream past; whole, the ukernel read the operand again from L3 for every panel of 64 columns. At
-// H = 650 (665 KB) chunks gained nothing steady on a Zen 5, hence 768 KiB. The sizes are constants, not the
-// machine's L2, so that one route rounds the same on every machine. The process-wide
-// switch (``set_blocked_products``; on by default) sums them whole, as before it existed: a compressed file of
-// version 13 or older decodes with it off (docs/fused-recurrence.md).
+// BLOCKED_BYTES of that operand (from 64 rows to 256: chunks of 1024 to 256 terms), each chunk through every panel
+// before the next, so that the chunk stays in L2 while the panels stream past; whole, the ukernel read the operand
+// again from L3 for every panel of 64 columns. At H = 650 (665 KB) chunks gained nothing steady on a Zen 5, hence
+// 768 KiB. The sizes are constants, not the machine's L2, so that one route rounds the same on every machine. The
+// process-wide switch (``set_blocked_products``; on by default) sums them whole, as before it existed: a compressed
+// file of version 13 or older decodes with it off (docs/fused-recurrence.md).
 inline std::atomic<bool>& blocked_products_switch() {
   static std::atomic<bool> on{true};
   return on;
 }
 constexpr i64 BLOCKED_FROM_BYTES = 768 * 1024, BLOCKED_BYTES = 256 * 1024;
 
+// The brgemm route: op(B) [K, N] packed into panels of NB columns, each panel K rows of its width
+// (``panel_width``) contiguous, and C[M, N] = A[M, K] @ panel, panel by panel, one ukernel call each.
+// Panels of 64 columns over the whole K measured best among the tilings tried at the windows' shapes
+// (H = 256-1024, 16-64 rows per thread) on an AVX-512 CPU (route table in docs/fused-recurrence.md).
 namespace brgemm {
 constexpr i64 NB = 64;
 
@@ -357,9 +357,12 @@ inline void gemm(i64 M, i64 N, i64 K, const float* A, i64 lda, const float* pack
   if (beta != 0.0f && beta != 1.0f)
     for (i64 r = 0; r < M; ++r)
       for (i64 c = 0; c < N; ++c) C[r * ldc + c] *= beta;
-  const bool blocked = M * K * i64(sizeof(float)) > BLOCKED_FROM_BYTES &&
+  // in chunks of at least 256 terms, so at most 256 rows: with more, the output's tiles would be read and written
+  // again for every chunk, more traffic than the operand's re-reads saved (sums there stay whole, as before)
+  const i64 chunk = BLOCKED_BYTES / (i64(sizeof(float)) * M) / NB * NB;
+  const bool blocked = M * K * i64(sizeof(float)) > BLOCKED_FROM_BYTES && chunk >= 4 * NB &&
                        blocked_products_switch().load(std::memory_order_relaxed);
-  const i64 KC = blocked ? std::max<i64>(NB, BLOCKED_BYTES / (i64(sizeof(float)) * M) / NB * NB) : K;
+  const i64 KC = blocked ? chunk : K;
   for (i64 k0 = 0; k0 < K; k0 += KC) {  // a panel's K rows are contiguous, so a chunk of it is too
     const i64 kc = std::min(KC, K - k0);
     for (i64 p = 0; p * NB < N; ++p) {
