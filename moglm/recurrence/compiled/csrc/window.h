@@ -359,7 +359,7 @@ inline void gemm(i64 M, i64 N, i64 K, const float* A, i64 lda, const float* pack
       for (i64 c = 0; c < N; ++c) C[r * ldc + c] *= beta;
   // in chunks of at least 256 terms, so at most 256 rows: with more, the output's tiles would be read and written
   // again for every chunk, more traffic than the operand's re-reads saved (sums there stay whole, as before)
-  const i64 chunk = BLOCKED_BYTES / (i64(sizeof(float)) * M) / NB * NB;
+  const i64 chunk = BLOCKED_BYTES / (i64(sizeof(float)) * std::max<i64>(M, 1)) / NB * NB;  // (no rows: whole)
   const bool blocked = M * K * i64(sizeof(float)) > BLOCKED_FROM_BYTES && chunk >= 4 * NB &&
                        blocked_products_switch().load(std::memory_order_relaxed);
   const i64 KC = blocked ? chunk : K;
