@@ -342,3 +342,29 @@ def test_the_subnormal_bench_times_a_runs_passes_flushed_and_kept_with_the_same_
         assert row["max_abs_log_prob_difference"] < 1e-5
     assert 0 <= report["embedding_subnormal_entries"] <= report["embedding_entries"]
     assert json.loads(out.read_text())["results"] == report["results"]
+
+
+def test_the_window_routes_bench_times_every_route_the_probe_ranks_at_each_window_length(tmp_path):
+    """benchmarks/window_routes.py: for each window length, every route of the class probe's ranking with its
+    product timing, the one route it chose, and the window's own time per step on that route."""
+    import importlib.util
+
+    from moglm.recurrence import compiled
+
+    if not compiled.available():
+        pytest.skip(f"compiled recurrence unavailable: {compiled.unavailable_reason()}")
+    spec = importlib.util.spec_from_file_location("window_routes", ROOT / "benchmarks" / "window_routes.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "routes.json"
+    report = bench.main(["--hidden-size", "8", "--rank", "2", "--batch", "4", "--steps", "1", "--steps", "3",
+                         "--repeats", "1", "--windows", "2", "--threads", "1", "--out", str(out)])
+    for steps in (1, 3):
+        rows = [r for r in report["results"] if r["steps"] == steps]
+        gates = {compiled.routes.split_name(r["route"])[0] for r in rows}
+        assert gates == set(compiled.candidate_routes(torch.float32))
+        assert sum(r["probe_choice"] for r in rows) == 1
+        chosen = next(r for r in rows if r["probe_choice"])
+        assert chosen["probe_seconds"] == min(r["probe_seconds"] for r in rows)
+        assert all(r["ms_per_step"] > 0 for r in rows)
+    assert json.loads(out.read_text())["results"] == report["results"]

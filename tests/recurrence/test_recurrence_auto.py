@@ -240,6 +240,40 @@ def test_the_class_route_is_one_this_machine_has_with_its_timings():
 
 
 @pytest.mark.usefixtures("choice_dir")
+@pytest.mark.parametrize("steps, window", [(1, 1), (3, 3), (70, 20)])
+def test_the_class_route_times_the_products_in_windows_of_the_layers_own_steps(monkeypatch, steps, window):
+    """A window packs its weights once, so one-token steps pay a packing route's packing at every step: the
+    probe times its 20 products in windows of the layer's steps, at most 20."""
+    seen, real = [], routes.time_route
+    monkeypatch.setattr(routes, "time_route", lambda *a: seen.append(a[-1]) or real(*a))
+    model, x = moglm.MogrifierLSTM(6, 5, rounds=3, rank=2), torch.randn(steps, 3, 6)
+    route, seconds = recurrence._class_route(model.cells[0], model.layer_parameters(0), x, False)
+    assert seen and set(seen) == {window}
+    assert route == min(seconds, key=seconds.get) and all(0 < s < float("inf") for s in seconds.values())
+
+
+def test_the_route_probe_packs_the_weights_once_per_window():
+    """MKL's packed copy of the weights comes from the workspace cache: one request per thread and window, so
+    windows of one product ask for it once per product, a single window once."""
+    if not compiled.available() or not torch.ops.moglm.packed_gemm_available():
+        pytest.skip("needs the compiled recurrence with MKL's packed GEMM")
+    if torch.ops.moglm.workspace_cache_stats()[4] == 0:
+        pytest.skip("the workspace cache is off (MOGLM_WORKSPACE_CACHE_MB=0)")
+    code, reps = compiled.route_code("mkl_packed"), 4
+
+    def requests(steps: int) -> int:  # [K=512, N=1024]: a 2 MiB packed copy, which the cache keeps
+        before = torch.ops.moglm.workspace_cache_stats()
+        torch.ops.moglm.time_gemm_route(code, 128, 512, 1024, reps, False, -1, steps)
+        after = torch.ops.moglm.workspace_cache_stats()
+        return (after[2] + after[3]) - (before[2] + before[3])
+
+    once = requests(0)
+    assert once > 0
+    assert requests(reps) == once
+    assert requests(1) == reps * once
+
+
+@pytest.mark.usefixtures("choice_dir")
 @pytest.mark.parametrize("make, splits", [
     (lambda: moglm.LSTM(19, 37), True),
     (lambda: moglm.MogrifierLSTM(19, 37, rounds=3, rank=4), True),

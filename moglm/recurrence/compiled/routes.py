@@ -274,7 +274,10 @@ def class_route(function, spec, xs: Tensor, training: bool, reps: int = 20) -> t
     Mogrifier's round products are timed apart and take their own fastest routes (``gates:rounds`` where
     they differ); where the window can split its gate products by columns (``function.column_split``, two
     threads or more) each route is timed that way too (``<route>+columns``). Returns the fastest name and
-    the seconds of every gate route, each with the fastest rounds' route. ``MOGLM_GEMM_ROUTE`` forces its
+    the seconds of every gate route, each with the fastest rounds' route. The products are timed in windows of
+    the layer's own steps (at most ``reps``), each packing its weights once as a window does: one-token steps
+    (generation, compression) pay a route's packing at every step, which on a probe that packed once for all
+    ``reps`` ranked the packing routes first where they were the slowest. ``MOGLM_GEMM_ROUTE`` forces its
     route here too (no timings)."""
     plain = candidate_routes(xs.dtype)
     gate_routes = plain + ([r + COLUMNS_SUFFIX for r in plain] if column_split_possible(function, spec) else [])
@@ -286,6 +289,8 @@ def class_route(function, spec, xs: Tensor, training: bool, reps: int = 20) -> t
     round_products = function.round_products(spec) if hasattr(function, "round_products") else []
     gate_products = products[:len(products) - len(round_products)]
 
+    steps = min(int(xs.shape[0]), reps)
+
     def timed(routes: list[str], products) -> dict[str, float]:
         times = {route: float("inf") for route in routes}
         if not products:
@@ -294,7 +299,7 @@ def class_route(function, spec, xs: Tensor, training: bool, reps: int = 20) -> t
             for route in routes:
                 code = route_code(route)
                 times[route] = min(times[route], sum(
-                    count * torch.ops.moglm.time_gemm_route(code, xs.shape[1], k, n, reps, double, spec.hidden_size)
+                    count * time_route(code, xs.shape[1], k, n, reps, double, spec.hidden_size, steps)
                     for k, n, count in products))
         return times
 
@@ -307,6 +312,13 @@ def class_route(function, spec, xs: Tensor, training: bool, reps: int = 20) -> t
         name = route + (ROUNDS_SEPARATOR + rounds if rounds != base else "")
         times[name] = gate_times[route] + round_times[rounds]
     return min(times, key=times.get), times
+
+
+def time_route(code: int, batch: int, k: int, n: int, reps: int, double: bool, units: int = -1,
+               steps: int = 0) -> float:
+    """Seconds of ``reps`` [batch, k] x [k, n] products on route ``code`` as the windows run them, in windows of
+    ``steps`` products that each pack the weights once (0: one window); ``csrc`` ``time_gemm_route``."""
+    return torch.ops.moglm.time_gemm_route(code, batch, k, n, reps, double, units, steps)
 
 
 def column_split_possible(function, spec) -> bool:

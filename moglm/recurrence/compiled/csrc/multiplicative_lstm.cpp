@@ -270,40 +270,47 @@ std::vector<at::Tensor> multiplicative_lstm_backward(
 // ``batch`` rows as the windows run them: how the GEMM-route probe compares the routes on this machine.
 // With ``COLUMNS`` in the route code, split by columns as a column-split window runs its gate products
 // instead: every thread all rows of its block of the N columns, the threads meeting after each product,
-// over as many threads as a window of ``units`` units splits into (default: N).
-double time_gemm_route(int64_t route, int64_t batch, int64_t K, int64_t N, int64_t reps, bool dbl, int64_t units) {
+// over as many threads as a window of ``units`` units splits into (default: N). ``steps``: the products of
+// one window (default, or 0: all ``reps``), which packs its weights once (PackedB), so that a route that
+// packs pays its packing as often as windows of that length would.
+double time_gemm_route(int64_t route, int64_t batch, int64_t K, int64_t N, int64_t reps, bool dbl, int64_t units,
+                       int64_t steps) {
   auto opts = at::TensorOptions().dtype(dbl ? at::kDouble : at::kFloat);
   // constant operands: the probe must not draw from torch's global generator (it would shift the user's RNG)
   at::Tensor a = at::full({batch, K}, 0.01, opts), w = at::full({N, K}, 0.02, opts), c = at::empty({batch, N}, opts);
   const bool columns = decode_routes(route).columns;
   const Route r = decode_routes(route).gates;
   const i64 P = columns ? column_partitions(units > 0 ? units : N) : 1;
+  const i64 window = steps > 0 ? std::min<i64>(steps, reps) : reps;
   double seconds = 0;
   AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "time_gemm_route", [&] {
     auto run = [&] {
-      PackCache cache;
-      if (P > 1) {
-        for_partitions(P, [&](i64 p0, i64 p1, TeamBarrier& barrier) {
-          std::vector<PackedB<scalar_t>> ops;
-          std::vector<i64> lo;
-          for (i64 p = p0; p < p1; ++p) {
-            auto [c0, c1] = column_block(N, p, P, column_align(N, P));
-            ops.emplace_back(r, batch, c1 - c0, K, ptr<scalar_t>(w) + c0 * K, K, true, reps);
-            lo.push_back(c0);
-          }
-          for (i64 i = 0; i < reps; ++i) {
-            for (size_t j = 0; j < ops.size(); ++j)
-              ops[j](batch, ptr<scalar_t>(a), K, scalar_t(0), ptr<scalar_t>(c) + lo[j], N);
-            barrier.wait(p1 - p0);
-          }
+      for (i64 done = 0; done < reps; done += window) {  // one window of ``uses`` products at a time
+        const i64 uses = std::min(window, reps - done);
+        PackCache cache;
+        if (P > 1) {
+          for_partitions(P, [&](i64 p0, i64 p1, TeamBarrier& barrier) {
+            std::vector<PackedB<scalar_t>> ops;
+            std::vector<i64> lo;
+            for (i64 p = p0; p < p1; ++p) {
+              auto [c0, c1] = column_block(N, p, P, column_align(N, P));
+              ops.emplace_back(r, batch, c1 - c0, K, ptr<scalar_t>(w) + c0 * K, K, true, uses);
+              lo.push_back(c0);
+            }
+            for (i64 i = 0; i < uses; ++i) {
+              for (size_t j = 0; j < ops.size(); ++j)
+                ops[j](batch, ptr<scalar_t>(a), K, scalar_t(0), ptr<scalar_t>(c) + lo[j], N);
+              barrier.wait(p1 - p0);
+            }
+          });
+          continue;
+        }
+        for_row_blocks(batch, 1, [&](i64 b0, i64 b1, bool) {
+          PackedB<scalar_t> op(r, b1 - b0, N, K, ptr<scalar_t>(w), K, true, uses, &cache);
+          for (i64 i = 0; i < uses; ++i)
+            op(b1 - b0, ptr<scalar_t>(a) + b0 * K, K, scalar_t(0), ptr<scalar_t>(c) + b0 * N, N);
         });
-        return;
       }
-      for_row_blocks(batch, 1, [&](i64 b0, i64 b1, bool) {
-        PackedB<scalar_t> op(r, b1 - b0, N, K, ptr<scalar_t>(w), K, true, reps, &cache);
-        for (i64 i = 0; i < reps; ++i)
-          op(b1 - b0, ptr<scalar_t>(a) + b0 * K, K, scalar_t(0), ptr<scalar_t>(c) + b0 * N, N);
-      });
     };
     run();  // warm-up
     auto start = std::chrono::steady_clock::now();
@@ -346,7 +353,7 @@ TORCH_LIBRARY_FRAGMENT(moglm, m) {
       "multiplicative_lstm_backward(Tensor xs, Tensor h0, Tensor c0, Tensor? mask, Tensor w_ih, Tensor w_hh, "
       "bool has_bias, Tensor w_mx, Tensor w_mh, bool capped, Tensor[] saved, Tensor? dys, Tensor? dhT, Tensor? dcT, "
       "bool need_dx, bool need_weights, int route, int min_rows, Tensor? adapt=None, int tn_route=-1) -> Tensor[]");
-  m.def("time_gemm_route(int route, int batch, int K, int N, int reps, bool dbl, int units=-1) -> float",
+  m.def("time_gemm_route(int route, int batch, int K, int N, int reps, bool dbl, int units=-1, int steps=0) -> float",
         &time_gemm_route);
   m.def("column_partitions(int n) -> int", &column_partitions_op);
   m.def("time_product_tn(int route, int rows, int N, int K, int reps) -> float", &time_product_tn);
