@@ -878,3 +878,44 @@ def test_the_compiled_windows_flush_subnormals_to_zero_and_compute_them_when_swi
     assert compiled.info()["flush_denormals"]
     # nothing leaks out of the windows: torch's own ops, on this thread and its workers, keep subnormals
     assert on_two_threads(lambda: bool((torch.full((1 << 18,), 1e-30) * 1e-9 > 0).all()))()
+
+
+@pytest.mark.usefixtures("built")
+@pytest.mark.parametrize("rounds, rank, bias", [(1, 3, True), (2, 0, True), (5, 3, True), (5, 3, False), (4, 0, False)])
+def test_the_ops_read_the_rounds_from_their_stacked_parameters_as_from_a_tensor_a_round(rounds, rank, bias):
+    """The Python side passes each kind's stacked parameter (no view a round at every step); the op selects round
+    i's row itself, and computes bit for bit what it computes from one tensor a round, forward and backward."""
+    from moglm.recurrence.fused_lstm import layer_spec
+
+    model = moglm.MogrifierLSTM(M, H, rounds=rounds, rank=rank, bias=bias, dtype=D)
+    params = model.layer_parameters(0)
+    spec = layer_spec(model.cells[0], params)
+    stacked = functions._round_lists(spec, params)
+    assert all(t.dim() == (2 if i == 2 else 3) for i, part in enumerate(stacked) for t in part)
+    one_each = ([], [], [])
+    for i in range(1, rounds + 1):
+        kind, j = ("q", (i - 1) // 2) if i % 2 == 1 else ("r", i // 2 - 1)
+        for part, name in zip(one_each, ("right" if rank else "weight", "left", "bias")):
+            if f"mogrifier_{kind}_{name}" in params:
+                part.append(params[f"mogrifier_{kind}_{name}"][j])
+    gen = torch.Generator().manual_seed(0)
+    xs, h0, c0 = (torch.randn(*shape, generator=gen, dtype=D) for shape in ((T, B, M), (B, H), (B, H)))
+    route, b = compiled.gemm_route(D), params["bias_ih"] + params["bias_hh"] if bias else None
+
+    def both(lists):
+        out = torch.ops.moglm.mogrifier_lstm_forward(xs, h0, c0, None, params["weight_ih"], params["weight_hh"], b,
+                                                     *lists, rounds, rank, True, False, True, route, 8)
+        dys = torch.ones_like(out[0])
+        grads = torch.ops.moglm.mogrifier_lstm_backward(
+            xs, h0, c0, None, params["weight_ih"], params["weight_hh"], bias, *lists, rounds, rank, True, False,
+            [out[0], *out[3:]], dys, None, None, True, True, route, 8)
+        return [t for t in (*out, *grads) if t is not None and t.numel()]
+
+    with torch.no_grad():  # the ops themselves, outside autograd (as the Function runs them)
+        for a, c in zip(both(stacked), both(one_each), strict=True):
+            assert torch.equal(a, c)
+    if rounds > 1:
+        wrong = ([stacked[0][0]], *stacked[1:])  # x's rounds only: h's are missing
+        with pytest.raises(RuntimeError, match="stacked matrices"):
+            torch.ops.moglm.mogrifier_lstm_forward(xs, h0, c0, None, params["weight_ih"], params["weight_hh"], b,
+                                                   *wrong, rounds, rank, True, False, False, route, 8)

@@ -37,18 +37,15 @@ def can_run(xs: Tensor) -> str | None:
 
 
 def _round_lists(spec, p: Params) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
-    """Per round (in round order): its matrix (full rank) or right factor, its left factor, its bias."""
-    mats, lefts, biases = [], [], []
-    for i in range(1, spec.rounds + 1):
-        kind, j = ("q", (i - 1) // 2) if i % 2 == 1 else ("r", i // 2 - 1)
-        prefix = f"mogrifier_{kind}_"
-        if spec.rank > 0:
-            mats.append(p[prefix + "right"][j])
-            lefts.append(p[prefix + "left"][j])
-        else:
-            mats.append(p[prefix + "weight"][j])
-        if prefix + "bias" in p:
-            biases.append(p[prefix + "bias"][j])
+    """The rounds' parameters as the op takes them: each kind's stacked tensor, x's rounds' (``q``) then h's
+    (``r``), of its matrices (full rank) or right factors, its left factors, its biases; round i reads its
+    kind's row (``csrc/mogrifier_lstm.cpp``, ``per_round``). No view a round: a one-step window calls this at
+    every step."""
+    first = "right" if spec.rank > 0 else "weight"
+    kinds = [kind for kind in ("q", "r") if f"mogrifier_{kind}_{first}" in p]
+    mats = [p[f"mogrifier_{kind}_{first}"] for kind in kinds]
+    lefts = [p[f"mogrifier_{kind}_left"] for kind in kinds] if spec.rank > 0 else []
+    biases = [p[f"mogrifier_{kind}_bias"] for kind in kinds if f"mogrifier_{kind}_bias" in p]
     return mats, lefts, biases
 
 

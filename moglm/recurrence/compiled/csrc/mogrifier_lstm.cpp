@@ -421,6 +421,25 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
   return grads;
 }
 
+// Each round's tensors in round order: one tensor a round (2-D matrices and factors, 1-D biases), or each kind's
+// parameter as the model holds it, stacked over its rounds (x's rounds' [nq, ...], then h's [nr, ...]), of which
+// round i reads its kind's row j(i). The Python side passes the stacked ones: a view a round, made there at every
+// call, cost more than a one-step window's products at small sizes.
+std::vector<at::Tensor> per_round(const Rounds& R, at::TensorList given, i64 stacked_dim, const char* what) {
+  std::vector<at::Tensor> out;
+  if (given.empty() || given[0].dim() != stacked_dim) {
+    for (const auto& t : given) out.push_back(t.contiguous());
+    return out;
+  }
+  const i64 kinds = R.nr > 0 ? 2 : 1;
+  TORCH_CHECK((i64)given.size() == kinds && given.back().dim() == stacked_dim,
+              "moglm compiled recurrence: expected ", kinds, " stacked ", what, " (x's rounds', then h's)");
+  TORCH_CHECK(given[0].size(0) == R.nq && (kinds == 1 || given[1].size(0) == R.nr),
+              "moglm compiled recurrence: stacked ", what, " must hold one row a round of their kind");
+  for (i64 i = 1; i <= R.r; ++i) out.push_back(given[R.is_q(i) ? 0 : 1].select(0, R.j(i)).contiguous());
+  return out;
+}
+
 Rounds make_rounds(int64_t rounds, int64_t rank, bool zigzag, at::TensorList mats, at::TensorList lefts,
                    at::TensorList bias) {
   Rounds R;
@@ -429,12 +448,12 @@ Rounds make_rounds(int64_t rounds, int64_t rank, bool zigzag, at::TensorList mat
   R.nr = rounds / 2;
   R.rank = rank > 0 ? rank : 0;
   R.zigzag = zigzag;
-  TORCH_CHECK((i64)mats.size() == rounds, "moglm compiled recurrence: expected one matrix per round");
-  TORCH_CHECK(R.rank == 0 || (i64)lefts.size() == rounds, "moglm compiled recurrence: expected one left factor per round");
-  TORCH_CHECK(bias.empty() || (i64)bias.size() == rounds, "moglm compiled recurrence: expected one bias per round");
-  for (const auto& t : mats) R.mats.push_back(t.contiguous());
-  for (const auto& t : lefts) R.lefts.push_back(t.contiguous());
-  for (const auto& t : bias) R.bias.push_back(t.contiguous());
+  R.mats = per_round(R, mats, 3, "matrices");
+  R.lefts = per_round(R, lefts, 3, "left factors");
+  R.bias = per_round(R, bias, 2, "biases");
+  TORCH_CHECK((i64)R.mats.size() == rounds, "moglm compiled recurrence: expected one matrix per round");
+  TORCH_CHECK(R.rank == 0 || (i64)R.lefts.size() == rounds, "moglm compiled recurrence: expected one left factor per round");
+  TORCH_CHECK(R.bias.empty() || (i64)R.bias.size() == rounds, "moglm compiled recurrence: expected one bias per round");
   return R;
 }
 
