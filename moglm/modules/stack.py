@@ -129,7 +129,14 @@ class RecurrentStack(nn.Module):
         """Layer ``layer``'s parameters under the cell's own names (``weight_ih`` ...)."""
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer must be in [0, {self.num_layers}), got {layer}")
-        return {name: getattr(self, f"{name}_l{layer}") for name in self.cells[layer].parameter_shapes()}
+        cell = self.cells[layer]
+        known = self.__dict__.setdefault("_layer_parameter_names", {})  # layer -> (its cell, (name, attribute) ...)
+        if layer not in known or known[layer][0] is not cell:  # a new cell (sparse dynamic evaluation wraps them)
+            known[layer] = (cell, tuple((name, f"{name}_l{layer}") for name in cell.parameter_shapes()))
+        # read from the registered parameters where they are (a one-token step asks at every layer and step, and a
+        # getattr each is most of the cost); a parametrized one (torch.nn.utils.parametrize) is an attribute
+        registered = self._parameters
+        return {name: registered[attr] if attr in registered else getattr(self, attr) for name, attr in known[layer][1]}
 
     @torch.no_grad()
     def reset_parameters(self) -> None:

@@ -234,3 +234,29 @@ def test_torch_compile_of_forward_and_backward_matches_eager():
     torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-6)
     for g, p in zip(grads, model.parameters()):
         torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_layer_parameters_are_the_registered_ones_after_a_parameter_a_cell_or_a_parametrization_changes():
+    """The names are kept per layer and cell (a one-token step asks at every step); what they name is read anew:
+    a replaced parameter, a replaced cell, a deep copy's own parameters and a parametrized weight all show."""
+    from torch.nn.utils import parametrize
+
+    from moglm.dynamic_evaluation.sparse import AdaptedCell
+
+    model = moglm.MogrifierLSTM(5, 4, 2, rounds=3, rank=2)
+    first = model.layer_parameters(1)
+    assert all(first[name] is getattr(model, f"{name}_l1") for name in model.cells[1].parameter_shapes())
+    model.weight_hh_l1 = nn.Parameter(torch.zeros(16, 4))
+    assert model.layer_parameters(1)["weight_hh"] is model.weight_hh_l1
+    copied = copy.deepcopy(model)
+    assert copied.layer_parameters(0)["weight_ih"] is copied.weight_ih_l0
+    assert copied.layer_parameters(0)["weight_ih"] is not model.weight_ih_l0
+    model.cells[0] = AdaptedCell(model.cells[0], torch.zeros(2, 2))
+    assert set(model.layer_parameters(0)) == set(model.cells[0].parameter_shapes())
+
+    class Doubled(nn.Module):
+        def forward(self, w):
+            return 2 * w
+
+    parametrize.register_parametrization(model, "weight_ih_l1", Doubled())
+    assert torch.equal(model.layer_parameters(1)["weight_ih"], 2 * model.parametrizations.weight_ih_l1.original)
