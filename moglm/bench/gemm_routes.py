@@ -48,7 +48,7 @@ def run_gemm_routes(hidden_sizes=(256, 650, 1024), batch: int = 64, steps: int =
             split = name.startswith("gate") and torch.ops.moglm.column_partitions(hidden) > 1
             for route in routes + ([r + compiled.COLUMNS_SUFFIX for r in routes] if split else []):
                 code = compiled.route_code(route)
-                best = min(torch.ops.moglm.time_gemm_route(code, batch, k, n, steps, False, hidden)
+                best = min(compiled.routes.time_route(code, batch, k, n, steps, False, hidden)
                            for _ in range(repeats))
                 row["gflops"][route] = 2 * batch * k * n * steps / best / 1e9
             report["results"].append(row)

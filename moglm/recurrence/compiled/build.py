@@ -247,11 +247,11 @@ def flushes_denormals() -> bool:
 @contextmanager
 def blocked_products(on: bool):
     """While inside, the compiled windows' per-step products on oneDNN's ukernel sum a left operand larger than
-    768 KiB (of at most 256 rows) in chunks of 256 KiB (``on``, the default outside), so that each chunk stays in a core's L2 while the
-    weight's panels stream past, or sum it whole (``off``), process-wide, then as before. The two round
-    differently; off is for what must round as before the chunks existed: a compressed file written then
-    (:mod:`moglm.compression.container`). Loads the library (building it on first use); a no-op where it is not
-    loaded."""
+    768 KiB (of at most 256 rows) in chunks of 256 KiB (``on``, the default outside), so that each chunk stays in
+    a core's L2 while the weight's panels stream past, or sum it whole (``off``), process-wide, then as before.
+    The two round differently; off is for what must round as before the chunks existed: a compressed file
+    written then (:mod:`moglm.compression.container`). Loads the library (building it on first use); a no-op
+    where it is not loaded."""
     if not available():
         yield
         return

@@ -143,7 +143,7 @@ def _probe(dtype: torch.dtype, candidates: list[str]) -> dict[str, float]:
     times = {route: float("inf") for route in candidates}
     for _ in range(3):
         for route in candidates:
-            seconds = sum(torch.ops.moglm.time_gemm_route(ROUTES[route], 64, k, n, reps, double) for k, n, reps in shapes)
+            seconds = sum(time_route(ROUTES[route], 64, k, n, reps, double) for k, n, reps in shapes)
             times[route] = min(times[route], seconds)
     return times
 
