@@ -116,11 +116,12 @@ class LanguageModel(nn.Module):
         if self.variational_input_dropout and self.training and self.input_dropout > 0:
             keep = 1.0 - self.input_dropout  # one mask per sequence, shared by its steps (thesis 3.5.2)
             x = x * torch.bernoulli(x.new_full((1, *x.shape[1:]), keep)) / keep  # [T, B, E] * [1, B, E]
-        else:
-            x = F.dropout(x, self.input_dropout, self.training)  # [T, B, E], a fresh mask per step
+        elif self.training and self.input_dropout > 0:
+            x = F.dropout(x, self.input_dropout, True)  # [T, B, E], a fresh mask per step
         outputs, state = self.rnn.forward_layers(x, state)  # each [T, B, H]
         h = torch.stack(outputs).sum(0) if self.skip_sum and len(outputs) > 1 else outputs[-1]  # [T, B, H]
-        return F.dropout(h, self.output_dropout, self.training), state
+        # no dropout call in eval mode, where it returns its input (a one-token step makes this call at every step)
+        return (F.dropout(h, self.output_dropout, True) if self.training and self.output_dropout > 0 else h), state
 
     @property
     def reads_in_segments(self) -> bool:

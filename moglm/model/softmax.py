@@ -29,9 +29,11 @@ class SoftmaxHead(nn.Module):
 
     def logits(self, h: Tensor, weight: Tensor, factor: float = 1.0) -> Tensor:
         if self.projection is not None:
-            h = F.dropout(self.projection(h), self.dropout, self.training)  # [N, E]
+            h = self.projection(h)  # [N, E]
+            if self.training and self.dropout > 0:
+                h = F.dropout(h, self.dropout, True)
         logits = F.linear(h, weight, self.bias)  # [N, V]
-        return logits if factor == 1.0 else logits * factor
+        return logits if factor == 1.0 else logits.mul_(factor)  # in place: the product's own new tensor
 
     def log_probs(self, h: Tensor, weight: Tensor, factor: float = 1.0) -> Tensor:
         """Log-probabilities ``[N, V]``."""

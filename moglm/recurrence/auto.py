@@ -69,13 +69,30 @@ def _bucket(value: int, edges: tuple[int, ...]) -> str:
     return f">{edges[-1]}"
 
 
+#: shape classes already named, by what names them (a one-token step asks at every layer and step, and building
+#: the string took most of ``choose``'s time there); bounded, as windows of many lengths could fill it
+_CLASS_NAMES: dict[tuple, str] = {}
+_CLASS_NAMES_MAX = 4096
+
+
 def shape_class(cell: Cell, xs: Tensor, training: bool) -> str:
     """The class a layer's choice is stored under: cell kind, dtype, width, rows per thread, window steps,
     threads, and whether a backward follows."""
+    threads = torch.get_num_threads()
+    named = (type(cell), getattr(cell, "rounds", 0), cell.input_size, cell.hidden_size, xs.shape[0], xs.shape[1],
+             xs.dtype, threads, training)
+    name = _CLASS_NAMES.get(named)
+    if name is None:
+        name = _class_name(cell, xs, training, threads)
+        if len(_CLASS_NAMES) < _CLASS_NAMES_MAX:
+            _CLASS_NAMES[named] = name
+    return name
+
+
+def _class_name(cell: Cell, xs: Tensor, training: bool, threads: int) -> str:
     kind = type(cell).__name__
     if getattr(cell, "rounds", 0):
         kind += f"-r{cell.rounds}"
-    threads = torch.get_num_threads()
     width = _bucket(max(cell.input_size, cell.hidden_size), (128, 384, 768, 1536))
     rows = _bucket(xs.shape[1] // max(threads, 1), (4, 16, 48, 128))
     steps = _bucket(xs.shape[0], (4, 16, 48))

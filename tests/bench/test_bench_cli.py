@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from pathlib import Path
@@ -13,6 +14,14 @@ from conftest import tiny_config, tiny_format_run
 from moglm.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def benchmark(name: str):
+    """The script ``benchmarks/<name>.py``, loaded as a module (the benchmarks are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.slow
@@ -238,11 +247,7 @@ def test_the_precision_context_sets_tf32_and_autocast_and_restores_them():
 
 
 def test_the_dynamic_evaluation_cost_benchmark_times_and_profiles_both_passes(tiny_corpus, tmp_path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("dyneval_cost", ROOT / "benchmarks" / "dyneval_cost.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = benchmark("dyneval_cost")
     config = tmp_path / "tiny.toml"
     config.write_text(tiny_config(tiny_corpus).to_toml())
     report = bench.measure(str(config), "cpu", tokens=60, segment_length=5, profiled=20)
@@ -262,13 +267,9 @@ def test_the_dynamic_evaluation_cost_benchmark_times_and_profiles_both_passes(ti
 def test_the_compiled_phases_benchmark_times_every_phase_and_counts_its_products(tmp_path):
     """Small sizes (the Mogrifier's rank 64 needs 64 units): every model's phases are timed, the weight-gradient shapes are the models' own weights,
     and the FLOPs of the phases add up to the training step's count in the throughput bench."""
-    import importlib.util
-
     from moglm.bench.throughput import flops_per_token
 
-    spec = importlib.util.spec_from_file_location("compiled_phases", ROOT / "benchmarks" / "compiled_phases.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = benchmark("compiled_phases")
     for name in bench.MODELS[1:]:
         weights = sum(p.numel() for n, p in bench.build(name, 64).named_parameters() if "bias" not in n)
         assert sum(a * b for a, b in bench.weight_gradient_shapes(name, 64)) == weights, name
@@ -303,14 +304,10 @@ def test_the_workspace_cache_benchmark_times_steps_with_the_cache_on_and_off_in_
     """Tiny sizes (the cache keeps blocks of any size here): each setting runs in its own process (the cache
     reads its settings at start), and the process with the cache off reports a cache that kept nothing while
     the one with it on kept blocks."""
-    import importlib.util
-
     if not compiled_available():
         pytest.skip("the workspace cache belongs to the compiled recurrence")
     monkeypatch.setenv("MOGLM_WORKSPACE_CACHE_MIN_KB", "0")  # for the bench's processes, not this one (loaded)
-    spec = importlib.util.spec_from_file_location("workspace_cache", ROOT / "benchmarks" / "workspace_cache.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = benchmark("workspace_cache")
     report = bench.main(["--hidden-size", "64", "--batch-size", "64", "--bptt", "8", "--steps", "2", "--rounds", "1",
                          "--models", "moglm Mogrifier r=5 k=64", "--out", str(tmp_path / "workspace.json")])
     (row,) = report["results"]
@@ -324,14 +321,10 @@ def test_the_subnormal_bench_times_a_runs_passes_flushed_and_kept_with_the_same_
     """benchmarks/subnormals.py: per batch, the window pass and the one-step pass of a trained run, with the
     compiled windows flushing subnormals and keeping them: both timed, their ratio, and predictions that agree
     (a tiny run's steps make no subnormal that changes a log probability)."""
-    import importlib.util
-
     run = tiny_format_run(tmp_path / "run", "char")
     text = tmp_path / "text.txt"
     text.write_text("the cat sees the dog .\nthe owl hears the cow .\n" * 4)
-    spec = importlib.util.spec_from_file_location("subnormals", ROOT / "benchmarks" / "subnormals.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = benchmark("subnormals")
     out = tmp_path / "subnormals.json"
     report = bench.main([str(run), str(text), "--batch", "3", "--bptt", "5", "--steps", "3", "--repeats", "2",
                          "--threads", "1", "--out", str(out)])
@@ -347,15 +340,11 @@ def test_the_subnormal_bench_times_a_runs_passes_flushed_and_kept_with_the_same_
 def test_the_window_routes_bench_times_every_route_the_probe_ranks_at_each_window_length(tmp_path):
     """benchmarks/window_routes.py: for each window length, every route of the class probe's ranking with its
     product timing, the one route it chose, and the window's own time per step on that route."""
-    import importlib.util
-
     from moglm.recurrence import compiled
 
     if not compiled.available():
         pytest.skip(f"compiled recurrence unavailable: {compiled.unavailable_reason()}")
-    spec = importlib.util.spec_from_file_location("window_routes", ROOT / "benchmarks" / "window_routes.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = benchmark("window_routes")
     out = tmp_path / "routes.json"
     report = bench.main(["--hidden-size", "8", "--rank", "2", "--batch", "4", "--steps", "1", "--steps", "3",
                          "--repeats", "1", "--windows", "2", "--threads", "1", "--out", str(out)])
@@ -368,3 +357,24 @@ def test_the_window_routes_bench_times_every_route_the_probe_ranks_at_each_windo
         assert chosen["probe_seconds"] == min(r["probe_seconds"] for r in rows)
         assert all(r["ms_per_step"] > 0 for r in rows)
     assert json.loads(out.read_text())["results"] == report["results"]
+
+
+def test_the_one_token_step_bench_times_the_step_the_stack_and_the_ops_alone(tmp_path):
+    """benchmarks/one_token_step.py: per size and batch, a one-token step of the shipped byte model's
+    architecture, its stack alone and its two compiled ops alone; the ops are a part of the stack, the stack of
+    the step, and the overhead is what the step costs beyond the ops."""
+    from moglm.recurrence import compiled
+
+    if not compiled.available():
+        pytest.skip(f"compiled recurrence unavailable: {compiled.unavailable_reason()}")
+    bench = benchmark("one_token_step")
+    out = tmp_path / "step.json"
+    report = bench.main(["--hidden-size", "8", "--batch", "1", "--batch", "3", "--steps", "20", "--repeats", "2",
+                         "--out", str(out)])
+    assert [(r["hidden"], r["batch"]) for r in report["results"]] == [(8, 1), (8, 3)]
+    for r in report["results"]:
+        assert 0 < r["ops_us"] < r["layers_us"] < r["step_us"]
+        assert r["overhead"] == pytest.approx(1 - r["ops_us"] / r["step_us"])
+    assert json.loads(out.read_text())["results"] == report["results"]
+    with pytest.raises(SystemExit, match="at least 1"):
+        bench.main(["--batch", "0"])

@@ -332,3 +332,28 @@ def test_probed_routes_break_ties_by_name_so_a_stored_probe_names_the_same_route
     assert auto.probed_routes(seconds) == ["brgemm", "panels", "panels+columns", "aten+columns"]
     stored = json.loads(json.dumps(seconds, sort_keys=True))  # as the choice file stores them
     assert auto.probed_routes(stored) == auto.probed_routes(seconds)
+
+
+def test_a_shape_class_is_named_once_per_shape_and_follows_the_threads_and_the_cell(monkeypatch):
+    """shape_class keeps the names it built (a one-token step asks at every layer and step): each is the name
+    built afresh, a change of threads, steps, rows, dtype, rounds or training gives another, and the kept names
+    stay bounded."""
+    monkeypatch.setattr(auto, "_CLASS_NAMES", {})
+    monkeypatch.setattr(auto, "_CLASS_NAMES_MAX", 6)
+    cells = [moglm.MogrifierLSTM(8, 8, rounds=r).cells[0] for r in (4, 5)] + [LSTMCell(8, 8)]
+    threads = torch.get_num_threads()
+    names = set()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            for cell in cells:
+                for steps, rows, dtype, training in ((1, 1, torch.float32, False), (70, 64, torch.float32, True),
+                                                     (1, 1, torch.float64, False)):
+                    xs = torch.zeros(steps, rows, 8, dtype=dtype)
+                    name = auto.shape_class(cell, xs, training)
+                    fresh = auto._class_name(cell, xs, training, count)
+                    assert name == auto.shape_class(cell, xs, training) == fresh
+                    names.add(name)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(names) == 2 * 3 * 3 and len(auto._CLASS_NAMES) == 6

@@ -377,6 +377,29 @@ def test_compiled_forward_only_evaluation_equals_the_training_forward(make):
 
 
 @pytest.mark.usefixtures("built")
+@pytest.mark.parametrize("rounds, rank", [(1, 0), (2, 3), (4, 0), (5, 3)])
+@pytest.mark.parametrize("state_dropout", [0.0, 0.4])
+def test_a_forward_only_window_cut_from_one_block_equals_the_reference_loop(rounds, rank, state_dropout):
+    """Forward-only, the window cuts its buffers (gates, [x; h], h~, the chains' links, the rounds' sigmoids and
+    low-rank products) from one block: at every rounds count (x's chain only, both, uneven), full and low rank,
+    with a state-dropout mask (h~ kept apart) and without, over odd sizes and several steps, it gives the
+    reference loop's outputs and final state."""
+    torch.manual_seed(0)
+    model = moglm.MogrifierLSTM(7, 5, 2, rounds=rounds, rank=rank, state_dropout=state_dropout, dtype=D).train()
+    x = torch.randn(4, 3, 7, dtype=D)  # [T, B, m]
+    state = tuple(torch.randn(2, 3, 5, dtype=D) for _ in range(2))
+    out = {}
+    for backend in ("compiled", "reference"):
+        model.backend = backend
+        torch.manual_seed(1)  # the same masks
+        with torch.no_grad():
+            y, (h, c) = model(x, state)
+        out[backend] = (y, h, c)
+    for actual, expected in zip(out["compiled"], out["reference"], strict=True):
+        torch.testing.assert_close(actual, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.usefixtures("built")
 def test_gemm_route_probe_does_not_consume_torchs_global_rng(monkeypatch, tmp_path):
     routes.forget()
     monkeypatch.setattr(routes, "route_file", lambda dtype, kind="gemm_route": tmp_path / f"{kind}{dtype}.json")

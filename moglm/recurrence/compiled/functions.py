@@ -7,6 +7,8 @@ package docstring. Every product inside the loop takes the route :mod:`.routes` 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -41,11 +43,19 @@ def _round_lists(spec, p: Params) -> tuple[list[Tensor], list[Tensor], list[Tens
     (``r``), of its matrices (full rank) or right factors, its left factors, its biases; round i reads its
     kind's row (``csrc/mogrifier_lstm.cpp``, ``per_round``). No view a round: a one-step window calls this at
     every step."""
-    first = "right" if spec.rank > 0 else "weight"
-    kinds = [kind for kind in ("q", "r") if f"mogrifier_{kind}_{first}" in p]
-    mats = [p[f"mogrifier_{kind}_{first}"] for kind in kinds]
-    lefts = [p[f"mogrifier_{kind}_left"] for kind in kinds] if spec.rank > 0 else []
-    biases = [p[f"mogrifier_{kind}_bias"] for kind in kinds if f"mogrifier_{kind}_bias" in p]
+    mats, lefts, biases = _round_names(spec.rank > 0, spec.names)
+    return [p[name] for name in mats], [p[name] for name in lefts], [p[name] for name in biases]
+
+
+@functools.lru_cache(maxsize=64)
+def _round_names(low_rank: bool, names: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+    """:func:`_round_lists`' parameter names for a layer of these parameter ``names`` (kept: a one-step window
+    asks at every step)."""
+    first = "right" if low_rank else "weight"
+    kinds = [kind for kind in ("q", "r") if f"mogrifier_{kind}_{first}" in names]
+    mats = tuple(f"mogrifier_{kind}_{first}" for kind in kinds)
+    lefts = tuple(f"mogrifier_{kind}_left" for kind in kinds) if low_rank else ()
+    biases = tuple(f"mogrifier_{kind}_bias" for kind in kinds if f"mogrifier_{kind}_bias" in names)
     return mats, lefts, biases
 
 

@@ -36,6 +36,7 @@ and stored here (:func:`backend_choice`).
 from __future__ import annotations
 
 import contextvars
+import functools
 import json
 import os
 import threading
@@ -80,8 +81,10 @@ def route_name(code: int) -> str:
             + (ROUNDS_SEPARATOR + names[rounds - 1] if rounds else ""))
 
 
+@functools.lru_cache(maxsize=256)
 def stored_route(name: str | None) -> int | None:
-    """The code of a route name stored with a choice (``None`` for none, or a name this version lacks)."""
+    """The code of a route name stored with a choice (``None`` for none, or a name this version lacks); kept per
+    name, as a one-token step asks at every layer and step."""
     if not name:
         return None
     gates, _, rounds = split_name(name)
@@ -254,15 +257,23 @@ def step_route(dtype: torch.dtype) -> int:
     return gemm_route(dtype) if route is None else route
 
 
-@contextmanager
-def using_route(route: int | None):
-    """Run the windows inside on ``route`` (``None``: the machine's, :func:`gemm_route`)."""
-    token = _step_route.set(route) if route is not None else None
-    try:
-        yield
-    finally:
-        if token is not None:
-            _step_route.reset(token)
+class using_route:  # noqa: N801 - a context manager used as a function, as contextlib's are
+    """Run the windows inside on ``route`` (``None``: the machine's, :func:`gemm_route`). A class, not a
+    generator: a one-step window enters it at every layer and step, and the generator's frame cost more."""
+
+    __slots__ = ("route", "token")
+
+    def __init__(self, route: int | None) -> None:
+        self.route, self.token = route, None
+
+    def __enter__(self) -> None:
+        if self.route is not None:
+            self.token = _step_route.set(self.route)
+
+    def __exit__(self, *exc) -> None:
+        if self.token is not None:
+            _step_route.reset(self.token)
+            self.token = None
 
 
 def class_route(function, spec, xs: Tensor, training: bool, reps: int = 20) -> tuple[str, dict[str, float]]:

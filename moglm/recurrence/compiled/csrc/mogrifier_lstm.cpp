@@ -26,12 +26,26 @@
 namespace moglm {
 namespace {
 
+// One round's matrix, factor or bias, read where it is: a tensor given for the round (``row`` -1), or row ``row`` of
+// its kind's stacked parameter. No tensor view a round: at small sizes a view a round cost more than the products.
+struct RoundPart {
+  at::Tensor whole;  // contiguous
+  i64 row = -1;
+  at::IntArrayRef sizes() const { return row < 0 ? whole.sizes() : whole.sizes().slice(1); }
+  at::ScalarType scalar_type() const { return whole.scalar_type(); }
+};
+
+template <typename T>
+inline T* part_ptr(const RoundPart& part) {
+  return part.whole.data_ptr<T>() + (part.row < 0 ? 0 : part.row * part.whole.stride(0));
+}
+
 struct Rounds {
   i64 r = 0, nq = 0, nr = 0, rank = 0;  // rank 0: full rank
   bool zigzag = true;
-  std::vector<at::Tensor> mats;   // per round: full [out, in] or right factor [k, in]
-  std::vector<at::Tensor> lefts;  // per round (low rank): left factor [out, k]
-  std::vector<at::Tensor> bias;   // per round: [out] (empty list: no bias)
+  std::vector<RoundPart> mats;   // per round: full [out, in] or right factor [k, in]
+  std::vector<RoundPart> lefts;  // per round (low rank): left factor [out, k]
+  std::vector<RoundPart> bias;   // per round: [out] (empty list: no bias)
   bool is_q(i64 i) const { return i % 2 == 1; }        // round i (1-based) gates x
   i64 j(i64 i) const { return is_q(i) ? (i - 1) / 2 : i / 2 - 1; }  // it takes chain j to j+1
   i64 src_j(i64 i) const { return zigzag ? (is_q(i) ? j(i) : j(i) + 1) : 0; }
@@ -45,14 +59,21 @@ struct Chains {
 };
 
 template <typename T>
+std::vector<T*> pointers(const std::vector<at::Tensor>& tensors) {
+  std::vector<T*> out;
+  for (const at::Tensor& t : tensors) out.push_back(ptr<T>(t));
+  return out;
+}
+
+template <typename T>
 Chains<T> chains_at(const Rounds& R, i64 m, i64 n, i64 B, i64 t, i64 s, i64 b0, const T* xs, T* h_first,
-                    i64 ld_first, const std::vector<at::Tensor>& xc, const std::vector<at::Tensor>& hc, T* xh) {
+                    i64 ld_first, const std::vector<T*>& xc, const std::vector<T*>& hc, T* xh) {
   Chains<T> c;
   const i64 mn = m + n;
   c.x.push_back(const_cast<T*>(xs) + (t * B + b0) * m);
   c.ldx.push_back(m);
   for (i64 j = 1; j < R.nq; ++j) {
-    c.x.push_back(ptr<T>(xc[j - 1]) + (s * B + b0) * m);
+    c.x.push_back(xc[j - 1] + (s * B + b0) * m);
     c.ldx.push_back(m);
   }
   c.x.push_back(xh + (s * B + b0) * mn);
@@ -60,7 +81,7 @@ Chains<T> chains_at(const Rounds& R, i64 m, i64 n, i64 B, i64 t, i64 s, i64 b0, 
   c.h.push_back(h_first);
   c.ldh.push_back(ld_first);
   for (i64 j = 1; j < R.nr; ++j) {
-    c.h.push_back(ptr<T>(hc[j - 1]) + (s * B + b0) * n);
+    c.h.push_back(hc[j - 1] + (s * B + b0) * n);
     c.ldh.push_back(n);
   }
   if (R.nr > 0) {
@@ -85,17 +106,50 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
   // for every step anyway). Forward-only keeps the per-step [x; h~] product: measured at H = 650 the
   // T-long buffer it would need cost more than the big product saved (docs/fused-recurrence.md).
   const bool hoisted = R.r == 0 && save;
-  at::Tensor acts = hoisted ? product<T>(route, xs.view({T_ * B, m}), w_ih, true, workspace({T_ * B, 4 * n}, opts))
-                                  .view({T_, B, 4 * n})
-                            : workspace({S, B, 4 * n}, opts);
-  at::Tensor xh = workspace({S, B, mn}, opts);  // [x_up; h_up]
-  at::Tensor htil = at::empty({B, n}, opts);    // h~ when it is not stored in xh
+  // the buffers: the gates' pre-activations, [x_up; h_up], h~ (when it is not stored in xh), the chains' inner
+  // links, each round's sigmoids and low-rank products. Saved for the backward, each is a tensor; forward-only,
+  // they are cut from one block (a one-step window asked for fifteen small tensors at every step, which cost
+  // more than its products at small sizes)
+  at::Tensor acts, xh, htil, block;
   std::vector<at::Tensor> xc, hc, sig, low;
-  for (i64 j = 1; j < R.nq; ++j) xc.push_back(workspace({S, B, m}, opts));
-  for (i64 j = 1; j < R.nr; ++j) hc.push_back(workspace({S, B, n}, opts));
-  for (i64 i = 1; i <= R.r; ++i) {
-    sig.push_back(workspace({S, B, R.is_q(i) ? m : n}, opts));
-    if (R.rank > 0) low.push_back(workspace({S, B, R.rank}, opts));
+  std::vector<T*> xcp, hcp, sigp, lowp;
+  T *actsp, *xhp, *htilp;
+  if (save) {
+    acts = hoisted ? product<T>(route, xs.view({T_ * B, m}), w_ih, true, workspace({T_ * B, 4 * n}, opts))
+                         .view({T_, B, 4 * n})
+                   : workspace({S, B, 4 * n}, opts);
+    xh = workspace({S, B, mn}, opts);
+    htil = at::empty({B, n}, opts);
+    for (i64 j = 1; j < R.nq; ++j) xc.push_back(workspace({S, B, m}, opts));
+    for (i64 j = 1; j < R.nr; ++j) hc.push_back(workspace({S, B, n}, opts));
+    for (i64 i = 1; i <= R.r; ++i) {
+      sig.push_back(workspace({S, B, R.is_q(i) ? m : n}, opts));
+      if (R.rank > 0) low.push_back(workspace({S, B, R.rank}, opts));
+    }
+    actsp = ptr<T>(acts), xhp = ptr<T>(xh), htilp = ptr<T>(htil);
+    xcp = pointers<T>(xc), hcp = pointers<T>(hc), sigp = pointers<T>(sig), lowp = pointers<T>(low);
+  } else {
+    auto padded = [](i64 count) { return (count + 15) / 16 * 16; };  // each part 64-byte aligned
+    std::vector<i64> parts{padded(B * 4 * n), padded(B * mn), padded(B * n)};
+    for (i64 j = 1; j < R.nq; ++j) parts.push_back(padded(B * m));
+    for (i64 j = 1; j < R.nr; ++j) parts.push_back(padded(B * n));
+    for (i64 i = 1; i <= R.r; ++i) {
+      parts.push_back(padded(B * (R.is_q(i) ? m : n)));
+      if (R.rank > 0) parts.push_back(padded(B * R.rank));
+    }
+    i64 total = 0;
+    for (i64 c : parts) total += c;
+    block = workspace({total}, opts);
+    T* cursor = ptr<T>(block);
+    size_t k = 0;
+    auto next = [&]() { T* p = cursor; cursor += parts[k++]; return p; };
+    actsp = next(), xhp = next(), htilp = next();
+    for (i64 j = 1; j < R.nq; ++j) xcp.push_back(next());
+    for (i64 j = 1; j < R.nr; ++j) hcp.push_back(next());
+    for (i64 i = 1; i <= R.r; ++i) {
+      sigp.push_back(next());
+      if (R.rank > 0) lowp.push_back(next());
+    }
   }
   const T* mk = ptr<T>(mask);
   const T* y = ptr<T>(cell.ys);
@@ -106,10 +160,10 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
     for (i64 i = 1; i <= R.r; ++i) {
       const i64 w = R.is_q(i) ? m : n, win = R.is_q(i) ? n : m;
       if (R.rank > 0) {
-        out.first.emplace_back(routes.rounds, rows, R.rank, win, ptr<T>(R.mats[i - 1]), win, true, T_, &cache);
-        out.second.emplace_back(routes.rounds, rows, w, R.rank, ptr<T>(R.lefts[i - 1]), R.rank, true, T_, &cache);
+        out.first.emplace_back(routes.rounds, rows, R.rank, win, part_ptr<T>(R.mats[i - 1]), win, true, T_, &cache);
+        out.second.emplace_back(routes.rounds, rows, w, R.rank, part_ptr<T>(R.lefts[i - 1]), R.rank, true, T_, &cache);
       } else {
-        out.first.emplace_back(routes.rounds, rows, w, win, ptr<T>(R.mats[i - 1]), win, true, T_, &cache);
+        out.first.emplace_back(routes.rounds, rows, w, win, part_ptr<T>(R.mats[i - 1]), win, true, T_, &cache);
       }
     }
     return out;
@@ -118,7 +172,7 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
   auto rounds_step = [&](i64 t, i64 b0, i64 rows, const std::vector<PackedB<T>>& first,
                          const std::vector<PackedB<T>>& second) {
     const i64 s = save ? t : 0;
-    T* xh_s = ptr<T>(xh) + (s * B + b0) * mn;
+    T* xh_s = xhp + (s * B + b0) * mn;
     if (R.nq == 0) copy_rows(rows, m, ptr<T>(xs) + (t * B + b0) * m, m, xh_s, mn);  // x_up is x itself
     // h^0 = h~
     const T* hp = t == 0 ? ptr<T>(h0) + b0 * n : y + ((t - 1) * B + b0) * n;
@@ -132,28 +186,28 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
       else
         copy_rows(rows, n, hp, n, h_first, mn);
     } else if (mk != nullptr) {
-      h_first = ptr<T>(htil) + b0 * n;
+      h_first = htilp + b0 * n;
       ld_first = n;
       mul_rows(rows, n, hp, n, mk + b0 * n, n, h_first, n);
     } else {
       h_first = const_cast<T*>(hp);
       ld_first = n;
     }
-    Chains<T> ch = chains_at<T>(R, m, n, B, t, s, b0, ptr<T>(xs), h_first, ld_first, xc, hc, ptr<T>(xh));
+    Chains<T> ch = chains_at<T>(R, m, n, B, t, s, b0, ptr<T>(xs), h_first, ld_first, xcp, hcp, xhp);
     for (i64 i = 1; i <= R.r; ++i) {
       const bool q = R.is_q(i);
       const i64 j = R.j(i), sj = R.src_j(i), w = q ? m : n;
       const T* src = q ? ch.h[sj] : ch.x[sj];
       const i64 lds = q ? ch.ldh[sj] : ch.ldx[sj];
-      T* sg = ptr<T>(sig[i - 1]) + (s * B + b0) * w;
+      T* sg = sigp[i - 1] + (s * B + b0) * w;
       if (R.rank > 0) {
-        T* lw = ptr<T>(low[i - 1]) + (s * B + b0) * R.rank;
+        T* lw = lowp[i - 1] + (s * B + b0) * R.rank;
         first[i - 1](rows, src, lds, T(0), lw, R.rank);  // low = src Right^T
         second[i - 1](rows, lw, R.rank, T(0), sg, w);    // p = low Left^T
       } else {
         first[i - 1](rows, src, lds, T(0), sg, w);  // p = src M^T
       }
-      const T* rb = R.bias.empty() ? nullptr : ptr<T>(R.bias[i - 1]);
+      const T* rb = R.bias.empty() ? nullptr : part_ptr<T>(R.bias[i - 1]);
       if (q)
         round_forward(rows, w, sg, w, rb, ch.x[j], ch.ldx[j], ch.x[j + 1], ch.ldx[j + 1]);
       else
@@ -194,8 +248,8 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
         for (auto& q : parts)
           if (q.rows > 0) rounds_step(t, q.b0, q.rows, q.rounds.first, q.rounds.second);
         barrier.wait(p1 - p0);
-        const T* xh_s = ptr<T>(xh) + s * B * mn;
-        T* a = ptr<T>(acts) + (hoisted ? t : s) * B * 4 * n;  // [B, 4n]
+        const T* xh_s = xhp + s * B * mn;
+        T* a = actsp + (hoisted ? t : s) * B * 4 * n;  // [B, 4n]
         for (auto& q : parts) {
           const i64 w = q.units;
           T* g = ptr<T>(q.g);
@@ -222,7 +276,7 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& xs, const at::Tensor& h0,
       for (i64 t = 0; t < T_; ++t) {
         const i64 s = save ? t : 0;
         T* xh_s = rounds_step(t, b0, rows, rounds.first, rounds.second);
-        T* g = ptr<T>(acts) + ((hoisted ? t : s) * B + b0) * 4 * n;
+        T* g = actsp + ((hoisted ? t : s) * B + b0) * 4 * n;
         if (!hoisted) gates_x(rows, xh_s, mn, T(0), g, 4 * n);
         gates_h(rows, xh_s + m, mn, T(1), g, 4 * n);
         cell.step(t, b0, rows, g);
@@ -265,6 +319,7 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
     for (i64 i = 0; i < R.r; ++i) low.push_back(saved[k++]);
   for (i64 j = 1; j < R.nq; ++j) xc.push_back(saved[k++]);
   for (i64 j = 1; j < R.nr; ++j) hc.push_back(saved[k++]);
+  const std::vector<T*> xcp = pointers<T>(xc), hcp = pointers<T>(hc);
   // h~ for every step: the chain h^0 (a round's source or old value) when rounds >= 2
   at::Tensor htil = R.nr > 0 || R.nq > 0 ? h_tilde_all(h0, ys, mask) : at::Tensor();  // [T, B, n]
   at::Tensor dG = workspace({T_, B, 4 * n}, opts);
@@ -288,10 +343,10 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
     for (i64 i = 1; i <= R.r; ++i) {
       const i64 w = R.is_q(i) ? m : n, win = R.is_q(i) ? n : m;
       if (R.rank > 0) {
-        out.first.emplace_back(routes.rounds, rows, R.rank, w, ptr<T>(R.lefts[i - 1]), R.rank, false, T_, &cache);
-        out.second.emplace_back(routes.rounds, rows, win, R.rank, ptr<T>(R.mats[i - 1]), win, false, T_, &cache);
+        out.first.emplace_back(routes.rounds, rows, R.rank, w, part_ptr<T>(R.lefts[i - 1]), R.rank, false, T_, &cache);
+        out.second.emplace_back(routes.rounds, rows, win, R.rank, part_ptr<T>(R.mats[i - 1]), win, false, T_, &cache);
       } else {
-        out.first.emplace_back(routes.rounds, rows, win, w, ptr<T>(R.mats[i - 1]), win, false, T_, &cache);
+        out.first.emplace_back(routes.rounds, rows, win, w, part_ptr<T>(R.mats[i - 1]), win, false, T_, &cache);
       }
     }
     return out;
@@ -306,7 +361,7 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
       T* ex = R.zigzag ? nullptr : ptr<T>(extra) + b0 * mn;
       if (ex != nullptr)
         for (i64 r = 0; r < rows; ++r) std::fill(ex + r * mn, ex + r * mn + mn, T(0));
-      Chains<T> ch = chains_at<T>(R, m, n, B, t, t, b0, ptr<T>(xs), ptr<T>(htil) + (t * B + b0) * n, n, xc, hc,
+      Chains<T> ch = chains_at<T>(R, m, n, B, t, t, b0, ptr<T>(xs), ptr<T>(htil) + (t * B + b0) * n, n, xcp, hcp,
                                   ptr<T>(xh));
       for (i64 i = R.r; i >= 1; --i) {
         const bool q = R.is_q(i);
@@ -425,10 +480,11 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& xs, const at::Tensor& h0
 // parameter as the model holds it, stacked over its rounds (x's rounds' [nq, ...], then h's [nr, ...]), of which
 // round i reads its kind's row j(i). The Python side passes the stacked ones: a view a round, made there at every
 // call, cost more than a one-step window's products at small sizes.
-std::vector<at::Tensor> per_round(const Rounds& R, at::TensorList given, i64 stacked_dim, const char* what) {
-  std::vector<at::Tensor> out;
+std::vector<RoundPart> per_round(const Rounds& R, at::TensorList given, i64 stacked_dim, const char* what) {
+  std::vector<RoundPart> out;
+  auto contiguous = [](const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); };
   if (given.empty() || given[0].dim() != stacked_dim) {
-    for (const auto& t : given) out.push_back(t.contiguous());
+    for (const auto& t : given) out.push_back({contiguous(t), -1});
     return out;
   }
   const i64 kinds = R.nr > 0 ? 2 : 1;
@@ -436,7 +492,8 @@ std::vector<at::Tensor> per_round(const Rounds& R, at::TensorList given, i64 sta
               "moglm compiled recurrence: expected ", kinds, " stacked ", what, " (x's rounds', then h's)");
   TORCH_CHECK(given[0].size(0) == R.nq && (kinds == 1 || given[1].size(0) == R.nr),
               "moglm compiled recurrence: stacked ", what, " must hold one row a round of their kind");
-  for (i64 i = 1; i <= R.r; ++i) out.push_back(given[R.is_q(i) ? 0 : 1].select(0, R.j(i)).contiguous());
+  const at::Tensor q = contiguous(given[0]), r = kinds == 2 ? contiguous(given[1]) : at::Tensor();
+  for (i64 i = 1; i <= R.r; ++i) out.push_back({R.is_q(i) ? q : r, R.j(i)});
   return out;
 }
 
@@ -461,7 +518,7 @@ Rounds make_rounds(int64_t rounds, int64_t rank, bool zigzag, at::TensorList mat
 void check_rounds(const Rounds& R, i64 m, i64 n, at::ScalarType dtype) {
   for (i64 i = 1; i <= R.r; ++i) {
     const i64 out = R.is_q(i) ? m : n, in = R.is_q(i) ? n : m;
-    const at::Tensor& a = R.mats[i - 1];
+    const RoundPart& a = R.mats[i - 1];
     const std::vector<i64> first = R.rank > 0 ? std::vector<i64>{R.rank, in} : std::vector<i64>{out, in};
     TORCH_CHECK(a.sizes() == at::IntArrayRef(first) && a.scalar_type() == dtype,
                 "moglm compiled recurrence: round ", i, "'s matrix must be ", at::IntArrayRef(first), ", got ", a.sizes());
