@@ -212,11 +212,29 @@ def _time_once(model: torch.nn.Module, x: torch.Tensor, train: bool, device: str
 
 
 GENERATION_BACKENDS = ("compiled", "fused", "reference")
+#: the baselines of the one-token steps: torch.nn.LSTM of the same width as a user gets it, and on CPU with oneDNN
+#: (mkldnn) off, whose RNN primitive torch takes for an LSTM's forward there
+GENERATION_BASELINES = ("torch.nn.LSTM", "torch.nn.LSTM, oneDNN off")
+
+
+def _one_token_ms(model: torch.nn.Module, x: torch.Tensor, tokens: int, device: str) -> float:
+    """Milliseconds a one-token step of ``model`` on ``x`` ``[1, 1, H]``, its state carried (eval, no grad)."""
+    with torch.no_grad():
+        state = None
+        for _ in range(5):
+            _, state = model(x, state)
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(tokens):
+            _, state = model(x, state)
+        _sync(device)
+    return (time.perf_counter() - start) / tokens * 1e3
 
 
 def generation_ms(hidden: int, tokens: int = 200, device: str = "cpu") -> dict[str, float]:
     """Milliseconds per token of one-token steps (B=1, T=1, eval, state carried), as sampling and
-    batch-1 dynamic evaluation run them, for the Mogrifier (r=5, k=64) on each backend that can run here."""
+    batch-1 dynamic evaluation run them, for the Mogrifier (r=5, k=64) on each backend that can run here, and for
+    ``torch.nn.LSTM`` of the same width (:data:`GENERATION_BASELINES`; one layer each)."""
     import moglm
 
     out: dict[str, float] = {}
@@ -225,18 +243,14 @@ def generation_ms(hidden: int, tokens: int = 200, device: str = "cpu") -> dict[s
     for backend in GENERATION_BACKENDS:
         model.backend = backend
         try:
-            with torch.no_grad():
-                state = None
-                for _ in range(5):
-                    _, state = model(x, state)
-                _sync(device)
-                start = time.perf_counter()
-                for _ in range(tokens):
-                    _, state = model(x, state)
-                _sync(device)
+            out[backend] = _one_token_ms(model, x, tokens, device)
         except ValueError:  # a backend that cannot run here (compiled off CPU or unbuilt)
             continue
-        out[backend] = (time.perf_counter() - start) / tokens * 1e3
+    lstm = torch.nn.LSTM(hidden, hidden).to(device).eval()
+    out[GENERATION_BASELINES[0]] = _one_token_ms(lstm, x, tokens, device)
+    if device == "cpu":
+        with torch.backends.mkldnn.flags(enabled=False):
+            out[GENERATION_BASELINES[1]] = _one_token_ms(lstm, x, tokens, device)
     return out
 
 
@@ -458,11 +472,11 @@ def markdown_table(report: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     generation = report.get("generation_ms_per_token")
     if generation:
-        lines += ["", "One-token generation (B=1, T=1, eval), Mogrifier r=5 k=64, ms per token:", "",
-                  "| H | " + " | ".join(GENERATION_BACKENDS) + " |", "| ---: |" + " ---: |" * len(GENERATION_BACKENDS)]
+        columns = GENERATION_BACKENDS + GENERATION_BASELINES
+        lines += ["", "One-token generation (B=1, T=1, eval), Mogrifier r=5 k=64 on each backend and torch.nn.LSTM, "
+                  "ms per token:", "", "| H | " + " | ".join(columns) + " |", "| ---: |" + " ---: |" * len(columns)]
         for hidden, row in generation.items():
-            lines.append(f"| {hidden} | " + " | ".join(f"{row[b]:.2f}" if b in row else "-" for b in GENERATION_BACKENDS)
-                         + " |")
+            lines.append(f"| {hidden} | " + " | ".join(f"{row[b]:.2f}" if b in row else "-" for b in columns) + " |")
     return "\n".join(lines)
 
 

@@ -37,7 +37,8 @@ def test_bench_throughput_writes_ratios_to_nn_lstm_for_every_model(tmp_path, cap
     assert rows["torch.nn.LSTM"]["train"]["vs_nn_lstm"] == 1.0
     assert rows["moglm Mogrifier r=5 k=64"]["train"]["tokens_per_s"] > 0
     assert report["gemm_gflops"]["peak"] > 0
-    assert set(report["generation_ms_per_token"]["65"]) >= {"fused", "reference"}
+    assert set(report["generation_ms_per_token"]["65"]) >= {"fused", "reference", "torch.nn.LSTM",
+                                                            "torch.nn.LSTM, oneDNN off"}
     assert min(report["generation_ms_per_token"]["65"].values()) > 0
     for row in rows.values():  # the ceiling is the ratio the model would have at the GEMM peak
         for m in (row["train"], row["forward"]):
