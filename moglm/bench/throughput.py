@@ -249,8 +249,12 @@ def generation_ms(hidden: int, tokens: int = 200, device: str = "cpu") -> dict[s
     lstm = torch.nn.LSTM(hidden, hidden).to(device).eval()
     out[GENERATION_BASELINES[0]] = _one_token_ms(lstm, x, tokens, device)
     if device == "cpu":
-        with torch.backends.mkldnn.flags(enabled=False):
+        enabled = torch.backends.mkldnn.enabled
+        torch.backends.mkldnn.enabled = False  # (its flags() context would also reset its TF32 setting, and warn)
+        try:
             out[GENERATION_BASELINES[1]] = _one_token_ms(lstm, x, tokens, device)
+        finally:
+            torch.backends.mkldnn.enabled = enabled
     return out
 
 
