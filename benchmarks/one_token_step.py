@@ -67,19 +67,19 @@ def measure(hidden: int, batch: int, steps: int, repeats: int) -> dict:
         _, state = model(tokens, None)
         x = model.embedding(tokens)  # [1, B, H]
         rnn = model.rnn
-        calls, inputs = [], x
+        outputs = rnn.forward_layers(x, state)[0]  # each layer's output: the next layer's input
+        calls = []
         for k, cell in enumerate(rnn.cells):
             p = rnn.layer_parameters(k)
             spec = layer_spec(cell, p)
             mats, lefts, biases = functions._round_lists(spec, p)
             # the route the stack's window takes: its shape class's (auto's choice), else the machine's
-            choice = auto.choose(cell, p, inputs, AUTO_RUNNERS, _class_route)
+            choice = auto.choose(cell, p, x if k == 0 else outputs[k - 1], AUTO_RUNNERS, _class_route)
             route = routes.stored_route(choice.get("route"))
             with routes.using_route(route):
                 route = routes.step_route(x.dtype)
             calls.append((p["weight_ih"], p["weight_hh"], functions._bias(p), mats, lefts, biases, spec.rounds,
                           spec.rank, spec.zigzag, spec.capped, False, route))
-            inputs = rnn.forward_layers(x, state)[0][k]
 
         def ops() -> None:
             xs = x
