@@ -12,6 +12,10 @@ Each result is reported as a ratio to nn.LSTM and as a fraction of the machine's
 (best of a few large matrix products, through torch.mm and through oneDNN). FLOPs count only the matrix
 products: per token ``2 (m+n) 4n`` for an LSTM, plus ``r * 2 k (m+n)`` for low-rank mogrifier rounds,
 plus ``2 (m+n) n`` for the multiplicative LSTM's ``W_mx x`` and ``W_mh h``; forward+backward is 3x that.
+Two bounds go with each ratio: the ``ceiling`` (the model's products at the GEMM peak, nothing else taking time)
+and, where moglm's LSTM ran too, the ratio ``at the LSTM's rate`` (the model's products at the FLOP rate the LSTM
+reached in the same run). Beside the ratio of the medians, ``vs_nn_lstm_runs`` keeps every repeat's paired ratio,
+whose range says how steady the ordering is on a noisy machine.
 
 Memory of a T=500 window, two numbers:
 * ``saved_mb``: bytes of the distinct tensors autograd keeps for backward after the forward
@@ -158,6 +162,20 @@ def ceiling(nn_lstm_seconds: float, flops: float, peak_gflops: float) -> float:
     GEMM peak and nothing else took time, against ``nn.LSTM``'s measured time: a target above it needs
     products faster than the peak measured in the same run (the recurrence's multiply-adds alone forbid it)."""
     return nn_lstm_seconds * peak_gflops * 1e9 / flops
+
+
+def at_lstm_rate(lstm_vs_nn_lstm: float, name: str, hidden: int) -> float:
+    """The multiple of ``nn.LSTM`` a model would reach if its matrix products ran at the rate moglm's LSTM ran
+    its own in the same run (``lstm_vs_nn_lstm``: the LSTM's measured multiple): the LSTM's multiple scaled by
+    the two models' FLOPs a token. A target above it asks the model's extra products (the Mogrifier's narrow
+    rounds, the multiplicative LSTM's second product a step) to run faster than the LSTM's wide gate products."""
+    return lstm_vs_nn_lstm * flops_per_token("moglm LSTM", hidden) / flops_per_token(name, hidden)
+
+
+def paired_ratios(base: list[float], seconds: list[float]) -> list[float]:
+    """nn.LSTM's time over the model's, repeat by repeat (each repeat times every model once, in turn, so a
+    ratio compares two timings taken moments apart: the machine's slow and fast spells cancel out of it)."""
+    return [b / s for b, s in zip(base, seconds)]
 
 
 def _sync(device: str) -> None:
@@ -412,6 +430,8 @@ def _run_throughput(hidden_sizes, batch, bptt, repeats, memory_bptt, models, dev
         base = {train: statistics.median(times["torch.nn.LSTM", train]) for train in (True, False)} if (
             "torch.nn.LSTM" in models
         ) else None
+        lstm = {train: base[train] / statistics.median(times["moglm LSTM", train]) for train in (True, False)} if (
+            base and "moglm LSTM" in models) else None
         for name in models:
             row: dict[str, Any] = {"hidden": hidden, "model": name}
             for train, key in ((True, "train"), (False, "forward")):
@@ -422,9 +442,13 @@ def _run_throughput(hidden_sizes, batch, bptt, repeats, memory_bptt, models, dev
                     "ms_all": [t * 1e3 for t in times[name, train]],
                     "tokens_per_s": bptt * batch / seconds,
                     "vs_nn_lstm": base[train] / seconds if base else None,
+                    "vs_nn_lstm_runs": paired_ratios(times["torch.nn.LSTM", train], times[name, train]) if base
+                    else None,
                     "gflops": flops / seconds / 1e9,
                     "fraction_of_gemm_peak": flops / seconds / 1e9 / peak["peak"],
                     "ceiling_vs_nn_lstm": ceiling(base[train], flops, peak["peak"]) if base else None,
+                    "at_lstm_rate_vs_nn_lstm": at_lstm_rate(lstm[train], name, hidden)
+                    if lstm and name != "torch.nn.LSTM" else None,
                 }
             results.append(row)
         del built, x
@@ -455,11 +479,13 @@ def markdown_table(report: dict[str, Any]) -> str:
         f"B={report['config']['batch']}, T={report['config']['bptt']}, 1 layer, input = hidden, float32 with "
         f"{report['config'].get('precision', 'fp32')} products, {where}; GEMM peak {peak['peak']:.0f} GFLOP/s "
         f"({', '.join(f'{k} {v:.0f}' for k, v in peak.items() if k != 'peak')}). Ceiling: the multiple of "
-        "nn.LSTM a model would reach with its products at that peak and nothing else taking time.",
+        "nn.LSTM a model would reach with its products at that peak and nothing else taking time. ×nn.LSTM: the "
+        "ratio of the medians, and in brackets the range of the repeats' paired ratios. At LSTM rate: the multiple "
+        "of nn.LSTM a model would reach with its products at the rate moglm LSTM ran its own.",
         "",
-        "| H | model | train tok/s | train ×nn.LSTM | train % peak | train ceiling | fwd tok/s | fwd ×nn.LSTM "
-        "| fwd % peak | fwd ceiling | T=500 saved MB | T=500 peak MB |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| H | model | train tok/s | train ×nn.LSTM | train % peak | train ceiling | train at LSTM rate | fwd tok/s "
+        "| fwd ×nn.LSTM | fwd % peak | fwd ceiling | fwd at LSTM rate | T=500 saved MB | T=500 peak MB |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in report["results"]:
         mem = r.get("memory", {})
@@ -467,9 +493,12 @@ def markdown_table(report: dict[str, Any]) -> str:
         for key in ("train", "forward"):
             m = r[key]
             ratio = f"{m['vs_nn_lstm']:.2f}" if m["vs_nn_lstm"] is not None else "-"
-            top = m.get("ceiling_vs_nn_lstm")  # absent from reports written before it was measured
+            runs = m.get("vs_nn_lstm_runs")  # absent from reports written before it was measured
+            if runs and len(runs) > 1 and r["model"] != "torch.nn.LSTM":
+                ratio += f" ({min(runs):.2f}-{max(runs):.2f})"
+            top, rate = m.get("ceiling_vs_nn_lstm"), m.get("at_lstm_rate_vs_nn_lstm")
             cells += [f"{m['tokens_per_s']:,.0f}", ratio, f"{100 * m['fraction_of_gemm_peak']:.0f}%",
-                      "-" if top is None else f"{top:.2f}"]
+                      "-" if top is None else f"{top:.2f}", "-" if rate is None else f"{rate:.2f}"]
         for key in ("saved_mb", "peak_mb"):
             value = mem.get(key)
             cells.append("-" if value is None else f"{value:,.0f}")

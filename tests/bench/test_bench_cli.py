@@ -43,6 +43,8 @@ def test_bench_throughput_writes_ratios_to_nn_lstm_for_every_model(tmp_path, cap
     for row in rows.values():  # the ceiling is the ratio the model would have at the GEMM peak
         for m in (row["train"], row["forward"]):
             assert m["ceiling_vs_nn_lstm"] == pytest.approx(m["vs_nn_lstm"] / m["fraction_of_gemm_peak"])
+            assert len(m["vs_nn_lstm_runs"]) == 1 and m["vs_nn_lstm_runs"][0] == pytest.approx(m["vs_nn_lstm"])
+            assert m["at_lstm_rate_vs_nn_lstm"] is None  # moglm LSTM did not run
     assert "| 65 | moglm Mogrifier r=5 k=64 |" in capsys.readouterr().out
 
 
@@ -67,10 +69,38 @@ def test_the_ceiling_is_nn_lstms_time_over_the_models_products_at_the_gemm_peak_
                           {"hidden": 650, "model": "older report", "train": measured(0.9, 0.9),
                            "forward": measured(0.9, 0.9)}]}
     table = markdown_table(report)
-    row = "| 650 | moglm multiplicative LSTM | 1,000 | 0.85 | 88% | 0.97 | 1,000 | 0.80 | 91% | 0.88 | - | - |"
+    row = "| 650 | moglm multiplicative LSTM | 1,000 | 0.85 | 88% | 0.97 | - | 1,000 | 0.80 | 91% | 0.88 | - | - | - |"
     assert row in table
-    assert "| 650 | older report | 1,000 | 0.90 | 90% | - | 1,000 | 0.90 | 90% | - | - | - |" in table
+    assert "| 650 | older report | 1,000 | 0.90 | 90% | - | - | 1,000 | 0.90 | 90% | - | - | - | - |" in table
     assert "fwd ceiling" in table and "nothing else taking time" in table
+
+
+def test_the_paired_ratios_compare_each_repeat_and_the_lstm_rate_bound_scales_the_lstms_ratio_by_the_flops():
+    """A repeat's ratio is nn.LSTM's time over the model's in that repeat; a model with 1.25x the LSTM's
+    multiply-adds, its products at the LSTM's rate, reaches the LSTM's multiple over 1.25; the table shows the
+    repeats' range beside the ratio and the bound in its own column."""
+    from moglm.bench.throughput import at_lstm_rate, flops_per_token, markdown_table, paired_ratios
+
+    assert paired_ratios([1.0, 2.0, 3.0], [2.0, 2.0, 1.5]) == [0.5, 1.0, 2.0]
+    hidden = 650
+    extra = flops_per_token("moglm multiplicative LSTM", hidden) / flops_per_token("moglm LSTM", hidden)
+    assert extra == pytest.approx(1.25)  # its second product a step: (m + n) n more multiply-adds on (m + n) 4n
+    assert at_lstm_rate(1.1, "moglm multiplicative LSTM", hidden) == pytest.approx(1.1 / 1.25)
+    assert at_lstm_rate(1.1, "moglm LSTM", hidden) == pytest.approx(1.1)
+    assert at_lstm_rate(1.0, "moglm Mogrifier r=5 k=64", 256) < at_lstm_rate(1.0, "moglm Mogrifier r=5 k=64", 1024) < 1
+
+    def measured(ratio, runs, rate):
+        return {"tokens_per_s": 1000.0, "vs_nn_lstm": ratio, "vs_nn_lstm_runs": runs, "fraction_of_gemm_peak": 0.5,
+                "ceiling_vs_nn_lstm": 2.0, "at_lstm_rate_vs_nn_lstm": rate}
+
+    report = {"gemm_gflops": {"peak": 100.0}, "machine": {"threads": 2}, "config": {"batch": 64, "bptt": 70},
+              "results": [{"hidden": 650, "model": "torch.nn.LSTM", "train": measured(1.0, [1.0, 1.0], None),
+                           "forward": measured(1.0, [1.0, 1.0], None)},
+                          {"hidden": 650, "model": "moglm multiplicative LSTM",
+                           "train": measured(0.9, [0.84, 0.9, 0.97], 0.88), "forward": measured(0.8, [0.8], 0.85)}]}
+    table = markdown_table(report)
+    assert "| 650 | moglm multiplicative LSTM | 1,000 | 0.90 (0.84-0.97) | 50% | 2.00 | 0.88 | 1,000 | 0.80 | 50% " in table
+    assert "| 650 | torch.nn.LSTM | 1,000 | 1.00 | 50% | 2.00 | - | 1,000 | 1.00 |" in table
 
 
 def test_bench_throughput_rejects_an_unknown_model_in_one_line(tmp_path, capsys):
