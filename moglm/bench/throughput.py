@@ -174,7 +174,8 @@ def at_lstm_rate(lstm_vs_nn_lstm: float, name: str, hidden: int) -> float:
 
 def paired_ratios(base: list[float], seconds: list[float]) -> list[float]:
     """nn.LSTM's time over the model's, repeat by repeat (each repeat times every model once, in turn, so a
-    ratio compares two timings taken moments apart: the machine's slow and fast spells cancel out of it)."""
+    ratio compares two timings taken moments apart: the machine's spells longer than a repeat cancel out of it,
+    and the range of these ratios shows what shorter ones do)."""
     return [b / s for b, s in zip(base, seconds)]
 
 
