@@ -15,7 +15,11 @@ plus ``2 (m+n) n`` for the multiplicative LSTM's ``W_mx x`` and ``W_mh h``; forw
 Two bounds go with each ratio: the ``ceiling`` (the model's products at the GEMM peak, nothing else taking time)
 and, where moglm's LSTM ran too, the ratio ``at the LSTM's rate`` (the model's products at the FLOP rate the LSTM
 reached in the same run). Beside the ratio of the medians, ``vs_nn_lstm_runs`` keeps every repeat's paired ratio,
-whose range says how steady the ordering is on a noisy machine.
+whose range says how steady the ordering is on a noisy machine; their median comes with a distribution-free 95%
+confidence interval (``paired_median_vs_nn_lstm``, ``paired_ci95_vs_nn_lstm``: order statistics, no assumption
+on the noise's shape), and ``best_vs_nn_lstm`` is the ratio of the fastest timings (``timeit``'s estimator: the
+time least disturbed by other work). Each repeat starts one model later in the list than the one before, so
+no model is always timed first or right after the same one.
 
 Memory of a T=500 window, two numbers:
 * ``saved_mb``: bytes of the distinct tensors autograd keeps for backward after the forward
@@ -32,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -177,6 +182,23 @@ def paired_ratios(base: list[float], seconds: list[float]) -> list[float]:
     ratio compares two timings taken moments apart: the machine's spells longer than a repeat cancel out of it,
     and the range of these ratios shows what shorter ones do)."""
     return [b / s for b, s in zip(base, seconds)]
+
+
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free confidence interval for the median of the population ``values`` were drawn from:
+    the order statistics ``(x_(j), x_(n+1-j))`` with ``j`` the largest for which ``P(Bin(n, 1/2) < j)`` is at
+    most ``(1 - level) / 2``. It assumes only that the values are independent draws; ``None`` where there are
+    too few of them for any interval at this level (fewer than 6 at 95%)."""
+    n, tail, j, below = len(values), (1 - level) / 2, 0, 0.0
+    while True:  # below = P(Bin(n, 1/2) <= j), the chance that j + 1 or fewer values fall under the median
+        below += math.comb(n, j) / 2 ** n
+        if below > tail or j + 1 > n // 2:
+            break
+        j += 1
+    if j == 0:
+        return None
+    ordered = sorted(values)
+    return ordered[j - 1], ordered[n - j]
 
 
 def _sync(device: str) -> None:
@@ -423,8 +445,11 @@ def _run_throughput(hidden_sizes, batch, bptt, repeats, memory_bptt, models, dev
         for name, model in built.items():  # warm-up
             for train in (True, False):
                 _time_once(model, x, train, device)
+        names = list(built)
         for rep in range(repeats):
-            for name, model in built.items():
+            shift = rep % len(names)  # each repeat starts one model later: no model always first or after another
+            for name in names[shift:] + names[:shift]:
+                model = built[name]
                 for train in (True, False):
                     times[name, train].append(_time_once(model, x, train, device))
             log(f"H={hidden} repeat {rep + 1}/{repeats} done")
@@ -445,6 +470,11 @@ def _run_throughput(hidden_sizes, batch, bptt, repeats, memory_bptt, models, dev
                     "vs_nn_lstm": base[train] / seconds if base else None,
                     "vs_nn_lstm_runs": paired_ratios(times["torch.nn.LSTM", train], times[name, train]) if base
                     else None,
+                    "paired_median_vs_nn_lstm": statistics.median(
+                        paired_ratios(times["torch.nn.LSTM", train], times[name, train])) if base else None,
+                    "paired_ci95_vs_nn_lstm": median_interval(
+                        paired_ratios(times["torch.nn.LSTM", train], times[name, train])) if base else None,
+                    "best_vs_nn_lstm": min(times["torch.nn.LSTM", train]) / min(times[name, train]) if base else None,
                     "gflops": flops / seconds / 1e9,
                     "fraction_of_gemm_peak": flops / seconds / 1e9 / peak["peak"],
                     "ceiling_vs_nn_lstm": ceiling(base[train], flops, peak["peak"]) if base else None,
@@ -482,11 +512,13 @@ def markdown_table(report: dict[str, Any]) -> str:
         f"({', '.join(f'{k} {v:.0f}' for k, v in peak.items() if k != 'peak')}). Ceiling: the multiple of "
         "nn.LSTM a model would reach with its products at that peak and nothing else taking time. ×nn.LSTM: the "
         "ratio of the medians, and in brackets the range of the repeats' paired ratios. At LSTM rate: the multiple "
-        "of nn.LSTM a model would reach with its products at the rate moglm LSTM ran its own.",
+        "of nn.LSTM a model would reach with its products at the rate moglm LSTM ran its own. Paired: the median "
+        "of the repeats' paired ratios, and in brackets its 95% confidence interval (from 6 repeats).",
         "",
-        "| H | model | train tok/s | train ×nn.LSTM | train % peak | train ceiling | train at LSTM rate | fwd tok/s "
-        "| fwd ×nn.LSTM | fwd % peak | fwd ceiling | fwd at LSTM rate | T=500 saved MB | T=500 peak MB |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| H | model | train tok/s | train ×nn.LSTM | train paired | train % peak | train ceiling | train at LSTM rate "
+        "| fwd tok/s | fwd ×nn.LSTM | fwd paired | fwd % peak | fwd ceiling | fwd at LSTM rate | T=500 saved MB "
+        "| T=500 peak MB |",
+        "| ---: | --- |" + " ---: |" * 14,
     ]
     for r in report["results"]:
         mem = r.get("memory", {})
@@ -498,7 +530,12 @@ def markdown_table(report: dict[str, Any]) -> str:
             if runs and len(runs) > 1 and r["model"] != "torch.nn.LSTM":
                 ratio += f" ({min(runs):.2f}-{max(runs):.2f})"
             top, rate = m.get("ceiling_vs_nn_lstm"), m.get("at_lstm_rate_vs_nn_lstm")
-            cells += [f"{m['tokens_per_s']:,.0f}", ratio, f"{100 * m['fraction_of_gemm_peak']:.0f}%",
+            paired, interval = m.get("paired_median_vs_nn_lstm"), m.get("paired_ci95_vs_nn_lstm")
+            if paired is None or r["model"] == "torch.nn.LSTM":
+                paired_cell = "-"
+            else:
+                paired_cell = f"{paired:.2f}" + (f" [{interval[0]:.2f}-{interval[1]:.2f}]" if interval else "")
+            cells += [f"{m['tokens_per_s']:,.0f}", ratio, paired_cell, f"{100 * m['fraction_of_gemm_peak']:.0f}%",
                       "-" if top is None else f"{top:.2f}", "-" if rate is None else f"{rate:.2f}"]
         for key in ("saved_mb", "peak_mb"):
             value = mem.get(key)

@@ -45,6 +45,8 @@ def test_bench_throughput_writes_ratios_to_nn_lstm_for_every_model(tmp_path, cap
             assert m["ceiling_vs_nn_lstm"] == pytest.approx(m["vs_nn_lstm"] / m["fraction_of_gemm_peak"])
             assert len(m["vs_nn_lstm_runs"]) == 1 and m["vs_nn_lstm_runs"][0] == pytest.approx(m["vs_nn_lstm"])
             assert m["at_lstm_rate_vs_nn_lstm"] is None  # moglm LSTM did not run
+            assert m["paired_median_vs_nn_lstm"] == pytest.approx(m["vs_nn_lstm"])
+            assert m["paired_ci95_vs_nn_lstm"] is None  # one repeat: no interval
     assert "| 65 | moglm Mogrifier r=5 k=64 |" in capsys.readouterr().out
 
 
@@ -69,9 +71,9 @@ def test_the_ceiling_is_nn_lstms_time_over_the_models_products_at_the_gemm_peak_
                           {"hidden": 650, "model": "older report", "train": measured(0.9, 0.9),
                            "forward": measured(0.9, 0.9)}]}
     table = markdown_table(report)
-    row = "| 650 | moglm multiplicative LSTM | 1,000 | 0.85 | 88% | 0.97 | - | 1,000 | 0.80 | 91% | 0.88 | - | - | - |"
+    row = "| 650 | moglm multiplicative LSTM | 1,000 | 0.85 | - | 88% | 0.97 | - | 1,000 | 0.80 | - | 91% | 0.88 | - | - | - |"
     assert row in table
-    assert "| 650 | older report | 1,000 | 0.90 | 90% | - | - | 1,000 | 0.90 | 90% | - | - | - | - |" in table
+    assert "| 650 | older report | 1,000 | 0.90 | - | 90% | - | - | 1,000 | 0.90 | - | 90% | - | - | - | - |" in table
     assert "fwd ceiling" in table and "nothing else taking time" in table
 
 
@@ -99,8 +101,38 @@ def test_the_paired_ratios_compare_each_repeat_and_the_lstm_rate_bound_scales_th
                           {"hidden": 650, "model": "moglm multiplicative LSTM",
                            "train": measured(0.9, [0.84, 0.9, 0.97], 0.88), "forward": measured(0.8, [0.8], 0.85)}]}
     table = markdown_table(report)
-    assert "| 650 | moglm multiplicative LSTM | 1,000 | 0.90 (0.84-0.97) | 50% | 2.00 | 0.88 | 1,000 | 0.80 | 50% " in table
-    assert "| 650 | torch.nn.LSTM | 1,000 | 1.00 | 50% | 2.00 | - | 1,000 | 1.00 |" in table
+    assert "| 650 | moglm multiplicative LSTM | 1,000 | 0.90 (0.84-0.97) | - | 50% | 2.00 | 0.88 | 1,000 | 0.80 | - | 50% " in table
+    assert "| 650 | torch.nn.LSTM | 1,000 | 1.00 | - | 50% | 2.00 | - | 1,000 | 1.00 | - |" in table
+
+
+def test_the_paired_median_comes_with_an_order_statistic_interval_that_covers_it_at_95_percent():
+    """The interval is the pair of order statistics whose binomial tails are each at most 2.5%: the extremes
+    for 6-8 repeats, the second from each end from 9, none below 6; a simulated median is covered about 95%
+    of the time or more, and the table shows the paired median with its interval."""
+    import random
+
+    from moglm.bench.throughput import markdown_table, median_interval
+
+    assert median_interval([0.9, 0.8, 1.0, 0.7, 1.1]) is None  # 5 values: even the extremes cover only 93.75%
+    assert median_interval([0.9, 0.8, 1.0, 0.7, 1.1, 0.95]) == (0.7, 1.1)
+    assert median_interval([float(v) for v in range(9)]) == (1.0, 7.0)  # P(Bin(9, 1/2) <= 1) = 10/512 < 2.5%
+    assert median_interval([float(v) for v in range(41)]) == (13.0, 27.0)  # P(Bin(41, 1/2) <= 13) < 2.5% < <= 14
+    rng = random.Random(0)
+    covered = 0
+    for _ in range(2000):  # samples from a skewed distribution whose median is 1 (lognormal, mu = 0)
+        low, high = median_interval([rng.lognormvariate(0.0, 0.5) for _ in range(15)])
+        covered += low <= 1.0 <= high
+    assert 0.94 <= covered / 2000 <= 0.995
+
+    def measured(ratio, paired, interval):
+        return {"tokens_per_s": 1000.0, "vs_nn_lstm": ratio, "vs_nn_lstm_runs": [ratio] * 9,
+                "paired_median_vs_nn_lstm": paired, "paired_ci95_vs_nn_lstm": interval, "fraction_of_gemm_peak": 0.5}
+
+    report = {"gemm_gflops": {"peak": 100.0}, "machine": {"threads": 2}, "config": {"batch": 64, "bptt": 70},
+              "results": [{"hidden": 256, "model": "moglm Mogrifier r=5 k=64",
+                           "train": measured(0.84, 0.86, [0.83, 0.89]), "forward": measured(0.7, 0.72, None)}]}
+    table = markdown_table(report)
+    assert "| 0.84 (0.84-0.84) | 0.86 [0.83-0.89] | 50% |" in table and "| 0.70 (0.70-0.70) | 0.72 | 50% |" in table
 
 
 def test_bench_throughput_rejects_an_unknown_model_in_one_line(tmp_path, capsys):
