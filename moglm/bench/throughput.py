@@ -18,8 +18,9 @@ reached in the same run). Beside the ratio of the medians, ``vs_nn_lstm_runs`` k
 whose range says how steady the ordering is on a noisy machine; their median comes with a distribution-free 95%
 confidence interval (``paired_median_vs_nn_lstm``, ``paired_ci95_vs_nn_lstm``: order statistics, no assumption
 on the noise's shape), and ``best_vs_nn_lstm`` is the ratio of the fastest timings (``timeit``'s estimator: the
-time least disturbed by other work). Each repeat starts one model later in the list than the one before, so
-no model is always timed first or right after the same one.
+time least disturbed by other work), with ``best_fraction_of_gemm_peak`` the fastest timing's rate. Each repeat
+starts one model later in the list than the one before, so no model is always timed first or right after the
+same one.
 
 Memory of a T=500 window, two numbers:
 * ``saved_mb``: bytes of the distinct tensors autograd keeps for backward after the forward
@@ -477,6 +478,7 @@ def _run_throughput(hidden_sizes, batch, bptt, repeats, memory_bptt, models, dev
                     "best_vs_nn_lstm": min(times["torch.nn.LSTM", train]) / min(times[name, train]) if base else None,
                     "gflops": flops / seconds / 1e9,
                     "fraction_of_gemm_peak": flops / seconds / 1e9 / peak["peak"],
+                    "best_fraction_of_gemm_peak": flops / min(times[name, train]) / 1e9 / peak["peak"],
                     "ceiling_vs_nn_lstm": ceiling(base[train], flops, peak["peak"]) if base else None,
                     "at_lstm_rate_vs_nn_lstm": at_lstm_rate(lstm[train], name, hidden)
                     if lstm and name != "torch.nn.LSTM" else None,
