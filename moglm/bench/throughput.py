@@ -463,18 +463,16 @@ def _run_throughput(hidden_sizes, batch, bptt, repeats, memory_bptt, models, dev
             row: dict[str, Any] = {"hidden": hidden, "model": name}
             for train, key in ((True, "train"), (False, "forward")):
                 seconds = statistics.median(times[name, train])
+                pairs = paired_ratios(times["torch.nn.LSTM", train], times[name, train]) if base else None
                 flops = flops_per_token(name, hidden) * bptt * batch * (3 if train else 1)
                 row[key] = {
                     "ms": seconds * 1e3,
                     "ms_all": [t * 1e3 for t in times[name, train]],
                     "tokens_per_s": bptt * batch / seconds,
                     "vs_nn_lstm": base[train] / seconds if base else None,
-                    "vs_nn_lstm_runs": paired_ratios(times["torch.nn.LSTM", train], times[name, train]) if base
-                    else None,
-                    "paired_median_vs_nn_lstm": statistics.median(
-                        paired_ratios(times["torch.nn.LSTM", train], times[name, train])) if base else None,
-                    "paired_ci95_vs_nn_lstm": median_interval(
-                        paired_ratios(times["torch.nn.LSTM", train], times[name, train])) if base else None,
+                    "vs_nn_lstm_runs": pairs,
+                    "paired_median_vs_nn_lstm": statistics.median(pairs) if pairs else None,
+                    "paired_ci95_vs_nn_lstm": median_interval(pairs) if pairs else None,
                     "best_vs_nn_lstm": min(times["torch.nn.LSTM", train]) / min(times[name, train]) if base else None,
                     "gflops": flops / seconds / 1e9,
                     "fraction_of_gemm_peak": flops / seconds / 1e9 / peak["peak"],
