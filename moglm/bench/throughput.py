@@ -513,7 +513,7 @@ def markdown_table(report: dict[str, Any]) -> str:
         "nn.LSTM a model would reach with its products at that peak and nothing else taking time. ×nn.LSTM: the "
         "ratio of the medians, and in brackets the range of the repeats' paired ratios. At LSTM rate: the multiple "
         "of nn.LSTM a model would reach with its products at the rate moglm LSTM ran its own. Paired: the median "
-        "of the repeats' paired ratios, and in brackets its 95% confidence interval (from 6 repeats).",
+        "of the repeats' paired ratios, and in brackets its 95% confidence interval (given from 6 repeats on).",
         "",
         "| H | model | train tok/s | train ×nn.LSTM | train paired | train % peak | train ceiling | train at LSTM rate "
         "| fwd tok/s | fwd ×nn.LSTM | fwd paired | fwd % peak | fwd ceiling | fwd at LSTM rate | T=500 saved MB "
