@@ -462,7 +462,7 @@ def _run_throughput(hidden_sizes, batch, bptt, repeats, memory_bptt, models, dev
         for name in models:
             row: dict[str, Any] = {"hidden": hidden, "model": name}
             for train, key in ((True, "train"), (False, "forward")):
-                seconds = statistics.median(times[name, train])
+                seconds, fastest = statistics.median(times[name, train]), min(times[name, train])
                 pairs = paired_ratios(times["torch.nn.LSTM", train], times[name, train]) if base else None
                 flops = flops_per_token(name, hidden) * bptt * batch * (3 if train else 1)
                 row[key] = {
@@ -473,10 +473,10 @@ def _run_throughput(hidden_sizes, batch, bptt, repeats, memory_bptt, models, dev
                     "vs_nn_lstm_runs": pairs,
                     "paired_median_vs_nn_lstm": statistics.median(pairs) if pairs else None,
                     "paired_ci95_vs_nn_lstm": median_interval(pairs) if pairs else None,
-                    "best_vs_nn_lstm": min(times["torch.nn.LSTM", train]) / min(times[name, train]) if base else None,
+                    "best_vs_nn_lstm": min(times["torch.nn.LSTM", train]) / fastest if base else None,
                     "gflops": flops / seconds / 1e9,
                     "fraction_of_gemm_peak": flops / seconds / 1e9 / peak["peak"],
-                    "best_fraction_of_gemm_peak": flops / min(times[name, train]) / 1e9 / peak["peak"],
+                    "best_fraction_of_gemm_peak": flops / fastest / 1e9 / peak["peak"],
                     "ceiling_vs_nn_lstm": ceiling(base[train], flops, peak["peak"]) if base else None,
                     "at_lstm_rate_vs_nn_lstm": at_lstm_rate(lstm[train], name, hidden)
                     if lstm and name != "torch.nn.LSTM" else None,
