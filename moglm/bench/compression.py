@@ -45,17 +45,18 @@ def file_streams(run_dir: Path, file: Path, block_size: int) -> int:
 def run_compression(run_dir: Path, file: Path, settings: dict | None, block_size: int, threads: int,
                     checkpoint: str = "best", progress: bool = True, cache: bool = True, match: bool = True,
                     contexts: bool = True, log: Callable[[str], None] = print, repeats: int = 1,
-                    ensemble: Sequence[tuple[Path, dict | None]] = ()) -> dict[str, Any]:
+                    ensemble: Sequence[tuple[Path, dict | None]] = (), fast: bool = False) -> dict[str, Any]:
     """The report of compressing and decompressing ``file`` (a path, or one relative to ``$MOGLM_DATA``)
     with the run (``settings``: adapt while coding, as ``moglm compress --dynamic`` records them; None: static),
     ``block_size`` bytes per block, ``threads`` torch threads and ``moglm compress``'s neural cache, context
-    mixer and match model (or none). ``repeats``: round trips, each checked; the speeds are their medians (on a
-    shared machine one run's can be 20% off), and every run's seconds are kept. ``ensemble``: further runs mixed
-    with the run (``moglm compress --ensemble``), each with its adaptation's settings (``None``: static)."""
+    mixer (``fast``: ``moglm compress --fast``'s) and match model (or none). ``repeats``: round trips, each
+    checked; the speeds are their medians (on a shared machine one run's can be 20% off), and every run's seconds
+    are kept. ``ensemble``: further runs mixed with the run (``moglm compress --ensemble``), each with its
+    adaptation's settings (``None``: static)."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise MoglmError(f"repeats must be a whole number >= 1, not {repeats!r}")
     runs = [_round_trip(run_dir, file, settings, block_size, threads, checkpoint, progress, cache, match, contexts,
-                        log, ensemble) for _ in range(repeats)]
+                        log, ensemble, fast) for _ in range(repeats)]
     if len({r["compressed_bytes"] for r in runs}) != 1:  # the same file coded twice must be the same bytes
         raise MoglmError("two runs of the same compression gave different sizes")
     result = dict(runs[0])
@@ -71,10 +72,11 @@ def run_compression(run_dir: Path, file: Path, settings: dict | None, block_size
 
 def _round_trip(run_dir: Path, file: Path, settings: dict | None, block_size: int, threads: int, checkpoint: str,
                 progress: bool, cache: bool, match: bool, contexts: bool,
-                log: Callable[[str], None], ensemble: Sequence[tuple[Path, dict | None]]) -> dict[str, Any]:
+                log: Callable[[str], None], ensemble: Sequence[tuple[Path, dict | None]],
+                fast: bool = False) -> dict[str, Any]:
     """One compression and decompression of ``file`` (:func:`run_compression`'s arguments)."""
     from ..compression import compress, decompress, read_header
-    from ..compression.run import CACHE, CONTEXTS, MATCH, adapter_from_settings, coding_model, ensemble_member
+    from ..compression.run import CACHE, MATCH, adapter_from_settings, coding_model, context_settings, ensemble_member
     from ..recurrence.compiled import info
 
     file = _located(file)
@@ -86,7 +88,7 @@ def _round_trip(run_dir: Path, file: Path, settings: dict | None, block_size: in
     others = [ensemble_member(each, checkpoint, vocab, adapting) for each, adapting in ensemble]
     blob, report = compress(data, model, vocab, factor=factor, adapter=adapter, settings=settings,
                             cache=CACHE if cache else None, match=MATCH if match else None,
-                            contexts=CONTEXTS if contexts else None, block_size=block_size, threads=threads,
+                            contexts=context_settings(contexts, fast), block_size=block_size, threads=threads,
                             progress=progress, others=others)
     log(f"compressed: {report.summary()}")
     start, cpu = time.perf_counter(), time.process_time()
@@ -104,7 +106,7 @@ def _round_trip(run_dir: Path, file: Path, settings: dict | None, block_size: in
     result = {"file": file.name, "run": run_dir.name, "ensemble": [each.name for each, _ in ensemble],
               "architecture": model.architecture,
               "parameters": sum(p.numel() for p in model.parameters()), "dynamic": settings,
-              "block_size": block_size,
+              "block_size": block_size, "fast": fast,
               **report.as_dict(), "decompress_seconds": seconds,
               "decompress_cpu_seconds": cpu_seconds,
               "decompress_kilobytes_per_second": len(data) / 1e3 / max(seconds, 1e-9), "baselines": baselines,
@@ -129,6 +131,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         label = (f"moglm compress --block-size {r['block_size']}" + _adaptation(r["dynamic"])
                  + ("" if r.get("cache") else " --no-cache") + ("" if r.get("contexts", True) else " --no-contexts")
+                 + (" --fast" if r.get("fast") else "")
                  + ("" if r.get("match", True) else " --no-match")
                  + "".join(f" --ensemble {each}" for each in r.get("ensemble", [])))
         lines.append(f"| {label} | {r['blocks']} ({r['raw_blocks']}) | {r['compressed_bytes']:,} | "

@@ -257,6 +257,9 @@ def compress(
                                   "without)."),
     without_contexts: bool = typer.Option(False, "--without-contexts", help="Also code every row without the "
                                           "context mixer (a row each, measured in the same run)."),
+    fast: bool = typer.Option(False, "--fast", help="Code with moglm compress --fast's lighter context mixer."),
+    with_fast: bool = typer.Option(False, "--with-fast", help="Also code every row with moglm compress --fast's "
+                                   "lighter context mixer (a row each, measured in the same run)."),
     match: bool = typer.Option(True, help="Code with moglm compress's match model (--no-match: without)."),
     without_match: bool = typer.Option(False, "--without-match", help="Also code every row without the match "
                                        "model (a row each, measured in the same run)."),
@@ -271,7 +274,7 @@ def compress(
     """Compress and decompress a file with a run: size against the model's cross-entropy, gzip -9, bzip2 -9
     and xz -9, and the speed in KB/s of both directions."""
     out = out or default_out("compression.json")  # read at call time: $MOGLM_BENCH_DIR may change
-    from ..compression.run import check_ensemble, dynamic_settings, scratch_settings
+    from ..compression.run import check_ensemble, context_settings, dynamic_settings, scratch_settings
     from ..bench import command_line, write_report
     from ..bench.compression import file_size, file_streams, markdown_table, run_compression
 
@@ -289,9 +292,11 @@ def compress(
                                                       file_streams(run_dir, file, adapted)), adapted)]
                                    if adapting else []) + [(each, adapted) for each in scratch]
 
-    mixes = ([(cache, contexts, match)] + ([(False, contexts, match)] if without_cache and cache else [])
-             + ([(cache, False, match)] if without_contexts and contexts else [])
-             + ([(cache, contexts, False)] if without_match and match else []))  # (cache, context mixer, match)
+    context_settings(contexts, fast)  # --fast with --no-contexts is refused before any work
+    mixes = ([(cache, contexts, match, fast)] + ([(False, contexts, match, fast)] if without_cache and cache else [])
+             + ([(cache, False, match, False)] if without_contexts and contexts else [])
+             + ([(cache, contexts, match, True)] if with_fast and contexts and not fast else [])
+             + ([(cache, contexts, False, fast)] if without_match and match else []))  # (cache, mixer, match, fast)
 
     def members(settings: dict | None, size: int) -> list:  # the ensemble's runs, adapting where the row adapts
         return [(other, None if settings is None else dynamic_settings(
@@ -299,9 +304,9 @@ def compress(
 
     rows = [run_compression(run_dir, file, each, each_size, threads or THREADS, progress=progress, cache=mixed,
                             contexts=mixed_contexts, match=matched, log=typer.echo, repeats=repeats,
-                            ensemble=members(each, each_size))
+                            ensemble=members(each, each_size), fast=lighter)
             for given in block_size or [None] for each, each_size in ways(given)
-            for mixed, mixed_contexts, matched in mixes]
+            for mixed, mixed_contexts, matched, lighter in mixes]
     write_report({"command": command_line(), "rows": rows}, out)
     typer.echo(markdown_table(rows))
     typer.echo(f"written to {out}")

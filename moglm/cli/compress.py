@@ -8,8 +8,8 @@ from typing import Optional
 import typer
 
 from ..atomic import check_free
-from ..compression.run import (ADAPTING_BLOCKS, CACHE, COMPRESSION_DECAY, COMPRESSION_LR, CONTEXTS, MATCH, SCRATCH_LR,
-                               SCRATCH_RULE, UPDATE_TOKENS)
+from ..compression.run import (ADAPTING_BLOCKS, CACHE, COMPRESSION_DECAY, COMPRESSION_LR, CONTEXTS, FAST_CONTEXTS,
+                               MATCH, SCRATCH_LR, SCRATCH_RULE, UPDATE_TOKENS)
 from .common import Checkpoint, UpdateRule
 from ..errors import MoglmError
 
@@ -57,6 +57,10 @@ def compress(
     contexts: bool = typer.Option(True, help="Then mix in the file's own statistics: which token followed each "
                                   f"context of {', '.join(map(str, CONTEXTS.orders))} tokens so far, in every block, "
                                   "with weights learnt while coding (context mixing)."),
+    fast: bool = typer.Option(False, "--fast", help="Mix with a lighter context mixer (contexts of "
+                              f"{', '.join(map(str, FAST_CONTEXTS.orders))} tokens and the word so far, one set of "
+                              "weights): 1.2-1.8 times as fast static with a small model, about 3% larger; the "
+                              "header records it."),
     match: bool = typer.Option(True, help="Then mix in the match model: what followed the last occurrence, in any "
                                f"block, of a block's last {MATCH.min_length} tokens, at a probability learnt "
                                "from how often such predictions came true."),
@@ -75,10 +79,11 @@ def compress(
     """Compress a file losslessly with a trained run's predictions (range coding; thesis 2.1.2)."""
     from ..compression import container
     from ..compression.layout import Layout, coverage_warning
-    from ..compression.run import (adapter_from_settings, check_ensemble, coding_model, dynamic_settings,
-                                   ensemble_member, scratch_settings)
+    from ..compression.run import (adapter_from_settings, check_ensemble, coding_model, context_settings,
+                                   dynamic_settings, ensemble_member, scratch_settings)
 
     check_ensemble(ensemble, from_scratch)
+    mixer = context_settings(contexts, fast)
     data = _read(file)
     target = container.output_path(file, output, compressing=True)
     check_free(target, force)
@@ -103,7 +108,7 @@ def compress(
                               if adapting else None) for each in ensemble]
     blob, result = container.compress(data, model, vocab, factor=factor, adapter=adapter, settings=settings,
                                       cache=CACHE if cache else None, match=MATCH if match else None,
-                                      contexts=CONTEXTS if contexts else None, progress=progress, others=others,
+                                      contexts=mixer, progress=progress, others=others,
                                       **options)
     _write(target, blob, force)
     typer.echo(f"{file} -> {target}: {result.summary()}")

@@ -79,6 +79,21 @@ CONTEXTS = ContextSettings(orders=(1, 2, 3, 4, 6), words=2, alpha=0.25, lr=4e-3,
                            mixers=("token", "order2", "kinds", "word"), final_lr=5e-3,
                            sparse=("above", "above_pair", "skip"), kernel="compiled")
 
+#: ``moglm compress --fast``'s context mixer: orders 1-4 and the current word's letters, no sparse contexts, one set of
+#: weights and no second layer, with the map. On two cores of a Zen 4 the small byte models coded the test text 1.2-1.8
+#: times as fast static, 3% larger (docs/guides/compression.md, "A lighter mixer: --fast"). Its step was searched on
+#: chapters 6-8 of the Vim user manual with the 141K- and 87K-parameter models, static: 1e-3 was best of 1e-4, 3e-4,
+#: 1e-3 and 3e-3 for both (benchmarks/results/compression_search_fast*.json).
+FAST_CONTEXTS = ContextSettings(orders=(1, 2, 3, 4), words=1, alpha=0.25, lr=1e-3, apm_lr=0.02, kernel="compiled")
+
+
+def context_settings(contexts: bool, fast: bool) -> ContextSettings | None:
+    """The context mixer that ``moglm compress`` codes with: :data:`CONTEXTS`, :data:`FAST_CONTEXTS` with ``fast``, or
+    none (``contexts`` false); ``fast`` without ``contexts`` is a one-line error."""
+    if fast and not contexts:
+        raise MoglmError("--fast picks a lighter context mixer, so it cannot go with --no-contexts")
+    return (FAST_CONTEXTS if fast else CONTEXTS) if contexts else None
+
 
 def step_scale(streams: int) -> float:
     """The factor on :data:`COMPRESSION_LR` for ``streams`` blocks: an update of fewer tokens than

@@ -583,6 +583,51 @@ def test_bench_compress_puts_each_row_beside_itself_without_the_cache_the_mixer_
     assert "| moglm compress --block-size 4096 --no-match |" in table
 
 
+def test_compress_fast_codes_with_the_lighter_mixer_and_the_header_decides_the_decode(char_run, tmp_path, capsys):
+    """--fast codes with FAST_CONTEXTS (recorded in the header, so decompress takes no option and restores the file),
+    a different code from the default mixer's; with --no-contexts it is a one-line error that writes nothing."""
+    from moglm.compression.context_mixing import ContextSettings
+    from moglm.compression.run import CONTEXTS, FAST_CONTEXTS
+
+    source = tmp_path / "text.txt"
+    source.write_bytes(TEXT * 2)
+    blobs = {}
+    for args, expected in (([], CONTEXTS), (["--fast"], FAST_CONTEXTS)):
+        out = tmp_path / f"{len(args)}.moglm"
+        assert main(["compress", str(char_run), str(source), "-o", str(out), "--no-progress", *args]) == 0
+        recorded = read_header(out.read_bytes())[0]["contexts"]
+        assert ContextSettings(**{**recorded, "kernel": expected.kernel}) == expected
+        assert main(["decompress", str(char_run), str(out), "-o", str(tmp_path / "back.txt"), "--force",
+                     "--no-progress"]) == 0
+        assert (tmp_path / "back.txt").read_bytes() == TEXT * 2
+        blobs[len(args)] = out.read_bytes()
+    assert blobs[0] != blobs[1]
+    assert FAST_CONTEXTS.orders < CONTEXTS.orders and not FAST_CONTEXTS.mixers and not FAST_CONTEXTS.sparse
+    err = _error(capsys, ["compress", str(char_run), str(source), "-o", str(tmp_path / "none.moglm"), "--fast",
+                          "--no-contexts", "--no-progress"])
+    assert "--fast" in err and "--no-contexts" in err and not (tmp_path / "none.moglm").exists()
+
+
+def test_bench_compress_with_fast_puts_the_lighter_mixers_row_beside_the_default(char_run, tmp_path, capsys):
+    import json
+
+    from moglm.compression.context_mixing import ContextSettings
+    from moglm.compression.run import CONTEXTS, FAST_CONTEXTS
+
+    source = tmp_path / "text.txt"
+    source.write_bytes(TEXT * 2)
+    out = tmp_path / "compression.json"
+    assert main(["bench", "compress", str(char_run), str(source), "--with-fast", "--no-progress", "--out",
+                 str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["fast"] for r in rows] == [False, True]
+    assert [ContextSettings(**r["contexts"]).orders for r in rows] == [CONTEXTS.orders, FAST_CONTEXTS.orders]
+    assert "| moglm compress --block-size 4096 --fast |" in capsys.readouterr().out
+    err = _error(capsys, ["bench", "compress", str(char_run), str(source), "--fast", "--no-contexts",
+                          "--no-progress", "--out", str(tmp_path / "none.json")])
+    assert "--no-contexts" in err and not (tmp_path / "none.json").exists()
+
+
 @pytest.mark.parametrize("enabled", [True, False])
 def test_the_garbage_collector_is_paused_while_coding_and_left_as_it_was(enabled, monkeypatch):
     """Both loops run with the cyclic collector off, and leave it on or off as they found it, an error too."""
