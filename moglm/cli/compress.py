@@ -20,6 +20,11 @@ ENSEMBLE_HELP = ("Also read the file with this run (repeatable; the same vocabul
                  "Two runs trained apart coded held-out English 1-1.7% smaller, at half the speed; decompress needs "
                  "the same runs, in the same order.")
 
+#: ``--fast``'s help (measured in docs/guides/compression.md, "A lighter mixer: --fast")
+FAST_HELP = (f"Mix with a lighter context mixer (contexts of {', '.join(map(str, FAST_CONTEXTS.orders))} tokens and the "
+             "word so far, one set of weights): 1.2-1.8 times as fast static with a small model, about 3% larger; the "
+             "header records it.")
+
 
 def _read(path: Path) -> bytes:
     if not path.is_file():
@@ -57,10 +62,7 @@ def compress(
     contexts: bool = typer.Option(True, help="Then mix in the file's own statistics: which token followed each "
                                   f"context of {', '.join(map(str, CONTEXTS.orders))} tokens so far, in every block, "
                                   "with weights learnt while coding (context mixing)."),
-    fast: bool = typer.Option(False, "--fast", help="Mix with a lighter context mixer (contexts of "
-                              f"{', '.join(map(str, FAST_CONTEXTS.orders))} tokens and the word so far, one set of "
-                              "weights): 1.2-1.8 times as fast static with a small model, about 3% larger; the "
-                              "header records it."),
+    fast: bool = typer.Option(False, "--fast", help=FAST_HELP),
     match: bool = typer.Option(True, help="Then mix in the match model: what followed the last occurrence, in any "
                                f"block, of a block's last {MATCH.min_length} tokens, at a probability learnt "
                                "from how often such predictions came true."),
