@@ -21,9 +21,9 @@ ENSEMBLE_HELP = ("Also read the file with this run (repeatable; the same vocabul
                  "the same runs, in the same order.")
 
 #: ``--fast``'s help (measured in docs/guides/compression.md, "A lighter mixer: --fast")
-FAST_HELP = (f"Mix with a lighter context mixer (contexts of {', '.join(map(str, FAST_CONTEXTS.orders))} tokens and the "
-             "word so far, one set of weights): 1.2-1.8 times as fast static with a small model, about 3% larger; the "
-             "header records it.")
+FAST_HELP = ("Mix with a lighter context mixer (contexts of "
+             f"{', '.join(map(str, FAST_CONTEXTS.orders))} tokens and the word so far, one set of weights): 1.2-1.8 "
+             "times as fast static with a small model, about 3% larger; the header records it.")
 
 
 def _read(path: Path) -> bytes:
