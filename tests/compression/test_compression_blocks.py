@@ -514,3 +514,36 @@ def test_a_forged_guard_margin_or_warmup_is_a_one_line_error(byte_run, field, va
     bad = forged(blob, adapt={**header["adapt"], field: value})
     with pytest.raises(MoglmError, match=message):
         decompress(bad, trained.model, trained.vocab, progress=False, adapter_for=lambda header: _adapter(trained))
+
+
+def test_the_shards_benchmark_cuts_at_characters_and_both_ways_restore_the_file(char_run, tmp_path, monkeypatch):
+    """benchmarks/compression_shards.py: the file cut into shards where characters start, each coded by a process
+    of its own; both ways round-trip (checked inside), the shards' files together are what the row reports, and a
+    single shard is a one-line error."""
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "compression_shards.py"
+    spec = importlib.util.spec_from_file_location("compression_shards", path)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "compression_shards", bench)  # the pool sends its functions by name
+    spec.loader.exec_module(bench)
+    accented = "ééé".encode()  # 6 bytes: halving at byte 3 would split the second character
+    assert bench.cut(accented, 2) == ["éé".encode(), "é".encode()]
+    assert b"".join(bench.cut(TEXT, 3)) == TEXT and len(bench.cut(TEXT, 3)) == 3
+    text = tmp_path / "text.txt"
+    text.write_bytes(TEXT)
+    saved = torch.get_num_threads()
+    report = bench.main([str(char_run), str(text), "--shards", "2", "--repeats", "1", "--block-size", "128",
+                         "--out", str(tmp_path / "shards.json")])
+    assert torch.get_num_threads() == saved
+    assert json.loads((tmp_path / "shards.json").read_text())["rows"] == report["rows"]
+    one, split = report["rows"]
+    assert (one["way"], one["threads_each"], split["way"], split["processes"]) == ("one process", 2, "shards", 2)
+    assert sum(report["shard_bytes"]) == len(TEXT) and all(r["bytes"] > 0 for r in report["rows"])
+    assert report["size_ratio"] == pytest.approx(split["bytes"] / one["bytes"])
+    assert all(r["kilobytes_per_second"] > 0 and r["decompress_kilobytes_per_second"] > 0 for r in report["rows"])
+    with pytest.raises(SystemExit, match="at least 2"):
+        bench.main([str(char_run), str(text), "--shards", "1"])
