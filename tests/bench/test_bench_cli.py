@@ -300,9 +300,9 @@ def test_the_precision_context_sets_tf32_and_autocast_and_restores_them():
 
     before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     with precision("bf16", "cpu"):
-        assert torch.is_autocast_cpu_enabled() and torch.get_autocast_cpu_dtype() == torch.bfloat16
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
         assert not torch.backends.cudnn.allow_tf32  # fp32 and bf16 keep cuDNN off TF32
-    assert not torch.is_autocast_cpu_enabled()
+    assert not torch.is_autocast_enabled("cpu")
     assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
     with pytest.raises(ValueError, match="CUDA precision"):
         with precision("tf32", "cpu"):
