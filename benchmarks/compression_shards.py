@@ -1,7 +1,7 @@
 """A file cut into shards, each coded by a process of its own on one thread, against one process on all of them.
 
     python benchmarks/compression_shards.py long-runs/wikitext-2-byte-h64-1layer vim-usr-01-05.txt --fast \\
-        --shards 2 --repeats 3 --out benchmarks/results/compression_shards_fast_zen4_model17.json
+        --shards 2 --repeats 5 --out benchmarks/results/compression_shards_fast_zen4_model17.json
 
 ``moglm compress`` codes every block of a file in one process, with one context mixer and one match model whose
 statistics every block shares, on ``--threads`` torch threads. The other way to spend S cores is S independent
@@ -9,7 +9,8 @@ files: the file cut into S shards at a character boundary, each coded by ``moglm
 thread in a process of its own (forked, so the run is loaded once), each with its own mixer, match model and header.
 This measures both ways on the same file, the repeats taking turns, with the same run, blocks and mixer settings
 (``moglm compress``'s, ``--fast``'s with ``--fast``; no neural cache): the bytes (the shards' files together) and the
-speed of both directions, each round trip checked. Writes JSON and prints a markdown table.
+speed of both directions, each round trip checked. The shards' time includes forking their processes (a pool a
+repeat), as a user's would. Writes JSON and prints a markdown table.
 """
 
 from __future__ import annotations
@@ -70,11 +71,13 @@ def measure(run: Path, data: bytes, shards: int, fast: bool = False, block_size:
     """Both ways of coding ``data`` with ``run`` on ``shards`` cores, ``repeats`` round trips each, taking turns."""
     if shards < 2:
         raise MoglmError("--shards must be at least 2 (one shard is moglm compress itself)")
-    if len(data) < shards:
-        raise MoglmError(f"{len(data)} bytes cannot make {shards} shards")
+    if repeats < 1:
+        raise MoglmError("--repeats must be at least 1")
+    pieces = cut(data, shards)
+    if not all(pieces):
+        raise MoglmError(f"{len(data)} bytes cannot make {shards} shards that each start a character")
     model, vocab, factor = coding_model(run, "best", None)
     _JOB.update(model=model, vocab=vocab, factor=factor, contexts=context_settings(True, fast), block_size=block_size)
-    pieces = cut(data, shards)
     context = multiprocessing.get_context("fork")
     seconds: dict[str, list[tuple[float, float]]] = {"one process": [], "shards": []}
     sizes: dict[str, int] = {}

@@ -516,10 +516,11 @@ def test_a_forged_guard_margin_or_warmup_is_a_one_line_error(byte_run, field, va
         decompress(bad, trained.model, trained.vocab, progress=False, adapter_for=lambda header: _adapter(trained))
 
 
+@pytest.mark.slow  # several processes
 def test_the_shards_benchmark_cuts_at_characters_and_both_ways_restore_the_file(char_run, tmp_path, monkeypatch):
     """benchmarks/compression_shards.py: the file cut into shards where characters start, each coded by a process
     of its own; both ways round-trip (checked inside), the shards' files together are what the row reports, and a
-    single shard is a one-line error."""
+    single shard, no repeat or a shard without a character start is a one-line error."""
     import importlib.util
     import json
     import sys
@@ -547,3 +548,8 @@ def test_the_shards_benchmark_cuts_at_characters_and_both_ways_restore_the_file(
     assert all(r["kilobytes_per_second"] > 0 and r["decompress_kilobytes_per_second"] > 0 for r in report["rows"])
     with pytest.raises(SystemExit, match="at least 2"):
         bench.main([str(char_run), str(text), "--shards", "1"])
+    with pytest.raises(SystemExit, match="--repeats must be at least 1"):
+        bench.main([str(char_run), str(text), "--repeats", "0"])
+    text.write_bytes(accented[:2])  # one character: no second shard can start one
+    with pytest.raises(SystemExit, match="cannot make 2 shards"):
+        bench.main([str(char_run), str(text)])
