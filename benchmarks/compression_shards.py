@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import statistics
-import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
 
-from moglm.bench import command_line, write_report
+from moglm.bench import command_line, timed, write_report
 from moglm.compression import compress, decompress
 from moglm.compression.run import MATCH, coding_model, context_settings
 from moglm.errors import MoglmError
@@ -60,12 +59,6 @@ def _one_thread() -> None:
     torch.set_num_threads(1)
 
 
-def _timed(call):
-    start = time.perf_counter()
-    out = call()
-    return out, time.perf_counter() - start
-
-
 def measure(run: Path, data: bytes, shards: int, fast: bool = False, block_size: int = 512,
             repeats: int = 3) -> dict:
     """Both ways of coding ``data`` with ``run`` on ``shards`` cores, ``repeats`` round trips each, taking turns."""
@@ -82,15 +75,15 @@ def measure(run: Path, data: bytes, shards: int, fast: bool = False, block_size:
     seconds: dict[str, list[tuple[float, float]]] = {"one process": [], "shards": []}
     sizes: dict[str, int] = {}
     for _ in range(repeats):
-        blob, there = _timed(lambda: _compress(data, shards))
-        back, again = _timed(lambda: _decompress(blob))
+        there, blob = timed(lambda: _compress(data, shards))
+        again, back = timed(lambda: _decompress(blob))
         if back != data:
             raise MoglmError("one process: the round trip did not restore the file")
         seconds["one process"].append((there, again))
         sizes["one process"] = len(blob)
         with ProcessPoolExecutor(shards, mp_context=context, initializer=_one_thread) as pool:
-            blobs, there = _timed(lambda: list(pool.map(_compress, pieces, [1] * shards)))
-            backs, again = _timed(lambda: list(pool.map(_decompress, blobs)))
+            there, blobs = timed(lambda: list(pool.map(_compress, pieces, [1] * shards)))
+            again, backs = timed(lambda: list(pool.map(_decompress, blobs)))
         if b"".join(backs) != data:
             raise MoglmError("shards: the round trip did not restore the file")
         seconds["shards"].append((there, again))

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+
+def timed(call: Callable[[], Any]) -> tuple[float, Any]:
+    """Seconds of ``call()`` and its result."""
+    start = time.perf_counter()
+    result = call()
+    return time.perf_counter() - start, result
 
 
 def command_line() -> str | None:

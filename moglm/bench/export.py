@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from ..errors import MoglmError
+from . import timed
 
 
 def _max_difference(model, run, ids: torch.Tensor, window: int) -> float:
@@ -32,13 +32,6 @@ def _max_difference(model, run, ids: torch.Tensor, window: int) -> float:
             worst = max(worst, float((out.logits[0] - expected[:, 0]).abs().max()))
             cache = out.cache
     return worst
-
-
-def _timed(call: Callable[[], Any]) -> tuple[float, Any]:
-    """Seconds of ``call()`` and its result."""
-    start = time.perf_counter()
-    result = call()
-    return time.perf_counter() - start, result
 
 
 def run_export_check(run_dir: str | Path, tokens: int = 2000, new_tokens: int = 200, prompt: str = "",
@@ -57,7 +50,7 @@ def run_export_check(run_dir: str | Path, tokens: int = 2000, new_tokens: int = 
     run = load_run(run_dir)
     test = torch.as_tensor(load_data(run.config.data)["test"][:tokens], dtype=torch.long)  # [N]
     with tempfile.TemporaryDirectory(prefix="moglm-export-") as folder:
-        export_seconds, _ = _timed(lambda: export_run(run_dir, Path(folder) / "export"))
+        export_seconds, _ = timed(lambda: export_run(run_dir, Path(folder) / "export"))
         size = sum(p.stat().st_size for p in (Path(folder) / "export").iterdir())
         model = AutoModelForCausalLM.from_pretrained(Path(folder) / "export").eval()
         tokenizer = AutoTokenizer.from_pretrained(Path(folder) / "export")
@@ -70,10 +63,10 @@ def run_export_check(run_dir: str | Path, tokens: int = 2000, new_tokens: int = 
         f"of {run.config.train.bptt}")
     hf_seconds, hf_ids, moglm_seconds, moglm_text = [], None, [], None
     for _ in range(repeats):  # interleaved, so that a slower moment of a shared machine falls on both
-        seconds, generated = _timed(lambda: model.generate(ids, max_new_tokens=new_tokens, do_sample=False))
+        seconds, generated = timed(lambda: model.generate(ids, max_new_tokens=new_tokens, do_sample=False))
         hf_seconds.append(seconds)
         hf_ids = generated[0, ids.shape[1]:].tolist()
-        seconds, moglm_text = _timed(lambda: sample(run.model, run.vocab, prompt, new_tokens, 1.0, 1))
+        seconds, moglm_text = timed(lambda: sample(run.model, run.vocab, prompt, new_tokens, 1.0, 1))
         moglm_seconds.append(seconds)
     hf_text = run.vocab.decode(hf_ids)  # joined to the prompt as moglm sample joins its continuation
     same = moglm_text == ((prompt + " " + hf_text).strip() if run.vocab.level == "word" else prompt + hf_text)
