@@ -422,6 +422,37 @@ def test_the_window_routes_bench_times_every_route_the_probe_ranks_at_each_windo
     assert json.loads(out.read_text())["results"] == report["results"]
 
 
+def test_the_weight_gradient_classes_bench_times_both_routes_pinned_in_turns_and_names_the_probes_choice(
+        tmp_path, monkeypatch):
+    """benchmarks/weight_gradient_classes.py: per H and model, training steps with the weight gradients pinned to
+    at::mm and to the ukernel in turns, their paired ratio, and the route the H's width class takes here."""
+    from moglm.recurrence import compiled
+    from moglm.recurrence.compiled import routes
+
+    if not compiled.available() or "brgemm" not in compiled.candidate_routes(torch.float32):
+        pytest.skip("needs the compiled recurrence and oneDNN's float32 ukernel")
+    monkeypatch.setattr(routes, "route_file", lambda dtype, kind="gemm_route": tmp_path / f"{kind}.json")
+    monkeypatch.setattr(routes, "_probe_weight_gradients", lambda dtype, candidates, hidden: {"aten": 1.0,
+                                                                                             "brgemm": 2.0})
+    routes.forget()
+    pinned = []
+    real = routes.weight_gradient_route
+    monkeypatch.setattr(routes, "weight_gradient_route",
+                        lambda dtype, width=None: pinned.append(routes._weight_gradient_pin.get()) or real(dtype, width))
+    bench = benchmark("weight_gradient_classes")
+    out = tmp_path / "classes.json"
+    report = bench.main(["--hidden-size", "9", "--batch-size", "3", "--bptt", "4", "--repeats", "2",
+                         "--model", "moglm LSTM", "--out", str(out)])
+    (row,) = report["rows"]
+    assert row["hidden"] == 9 and row["class"] == "width<=384" and row["probe_chose"] == "aten"
+    assert len(row["seconds"]["aten"]) == len(row["seconds"]["brgemm"]) == 2
+    assert row["aten_over_brgemm"] > 0 and row["faster_here"] in ("aten", "brgemm")
+    codes = {routes.ROUTES["aten"], routes.ROUTES["brgemm"]}
+    assert codes <= set(pinned)  # each backward ran pinned to one route, both taking turns
+    assert json.loads(out.read_text())["rows"] == report["rows"]
+    routes.forget()
+
+
 def test_the_one_token_step_bench_times_the_step_the_stack_and_the_ops_alone(tmp_path):
     """benchmarks/one_token_step.py: per size and batch, a one-token step of the shipped byte model's
     architecture, its stack alone and its two compiled ops alone; the ops are a part of the stack, the stack of

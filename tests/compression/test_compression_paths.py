@@ -68,18 +68,20 @@ def test_an_adapting_file_records_its_weight_gradient_route_and_decodes_on_it_wh
     blob, _ = compress(TEXT, trained.model, trained.vocab, factor=trained.temperature, adapter=adapter(),
                        settings={"hyperparameters": hp.as_dict()}, block_size=64, progress=False)
     recorded = read_header(blob)[0]["path"]["weight_gradient_route"]
-    assert recorded == route_name(routes.weight_gradient_route(torch.float32))
+    width = paths.widest_layer([trained.model])  # the run's layers' class
+    assert width is not None and recorded == route_name(routes.weight_gradient_route(torch.float32, width))
     other = "aten" if recorded == "brgemm" else "brgemm"
-    monkeypatch.setitem(routes._weight_gradient_routes, torch.float32, (routes.route_code(other), {}))
+    index = routes.weight_gradient_class(width)
+    monkeypatch.setitem(routes._weight_gradient_routes, (torch.float32, index), (routes.route_code(other), {}))
     taken, real = [], routes.weight_gradient_route
 
-    def spy(dtype):
-        taken.append(route_name(real(dtype)))
-        return real(dtype)
+    def spy(dtype, width=None):
+        taken.append(route_name(real(dtype, width)))
+        return real(dtype, width)
 
     monkeypatch.setattr(routes, "weight_gradient_route", spy)
     assert decompress(blob, trained.model, trained.vocab, progress=False, adapter_for=adapter) == TEXT
-    assert taken and set(taken) == {recorded} and route_name(real(torch.float32)) == other  # the pin ended
+    assert taken and set(taken) == {recorded} and route_name(real(torch.float32, width)) == other  # the pin ended
 
 
 @needs_compiled
