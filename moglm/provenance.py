@@ -62,11 +62,18 @@ def portable(arg: str) -> str:
 
 
 def command() -> str:
-    """The command line that is running, as the user typed it (``moglm ...``), with portable paths."""
+    """The command line that is running, as the user typed it, with portable paths: ``moglm ...`` for the
+    command-line tool wherever it is installed, ``python benchmarks/x.py ...`` for a script of the working folder."""
     argv = list(sys.argv) or ["python"]
     program = Path(argv[0]).name
     moglm = program == "moglm" or argv[0].endswith(os.path.join("moglm", "__main__.py"))
-    head = ["moglm"] if moglm else [program]
+    script = portable(str(Path(argv[0]).resolve()))
+    if moglm:
+        head = ["moglm"]
+    elif program.endswith(".py") and not Path(script).is_absolute():  # a script of the working folder (or ~)
+        head = ["python", script]
+    else:  # anything else by its name alone: no path of this machine
+        head = [program]
     return shlex.join(head + [portable(a) for a in argv[1:]])
 
 

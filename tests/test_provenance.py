@@ -37,3 +37,19 @@ def test_stamping_replaces_an_old_record_and_keeps_the_data(tmp_path):
     path = provenance.write_result(tmp_path / "r.json", {"score": 1.5, "provenance": {"old": True}}, seed=3)
     data = json.loads(path.read_text())
     assert data["score"] == 1.5 and data["provenance"]["seed"] == 3 and "old" not in data["provenance"]
+
+
+def test_a_benchmark_script_and_the_installed_tool_are_recorded_as_typed_wherever_the_tool_is_installed(
+        monkeypatch, tmp_path):
+    """One recorder for results' commands: ``moglm ...`` for the entry point even where its environment lies in the
+    working folder, ``python benchmarks/x.py ...`` for a script there, a script elsewhere by its name alone."""
+    from moglm.bench import command_line
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", "/nonexistent-home")
+    monkeypatch.setattr(sys, "argv", [f"{tmp_path}/.venv/bin/moglm", "bench", "throughput", "--model", "moglm LSTM"])
+    assert provenance.command() == command_line() == "moglm bench throughput --model 'moglm LSTM'"
+    monkeypatch.setattr(sys, "argv", [f"{tmp_path}/benchmarks/x.py", "--out", f"{tmp_path}/r.json"])
+    assert command_line() == "python benchmarks/x.py --out r.json"
+    monkeypatch.setattr(sys, "argv", ["/elsewhere/y.py", "--repeats", "3"])
+    assert command_line() == "y.py --repeats 3"

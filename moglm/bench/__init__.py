@@ -17,15 +17,13 @@ def timed(call: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def command_line() -> str | None:
-    """The command that is running, without this machine's paths (``moglm bench ...``)."""
+    """The command that is running, without this machine's paths (``moglm bench ...``, ``python benchmarks/x.py
+    ...``): the one the results' provenance records (:func:`moglm.provenance.command`)."""
     if not sys.argv or not sys.argv[0]:
         return None
-    script = Path(sys.argv[0]).resolve()
-    try:  # a script of the checkout it runs in: python benchmarks/x.py
-        program = f"python {script.relative_to(Path.cwd().resolve())}"
-    except ValueError:  # an installed entry point (moglm) or a script elsewhere
-        program = script.name
-    return " ".join([program, *sys.argv[1:]])
+    from ..provenance import command
+
+    return command()
 
 
 def default_out(name: str) -> Path:
