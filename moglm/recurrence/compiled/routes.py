@@ -98,8 +98,9 @@ _routes: dict[torch.dtype, tuple[int, dict]] = {}
 _weight_gradient_routes: dict[tuple[torch.dtype, int], tuple[int, dict]] = {}
 #: the weight-gradient route's width classes: (the widest layer a class holds, the max of its input and hidden
 #: sizes, or ``None``: any; the hidden size H its probe multiplies at). Which route wins changes with the widths
-#: (on a Zen 4 at::mm by 5% at H = 256, the ukernel by 10% at H = 650). The first class's choice is stored
-#: where one choice per machine was before (``weight_gradient_route_<dtype>.json``), so it stays as probed.
+#: (on one Zen 4 at::mm at H = 256, the ukernel at H = 650: ``benchmarks/weight_gradient_classes.py``). The first
+#: class's choice is stored where one choice per machine was before (``weight_gradient_route_<dtype>.json``), so it
+#: stays as probed.
 WEIGHT_GRADIENT_CLASSES: tuple[tuple[int | None, int], ...] = ((384, 256), (768, 650), (None, 1024))
 _backends: dict[str, dict] = {}
 
@@ -256,7 +257,8 @@ def weight_gradient_route(dtype: torch.dtype, width: int | None = None) -> int:
     class (``<kind>_<dtype>.json``, :func:`_weight_gradient_kind`), unless :func:`pinned_weight_gradient_route`
     pins one. Which wins depends on the CPU: the ukernel at about 1.6x MKL's rate on one AMD EPYC (Zen 4), MKL at
     about 1.8x the ukernel's on an Intel Xeon with AMX (``moglm bench gemm-routes``, "weight gradient" rows), and
-    on the widths: on another Zen 4, at::mm by 5% at H = 256 and the ukernel by 10% at H = 650."""
+    on the widths: on another Zen 4, at::mm at H = 256 and the ukernel at H = 650
+    (``benchmarks/weight_gradient_classes.py``)."""
     pinned = _weight_gradient_pin.get()
     if pinned is not None:
         return pinned
