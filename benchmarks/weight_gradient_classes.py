@@ -3,11 +3,11 @@ step with the products after the loop pinned to at::mm and to oneDNN's ukernel, 
 (docs/fused-recurrence.md, "Choosing the path"; ``moglm.recurrence.compiled.routes.weight_gradient_route``).
 
     python benchmarks/weight_gradient_classes.py                       # H = 256, 650, 1024 (B=64, T=70); ~10 minutes
-    python benchmarks/weight_gradient_classes.py --hidden-size 650 --repeats 9 --out /tmp/classes.json
+    python benchmarks/weight_gradient_classes.py --hidden-size 650 --repeats 9 --out classes.json
 
 For each H and model (moglm's LSTM, Mogrifier r=5 k=64 and multiplicative LSTM on the default backend), a
-repeat times one training step (forward and backward) with each route pinned, the two in turn, after two
-warm-up steps of each. Per cell: the median step on each route, the paired ratio at::mm / ukernel repeat by
+repeat times one training step (forward and backward) with each route pinned, the two in turn (which goes first
+alternates from repeat to repeat), after two warm-up steps of each. Per cell: the median step on each route, the paired ratio at::mm / ukernel repeat by
 repeat (above 1: the ukernel is faster) with its median and 95% interval, and the route the class's probe
 stored on this machine. Writes JSON (``--out``) and prints a markdown table.
 """
@@ -15,13 +15,13 @@ stored on this machine. Writes JSON (``--out``) and prints a markdown table.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 
 import torch
 
 from moglm.bench import command_line, write_report
 from moglm.bench.throughput import _time_once, build, median_interval
+from moglm.provenance import cpu_name
 from moglm.recurrence import compiled
 from moglm.recurrence.compiled import routes
 
@@ -35,8 +35,8 @@ def measure(name: str, hidden: int, batch: int, bptt: int, repeats: int) -> dict
     model = build(name, hidden)
     x = torch.randn(bptt, batch, hidden, requires_grad=True)
     seconds: dict[str, list[float]] = {route: [] for route in ROUTES}
-    for timed in [False] * 2 + [True] * repeats:
-        for route in ROUTES:
+    for i, timed in enumerate([False] * 2 + [True] * repeats):
+        for route in ROUTES if i % 2 == 0 else ROUTES[::-1]:  # neither always first
             with routes.pinned_weight_gradient_route(route):
                 took = _time_once(model, x, train=True, device="cpu")
             if timed:
@@ -84,7 +84,7 @@ def main(argv=None) -> dict:
             print(f"H={hidden} {name}: at::mm {row['aten_ms']:.1f} ms, ukernel {row['brgemm_ms']:.1f} ms, "
                   f"ratio {row['aten_over_brgemm']:.3f}, probe chose {row['probe_chose']}", flush=True)
             rows.append(row)
-    report = {"command": command_line(), "cpu": platform.processor() or platform.machine(),
+    report = {"command": command_line(), "cpu": cpu_name(),
               "threads": torch.get_num_threads(), "batch": args.batch_size, "bptt": args.bptt,
               "repeats": args.repeats, "compiled": compiled.info(paths=False), "rows": rows}
     print(markdown_table(rows))

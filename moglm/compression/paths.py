@@ -62,10 +62,16 @@ def widest_layer(nets: Sequence) -> int | None:
 
 @contextmanager
 def pinned(path: dict[str, Any] | None) -> Iterator[None]:
-    """While active, the recurrence computes on ``path`` (``None``: as this machine chooses): ``auto``'s choice for
-    every layer it decides for (:func:`moglm.recurrence.auto.pinned`) and the weight gradients' route."""
-    choice = None if path is None else {"backend": path["backend"], "route": path["route"]}
-    with auto.pinned(choice), pinned_weight_gradient_route(None if path is None else path["weight_gradient_route"]):
+    """While active, the recurrence computes on ``path``: ``auto``'s choice for every layer it decides for
+    (:func:`moglm.recurrence.auto.pinned`) and the weight gradients' route. ``None`` (a file before version 12, which
+    records no path): as this machine chooses, but for the weight gradients, which take the route this machine chose
+    when it had one choice for every width (the first width class's) rather than the one of the layer's class."""
+    if path is not None:
+        choice, weights = {"backend": path["backend"], "route": path["route"]}, path["weight_gradient_route"]
+    else:
+        choice = None
+        weights = route_name(weight_gradient_route(torch.float32)) if compiled.available() else None
+    with auto.pinned(choice), pinned_weight_gradient_route(weights):
         yield
 
 

@@ -361,7 +361,7 @@ def test_the_weight_gradient_route_is_probed_once_per_machine_and_forced_with_th
                         lambda dtype, candidates, hidden: {"aten": 2.0, "brgemm": 1.0})
     assert compiled.weight_gradient_route(torch.float32) == compiled.ROUTES["brgemm"]
     assert json.loads((tmp_path / "weight_gradient_route.json").read_text())["route"] == "brgemm"
-    monkeypatch.setattr(routes, "_probe_weight_gradients", lambda *a: pytest.fail("probed although stored"))
+    monkeypatch.setattr(routes, "_probe_weight_gradients", lambda *a, **k: pytest.fail("probed although stored"))
     routes.forget()
     assert compiled.weight_gradient_route(torch.float32) == compiled.ROUTES["brgemm"]
     for forced, route in (("aten", "aten"), ("panels", "aten"), ("brgemm", "brgemm")):
@@ -403,6 +403,11 @@ def test_each_width_class_probes_its_own_weight_gradient_route_at_its_own_widths
     with routes.pinned_weight_gradient_route("aten"):
         assert routes.weight_gradient_route(torch.float32, 650) == compiled.ROUTES["aten"]
     assert routes.weight_gradient_class_name(2) == "width>768"
+    monkeypatch.setenv("MOGLM_GEMM_ROUTE", "aten")  # forced: every class, and what info reports, without probing
+    routes.forget()
+    assert {routes.weight_gradient_route(torch.float32, w) for w in (200, 650, 2000)} == {compiled.ROUTES["aten"]}
+    assert routes.stored_weight_gradient_routes(torch.float32) == {"width<=384": "aten", "width<=768": "aten",
+                                                                    "width>768": "aten"}
 
 
 def test_the_weight_gradient_probe_multiplies_at_its_class_widths(monkeypatch):

@@ -98,9 +98,9 @@ _routes: dict[torch.dtype, tuple[int, dict]] = {}
 _weight_gradient_routes: dict[tuple[torch.dtype, int], tuple[int, dict]] = {}
 #: the weight-gradient route's width classes: (the widest layer a class holds, the max of its input and hidden
 #: sizes, or ``None``: any; the hidden size H its probe multiplies at). Which route wins changes with the widths
-#: (on one Zen 4 at::mm at H = 256, the ukernel at H = 650: ``benchmarks/weight_gradient_classes.py``). The first
-#: class's choice is stored where one choice per machine was before (``weight_gradient_route_<dtype>.json``), so it
-#: stays as probed.
+#: (on one Zen 4 the ukernel at H = 650, a tie or at::mm at 256 and 1024: ``benchmarks/weight_gradient_classes.py``).
+#: The first class's choice is stored where one choice per machine was before (``weight_gradient_route_<dtype>.json``),
+#: so it stays as probed.
 WEIGHT_GRADIENT_CLASSES: tuple[tuple[int | None, int], ...] = ((384, 256), (768, 650), (None, 1024))
 _backends: dict[str, dict] = {}
 
@@ -257,7 +257,7 @@ def weight_gradient_route(dtype: torch.dtype, width: int | None = None) -> int:
     class (``<kind>_<dtype>.json``, :func:`_weight_gradient_kind`), unless :func:`pinned_weight_gradient_route`
     pins one. Which wins depends on the CPU: the ukernel at about 1.6x MKL's rate on one AMD EPYC (Zen 4), MKL at
     about 1.8x the ukernel's on an Intel Xeon with AMX (``moglm bench gemm-routes``, "weight gradient" rows), and
-    on the widths: on another Zen 4, at::mm at H = 256 and the ukernel at H = 650
+    on the widths: on another Zen 4, the ukernel at H = 650, a tie or at::mm at 256 and 1024
     (``benchmarks/weight_gradient_classes.py``)."""
     pinned = _weight_gradient_pin.get()
     if pinned is not None:
@@ -276,12 +276,12 @@ def stored_weight_gradient_routes(dtype: torch.dtype) -> dict[str, str]:
     """The weight-gradient routes this machine has chosen so far, by class name (``{"width<=384": "aten", ...}``;
     classes no layer has used yet are left out, not probed)."""
     out = {}
-    candidates = ["aten", "brgemm"]
-    for index in range(len(WEIGHT_GRADIENT_CLASSES)):
-        known = _weight_gradient_routes.get((dtype, index))
-        stored = _read_route(route_file(dtype, _weight_gradient_kind(index)), candidates)
-        if known is not None or stored is not None:
-            out[weight_gradient_class_name(index)] = route_name(known[0]) if known is not None else stored[0]
+    candidates = ["aten", "brgemm"] if "brgemm" in candidate_routes(dtype) else ["aten"]
+    for index, (_, hidden) in enumerate(WEIGHT_GRADIENT_CLASSES):
+        if (dtype, index) in _weight_gradient_routes or \
+                _read_route(route_file(dtype, _weight_gradient_kind(index)), candidates) is not None:
+            # what a layer of the class takes now (a forced MOGLM_GEMM_ROUTE included), never a new probe
+            out[weight_gradient_class_name(index)] = route_name(weight_gradient_route(dtype, hidden))
     return out
 
 
@@ -292,7 +292,7 @@ def probe_seconds(dtype: torch.dtype, kind: str = "gemm_route") -> dict[str, flo
         gemm_route(dtype)
         return _routes[dtype][1]
     weight_gradient_route(dtype)
-    return _weight_gradient_routes[dtype, 0][1]
+    return _weight_gradient_routes.get((dtype, 0), (None, {}))[1]  # (nothing probed under a pin)
 
 
 #: the per-step route of the window being run, where ``backend="auto"`` chose one for the layer's shape class
