@@ -2,14 +2,15 @@
 step with the products after the loop pinned to at::mm and to oneDNN's ukernel, in turns, in one process
 (docs/fused-recurrence.md, "Choosing the path"; ``moglm.recurrence.compiled.routes.weight_gradient_route``).
 
-    python benchmarks/weight_gradient_classes.py                       # H = 256, 650, 1024 (B=64, T=70); ~10 minutes
+    python benchmarks/weight_gradient_classes.py                       # H = 256, 650, 1024 (B=64, T=70); ~6 minutes
     python benchmarks/weight_gradient_classes.py --hidden-size 650 --repeats 9 --out classes.json
 
 For each H and model (moglm's LSTM, Mogrifier r=5 k=64 and multiplicative LSTM on the default backend), a
-repeat times one training step (forward and backward) with each route pinned, the two in turn (which goes first
-alternates from repeat to repeat), after two warm-up steps of each. Per cell: the median step on each route, the paired ratio at::mm / ukernel repeat by
-repeat (above 1: the ukernel is faster) with its median and 95% interval, and the route the class's probe
-stored on this machine. Writes JSON (``--out``) and prints a markdown table.
+repeat times one training step (forward and backward) with each route pinned, the two in turn (which goes
+first alternates from repeat to repeat), after two warm-up steps of each. Per cell: the median step on each
+route, the paired ratio at::mm / ukernel repeat by repeat (above 1: the ukernel is faster) with its median
+and 95% interval, and the route the class's probe stored on this machine with the probe's own timings (a
+gate-sized and a round-sized product of the class's H). Writes JSON (``--out``) and prints a markdown table.
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ def measure(name: str, hidden: int, batch: int, bptt: int, repeats: int) -> dict
             "brgemm_ms": 1e3 * statistics.median(seconds["brgemm"]),
             "aten_over_brgemm": statistics.median(ratios),
             "interval": list(interval) if interval is not None else None,
-            "probe_chose": chosen, "faster_here": faster, "seconds": seconds}
+            "probe_chose": chosen,
+            "probe_seconds": routes.probe_seconds(torch.float32, "weight_gradient_route", hidden),
+            "faster_here": faster, "seconds": seconds}
 
 
 def markdown_table(rows: list[dict]) -> str:

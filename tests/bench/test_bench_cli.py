@@ -451,6 +451,7 @@ def test_the_weight_gradient_classes_bench_times_both_routes_pinned_in_turns_and
                          "--model", "moglm LSTM", "--out", str(out)])
     (row,) = report["rows"]
     assert row["hidden"] == 9 and row["class"] == "width<=768" and row["probe_chose"] == "brgemm"
+    assert row["probe_seconds"] == {"aten": 1.0, "brgemm": 0.5}  # the class's own probe, not the first class's
     assert len(row["seconds"]["aten"]) == len(row["seconds"]["brgemm"]) == 2
     assert row["aten_over_brgemm"] > 0 and row["faster_here"] in ("aten", "brgemm")
     aten, brgemm = routes.ROUTES["aten"], routes.ROUTES["brgemm"]

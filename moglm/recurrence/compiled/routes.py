@@ -285,14 +285,15 @@ def stored_weight_gradient_routes(dtype: torch.dtype) -> dict[str, str]:
     return out
 
 
-def probe_seconds(dtype: torch.dtype, kind: str = "gemm_route") -> dict[str, float]:
+def probe_seconds(dtype: torch.dtype, kind: str = "gemm_route", width: int | None = None) -> dict[str, float]:
     """The probe's seconds per route behind :func:`gemm_route` (``kind="weight_gradient_route"``:
-    :func:`weight_gradient_route`'s first class), ``{}`` where it was forced or had one candidate."""
+    :func:`weight_gradient_route` for the class of a layer ``width`` wide, ``None``: the first class), ``{}`` where
+    it was forced or had one candidate."""
     if kind == "gemm_route":
         gemm_route(dtype)
         return _routes[dtype][1]
-    weight_gradient_route(dtype)
-    return _weight_gradient_routes.get((dtype, 0), (None, {}))[1]  # (nothing probed under a pin)
+    weight_gradient_route(dtype, width)
+    return _weight_gradient_routes.get((dtype, weight_gradient_class(width)), (None, {}))[1]  # (none under a pin)
 
 
 #: the per-step route of the window being run, where ``backend="auto"`` chose one for the layer's shape class
