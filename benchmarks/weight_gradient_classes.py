@@ -1,6 +1,7 @@
-"""Whether each width class's weight-gradient route is the faster one for whole training steps: every model's
-step with the products after the loop pinned to at::mm and to oneDNN's ukernel, in turns, in one process
-(docs/fused-recurrence.md, "Choosing the path"; ``moglm.recurrence.compiled.routes.weight_gradient_route``).
+"""Whether one weight-gradient route serves every width: every model's training step with the products after the
+loop pinned to at::mm and to oneDNN's ukernel, in turns, in one process, at several widths
+(docs/performance/amd-epyc-zen4.md, "One weight-gradient route for every width";
+``moglm.recurrence.compiled.routes.weight_gradient_route``, which a machine probes once, at a layer 256 wide).
 
     python benchmarks/weight_gradient_classes.py                       # H = 256, 650, 1024 (B=64, T=70); ~6 minutes
     python benchmarks/weight_gradient_classes.py --hidden-size 650 --repeats 9 --out classes.json
@@ -9,8 +10,8 @@ For each H and model (moglm's LSTM, Mogrifier r=5 k=64 and multiplicative LSTM o
 repeat times one training step (forward and backward) with each route pinned, the two in turn (which goes
 first alternates from repeat to repeat), after two warm-up steps of each. Per cell: the median step on each
 route, the paired ratio at::mm / ukernel repeat by repeat (above 1: the ukernel is faster) with its median
-and 95% interval, and the route the class's probe stored on this machine with the probe's own timings (a
-gate-sized and a round-sized product of the class's H). Writes JSON (``--out``) and prints a markdown table.
+and 95% interval, and the route this machine's probe stored with the probe's own timings. Writes JSON
+(``--out``) and prints a markdown table.
 """
 
 from __future__ import annotations
@@ -44,26 +45,23 @@ def measure(name: str, hidden: int, batch: int, bptt: int, repeats: int) -> dict
                 seconds[route].append(took)
     ratios = [a / b for a, b in zip(seconds["aten"], seconds["brgemm"])]
     interval = median_interval(ratios)
-    chosen = routes.route_name(routes.weight_gradient_route(torch.float32, hidden))
-    faster = "brgemm" if statistics.median(ratios) > 1 else "aten"
-    width_class = routes.weight_gradient_class_name(routes.weight_gradient_class(hidden))
-    return {"model": name, "hidden": hidden, "class": width_class,
+    return {"model": name, "hidden": hidden,
             "aten_ms": 1e3 * statistics.median(seconds["aten"]),
             "brgemm_ms": 1e3 * statistics.median(seconds["brgemm"]),
             "aten_over_brgemm": statistics.median(ratios),
             "interval": list(interval) if interval is not None else None,
-            "probe_chose": chosen,
-            "probe_seconds": routes.probe_seconds(torch.float32, "weight_gradient_route", hidden),
-            "faster_here": faster, "seconds": seconds}
+            "machine_route": routes.route_name(routes.weight_gradient_route(torch.float32)),
+            "probe_seconds": routes.probe_seconds(torch.float32, "weight_gradient_route"),
+            "faster_here": "brgemm" if statistics.median(ratios) > 1 else "aten", "seconds": seconds}
 
 
 def markdown_table(rows: list[dict]) -> str:
-    out = ["| H | class | model | at::mm ms | ukernel ms | at::mm / ukernel (95% interval) | probe chose |",
-           "| ---: | --- | --- | ---: | ---: | --- | --- |"]
+    out = ["| H | model | at::mm ms | ukernel ms | at::mm / ukernel (95% interval) | this machine's route |",
+           "| ---: | --- | ---: | ---: | --- | --- |"]
     for r in rows:
         interval = "" if r["interval"] is None else f" ({r['interval'][0]:.3f}-{r['interval'][1]:.3f})"
-        out.append(f"| {r['hidden']} | {r['class']} | {r['model']} | {r['aten_ms']:.1f} | {r['brgemm_ms']:.1f} | "
-                   f"{r['aten_over_brgemm']:.3f}{interval} | {r['probe_chose']} |")
+        out.append(f"| {r['hidden']} | {r['model']} | {r['aten_ms']:.1f} | {r['brgemm_ms']:.1f} | "
+                   f"{r['aten_over_brgemm']:.3f}{interval} | {r['machine_route']} |")
     return "\n".join(out)
 
 
@@ -85,7 +83,7 @@ def main(argv=None) -> dict:
         for name in args.model or MODELS:
             row = measure(name, hidden, args.batch_size, args.bptt, args.repeats)
             print(f"H={hidden} {name}: at::mm {row['aten_ms']:.1f} ms, ukernel {row['brgemm_ms']:.1f} ms, "
-                  f"ratio {row['aten_over_brgemm']:.3f}, probe chose {row['probe_chose']}", flush=True)
+                  f"ratio {row['aten_over_brgemm']:.3f}, this machine's route {row['machine_route']}", flush=True)
             rows.append(row)
     report = {"command": command_line(), "cpu": cpu_name(),
               "threads": torch.get_num_threads(), "batch": args.batch_size, "bptt": args.bptt,

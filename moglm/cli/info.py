@@ -47,8 +47,6 @@ def describe(as_json: bool, verbose: bool = False) -> str:
         if probe:
             lines["weight_gradient_route_probe"] = ", ".join(f"{route} {seconds * 1e3:.2f} ms"
                                                               for route, seconds in probe.items())
-        lines["weight_gradient_routes"] = ", ".join(f"{width} {route}" for width, route
-                                                    in details["weight_gradient_routes"].items())
         lines["mkl_thread_control"] = "yes" if details["mkl_thread_control"] else "no"
         cache = details["workspace_cache"]
         lines["workspace_cache"] = (

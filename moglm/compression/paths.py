@@ -18,7 +18,6 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from ..cells.base import Cell
 from ..errors import MoglmError
 from ..recurrence import auto, compiled
 from ..recurrence.compiled.routes import (gemm_route, pinned_weight_gradient_route, route_name, stored_route,
@@ -35,9 +34,8 @@ def coding_path(nets: Sequence, rows: int, start: int, adapting: bool = False) -
     where no layer has a choice to make (cells without a fast path run their reference loop everywhere). A compiled
     choice without a route of its own (``MOGLM_AUTO_BACKEND``, an unstored or failed probe) runs on the machine's
     GEMM route, which is recorded in its place, so that the decoder does not take its own; ``adapting``: the
-    compiled backward's weight-gradient route is recorded too (else ``None``: no backward runs), this machine's
-    for the width class of the models' widest layer, and every layer takes it. One step of ``start`` tokens is
-    run to see it (and to probe, where this machine has not yet)."""
+    compiled backward's weight-gradient route is recorded too (else ``None``: no backward runs). One step of
+    ``start`` tokens is run to see it (and to probe, where this machine has not yet)."""
     with auto.recording() as seen, torch.no_grad():
         for net in nets:
             net(torch.full((1, rows), start, dtype=torch.long), None)
@@ -46,32 +44,17 @@ def coding_path(nets: Sequence, rows: int, start: int, adapting: bool = False) -
     if seen:
         if seen[0]["backend"] != "compiled":
             return {"backend": seen[0]["backend"], "route": None, "weight_gradient_route": None}
-        weights = route_name(weight_gradient_route(torch.float32, widest_layer(nets))) if adapting else None
         return {"backend": "compiled", "route": seen[0].get("route") or route_name(gemm_route(torch.float32)),
-                "weight_gradient_route": weights}
+                "weight_gradient_route": route_name(weight_gradient_route(torch.float32)) if adapting else None}
     return None if compiled.available() else {"backend": "fused", "route": None, "weight_gradient_route": None}
-
-
-def widest_layer(nets: Sequence) -> int | None:
-    """The widest recurrent layer of ``nets`` (the max of a cell's input and hidden sizes), ``None`` where none
-    has cells."""
-    widths = [max(cell.input_size, cell.hidden_size) for net in nets for module in net.modules()
-              for cell in getattr(module, "cells", ()) if isinstance(cell, Cell)]
-    return max(widths, default=None)
 
 
 @contextmanager
 def pinned(path: dict[str, Any] | None) -> Iterator[None]:
-    """While active, the recurrence computes on ``path``: ``auto``'s choice for every layer it decides for
-    (:func:`moglm.recurrence.auto.pinned`) and the weight gradients' route. ``None`` (a file before version 12, which
-    records no path): as this machine chooses, but for the weight gradients, which take the route this machine chose
-    when it had one choice for every width (the first width class's) rather than the one of the layer's class."""
-    if path is not None:
-        choice, weights = {"backend": path["backend"], "route": path["route"]}, path["weight_gradient_route"]
-    else:
-        choice = None
-        weights = route_name(weight_gradient_route(torch.float32)) if compiled.available() else None
-    with auto.pinned(choice), pinned_weight_gradient_route(weights):
+    """While active, the recurrence computes on ``path`` (``None``: as this machine chooses): ``auto``'s choice for
+    every layer it decides for (:func:`moglm.recurrence.auto.pinned`) and the weight gradients' route."""
+    choice = None if path is None else {"backend": path["backend"], "route": path["route"]}
+    with auto.pinned(choice), pinned_weight_gradient_route(None if path is None else path["weight_gradient_route"]):
         yield
 
 

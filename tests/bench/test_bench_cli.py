@@ -422,27 +422,26 @@ def test_the_window_routes_bench_times_every_route_the_probe_ranks_at_each_windo
     assert json.loads(out.read_text())["results"] == report["results"]
 
 
-def test_the_weight_gradient_classes_bench_times_both_routes_pinned_in_turns_and_names_the_probes_choice(
+def test_the_weight_gradient_classes_bench_times_both_routes_pinned_in_turns_and_names_the_machines_choice(
         tmp_path, monkeypatch):
     """benchmarks/weight_gradient_classes.py: per H and model, training steps with the weight gradients pinned to
-    at::mm and to the ukernel in turns, their paired ratio, and the route the H's width class takes here."""
+    at::mm and to the ukernel in turns (which goes first alternating), their paired ratio, and this machine's
+    one route with its probe's timings."""
     from moglm.recurrence import compiled
     from moglm.recurrence.compiled import routes
 
     if not compiled.available() or "brgemm" not in compiled.candidate_routes(torch.float32):
         pytest.skip("needs the compiled recurrence and oneDNN's float32 ukernel")
+    monkeypatch.delenv("MOGLM_GEMM_ROUTE", raising=False)
     monkeypatch.setattr(routes, "route_file", lambda dtype, kind="gemm_route": tmp_path / f"{kind}.json")
-    # the probe prefers the ukernel for the second class only, so the row must name its own class's choice
-    monkeypatch.setattr(routes, "_probe_weight_gradients",
-                        lambda dtype, candidates, hidden: {"aten": 1.0, "brgemm": 2.0 if hidden <= 384 else 0.5})
-    monkeypatch.setattr(routes, "WEIGHT_GRADIENT_CLASSES", ((8, 256), (768, 650), (None, 1024)))
+    monkeypatch.setattr(routes, "_probe_weight_gradients", lambda dtype, candidates: {"aten": 1.0, "brgemm": 0.5})
     routes.forget()
     pinned = []
     real = routes.weight_gradient_route
 
-    def spy(dtype, width=None):
+    def spy(dtype):
         pinned.append(routes._weight_gradient_pin.get())
-        return real(dtype, width)
+        return real(dtype)
 
     monkeypatch.setattr(routes, "weight_gradient_route", spy)
     bench = benchmark("weight_gradient_classes")
@@ -450,8 +449,8 @@ def test_the_weight_gradient_classes_bench_times_both_routes_pinned_in_turns_and
     report = bench.main(["--hidden-size", "9", "--batch-size", "3", "--bptt", "4", "--repeats", "2",
                          "--model", "moglm LSTM", "--out", str(out)])
     (row,) = report["rows"]
-    assert row["hidden"] == 9 and row["class"] == "width<=768" and row["probe_chose"] == "brgemm"
-    assert row["probe_seconds"] == {"aten": 1.0, "brgemm": 0.5}  # the class's own probe, not the first class's
+    assert row["hidden"] == 9 and row["machine_route"] == "brgemm"
+    assert row["probe_seconds"] == {"aten": 1.0, "brgemm": 0.5}
     assert len(row["seconds"]["aten"]) == len(row["seconds"]["brgemm"]) == 2
     assert row["aten_over_brgemm"] > 0 and row["faster_here"] in ("aten", "brgemm")
     aten, brgemm = routes.ROUTES["aten"], routes.ROUTES["brgemm"]

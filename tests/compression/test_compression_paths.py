@@ -53,9 +53,8 @@ def test_a_file_decodes_on_the_path_its_header_records_whatever_this_machine_wou
 @needs_compiled
 def test_an_adapting_file_records_its_weight_gradient_route_and_decodes_on_it_whatever_this_machine_probed(
         byte_run, monkeypatch):
-    """The header records this machine's weight-gradient route for the width class of the run's widest layer, and
-    the compiled backward's products take the recorded route when decoding, not the one this machine's probe
-    stored (set to the other one here before decoding)."""
+    """The compiled backward's weight-gradient products take the route the header records, not the one this
+    machine's probe stored (set to the other one here before decoding)."""
     from moglm.dynamic_evaluation import DynamicEvaluator, Hyperparameters
     from moglm.recurrence.compiled import routes
 
@@ -66,43 +65,21 @@ def test_an_adapting_file_records_its_weight_gradient_route_and_decodes_on_it_wh
     def adapter(header=None):
         return DynamicEvaluator(trained.model, hp, factor=trained.temperature)
 
-    if "brgemm" not in compiled.candidate_routes(torch.float32):
-        pytest.skip("this torch exports no float32 brgemm: at::mm is the only weight-gradient route")
-    # the run's layers (16 wide, the embedding's included) in the second width class, whose choice here differs
-    # from the first class's: the header must name the second's
-    monkeypatch.setattr(routes, "WEIGHT_GRADIENT_CLASSES", ((8, 256), (768, 650), (None, 1024)))
-    assert paths.widest_layer([trained.model]) == 16 and routes.weight_gradient_class(16) == 1
-    monkeypatch.setitem(routes._weight_gradient_routes, (torch.float32, 0), (routes.route_code("aten"), {}))
-    monkeypatch.setitem(routes._weight_gradient_routes, (torch.float32, 1), (routes.route_code("brgemm"), {}))
     blob, _ = compress(TEXT, trained.model, trained.vocab, factor=trained.temperature, adapter=adapter(),
                        settings={"hyperparameters": hp.as_dict()}, block_size=64, progress=False)
     recorded = read_header(blob)[0]["path"]["weight_gradient_route"]
-    assert recorded == "brgemm"
-    width, other = 16, "aten"
-    monkeypatch.setitem(routes._weight_gradient_routes, (torch.float32, 1), (routes.route_code(other), {}))
+    assert recorded == route_name(routes.weight_gradient_route(torch.float32))
+    other = "aten" if recorded == "brgemm" else "brgemm"
+    monkeypatch.setitem(routes._weight_gradient_routes, torch.float32, (routes.route_code(other), {}))
     taken, real = [], routes.weight_gradient_route
 
-    def spy(dtype, width=None):
-        taken.append(route_name(real(dtype, width)))
-        return real(dtype, width)
+    def spy(dtype):
+        taken.append(route_name(real(dtype)))
+        return real(dtype)
 
     monkeypatch.setattr(routes, "weight_gradient_route", spy)
     assert decompress(blob, trained.model, trained.vocab, progress=False, adapter_for=adapter) == TEXT
-    assert taken and set(taken) == {recorded} and route_name(real(torch.float32, width)) == other  # the pin ended
-
-
-@needs_compiled
-def test_a_file_without_a_path_adapts_on_the_first_width_classs_weight_gradient_route(monkeypatch):
-    """A file before version 12 records no path: it was coded when one weight-gradient route served every width,
-    the one the first width class keeps, so that is the route its decoding pins, whatever a layer's class chose."""
-    from moglm.recurrence.compiled import routes
-
-    monkeypatch.setitem(routes._weight_gradient_routes, (torch.float32, 0), (routes.route_code("aten"), {}))
-    monkeypatch.setitem(routes._weight_gradient_routes, (torch.float32, 1), (routes.route_code("brgemm"), {}))
-    assert routes.weight_gradient_route(torch.float32, 650) == routes.route_code("brgemm")
-    with paths.pinned(None):
-        assert routes.weight_gradient_route(torch.float32, 650) == routes.route_code("aten")
-    assert routes.weight_gradient_route(torch.float32, 650) == routes.route_code("brgemm")
+    assert taken and set(taken) == {recorded} and route_name(real(torch.float32)) == other  # the pin ended
 
 
 @needs_compiled

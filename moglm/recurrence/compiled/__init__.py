@@ -61,7 +61,6 @@ def info(paths: bool = True) -> dict:
         out["gemm_route_probe_seconds"] = routes.probe_seconds(torch.float32)
         out["weight_gradient_route"] = route_name(routes.weight_gradient_route(torch.float32))
         out["weight_gradient_route_probe_seconds"] = routes.probe_seconds(torch.float32, "weight_gradient_route")
-        out["weight_gradient_routes"] = routes.stored_weight_gradient_routes(torch.float32)  # per width class
         out["mkl_thread_control"] = bool(torch.ops.moglm.mkl_thread_control_available())
         out["workspace_cache"] = build.workspace_cache()
         out["flush_denormals"] = build.flushes_denormals()

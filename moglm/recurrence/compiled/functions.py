@@ -139,7 +139,7 @@ class CompiledLSTMFunction(_CompiledFunction):
         g = torch.ops.moglm.mogrifier_lstm_backward(
             xs, h0, c0, mask, p["weight_ih"], p["weight_hh"], "bias_ih" in p, mats, lefts, biases, spec.rounds,
             spec.rank, spec.zigzag, spec.capped, saved, *grads_out, need_dx, need_weights, routes.step_route(xs.dtype),
-            MIN_ROWS, adapt, routes.weight_gradient_route(xs.dtype, max(spec.input_size, spec.hidden_size)),
+            MIN_ROWS, adapt, routes.weight_gradient_route(xs.dtype),
         )
         out = {"x": g[0], "h0": g[1], "c0": g[2], "weight_ih": g[3], "weight_hh": g[4], "adapt": g[-1]}
         if "bias_ih" in p:
@@ -186,7 +186,7 @@ class CompiledMultiplicativeLSTMFunction(_CompiledFunction):
         g = torch.ops.moglm.multiplicative_lstm_backward(
             xs, h0, c0, mask, p["weight_ih"], p["weight_hh"], "bias_ih" in p, p["weight_mx"], p["weight_mh"],
             spec.capped, saved, *grads_out, need_dx, need_weights, routes.step_route(xs.dtype), MIN_ROWS, adapt,
-            routes.weight_gradient_route(xs.dtype, max(spec.input_size, spec.hidden_size)),
+            routes.weight_gradient_route(xs.dtype),
         )
         out = {"x": g[0], "h0": g[1], "c0": g[2], "weight_ih": g[3], "weight_hh": g[4], "weight_mx": g[6],
                "weight_mh": g[7], "adapt": g[8]}

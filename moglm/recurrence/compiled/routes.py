@@ -16,7 +16,7 @@ None is right on every machine, so :func:`gemm_route` times the available ones o
 the fastest, once per machine (stored beside the built library, so every process computes with the same
 products); ``backend="auto"`` refines it per layer shape class (:func:`class_route`, stored with the class's
 choice), since the ranking changes with the widths too. The weight-gradient products after the loop take
-their own route, the ukernel or ``at::mm``, probed once per machine and width class (:func:`weight_gradient_route`).
+their own route, the ukernel or ``at::mm``, probed once per machine (:func:`weight_gradient_route`).
 ``MOGLM_GEMM_ROUTE=aten|blas|mkl_packed|panels|brgemm`` forces one everywhere.
 
 The windows can also split a step's products by output units instead of batch rows (a route with
@@ -95,13 +95,7 @@ _lock = threading.Lock()
 #: this process's view of the stored choices: per dtype ``(route code, probe seconds)``, and ``auto``'s per
 #: shape class
 _routes: dict[torch.dtype, tuple[int, dict]] = {}
-_weight_gradient_routes: dict[tuple[torch.dtype, int], tuple[int, dict]] = {}
-#: the weight-gradient route's width classes: (the widest layer a class holds, the max of its input and hidden
-#: sizes, or ``None``: any; the hidden size H its probe multiplies at). Which route wins changes with the widths
-#: (on one Zen 4 the ukernel at H = 650, a tie or at::mm at 256 and 1024: ``benchmarks/weight_gradient_classes.py``).
-#: The first class's choice is stored where one choice per machine was before (``weight_gradient_route_<dtype>.json``),
-#: so it stays as probed.
-WEIGHT_GRADIENT_CLASSES: tuple[tuple[int | None, int], ...] = ((384, 256), (768, 650), (None, 1024))
+_weight_gradient_routes: dict[torch.dtype, tuple[int, dict]] = {}
 _backends: dict[str, dict] = {}
 
 
@@ -201,31 +195,10 @@ def gemm_route(dtype: torch.dtype) -> int:
     return _routes[dtype][0]
 
 
-def weight_gradient_class(width: int | None) -> int:
-    """The index in :data:`WEIGHT_GRADIENT_CLASSES` of the class of a layer ``width`` wide (the max of its input
-    and hidden sizes; ``None``: the first class)."""
-    if width is None:
-        return 0
-    return next(i for i, (widest, _) in enumerate(WEIGHT_GRADIENT_CLASSES) if widest is None or width <= widest)
-
-
-def weight_gradient_class_name(index: int) -> str:
-    """How class ``index`` is named in its stored file and in ``moglm info``: ``width<=384``, ``width>768``."""
-    widest = WEIGHT_GRADIENT_CLASSES[index][0]
-    return f"width<={widest}" if widest is not None else f"width>{WEIGHT_GRADIENT_CLASSES[index - 1][0]}"
-
-
-def _weight_gradient_kind(index: int) -> str:
-    """The stored file's kind for class ``index`` (the first keeps the name of the one per-machine choice)."""
-    if index == 0:
-        return "weight_gradient_route"
-    return "weight_gradient_route_" + weight_gradient_class_name(index).replace("<=", "_upto").replace(">", "_over")
-
-
-def _probe_weight_gradients(dtype: torch.dtype, candidates: list[str], hidden: int = 256) -> dict[str, float]:
-    """Seconds per route of weight-gradient products ``A^T B`` over all T*B rows (T = 70, B = 64) of a layer
-    ``hidden`` wide: a gate-sized and a round-sized one, the best of three interleaved timings."""
-    shapes = ((4480, 4 * hidden, 2 * hidden), (4480, hidden, 64))  # (rows, N, K)
+def _probe_weight_gradients(dtype: torch.dtype, candidates: list[str]) -> dict[str, float]:
+    """Seconds per route of weight-gradient products ``A^T B`` over all T*B rows (T = 70, B = 64): a
+    gate-sized and a round-sized one, the best of three interleaved timings."""
+    shapes = ((4480, 1024, 512), (4480, 256, 64))  # (rows, N, K)
     times = {route: float("inf") for route in candidates}
     for _ in range(3):
         for route in candidates:
@@ -250,50 +223,27 @@ def pinned_weight_gradient_route(name: str | None):
         _weight_gradient_pin.reset(token)
 
 
-def weight_gradient_route(dtype: torch.dtype, width: int | None = None) -> int:
-    """The route of the weight-gradient products after the loop of a layer ``width`` wide (the max of its input
-    and hidden sizes; ``None``: the first class's): oneDNN's ukernel (``brgemm``) or ``at::mm`` (MKL), whichever
-    is faster here at the widths of its class (:data:`WEIGHT_GRADIENT_CLASSES`), probed once per machine and
-    class (``<kind>_<dtype>.json``, :func:`_weight_gradient_kind`), unless :func:`pinned_weight_gradient_route`
-    pins one. Which wins depends on the CPU: the ukernel at about 1.6x MKL's rate on one AMD EPYC (Zen 4), MKL at
-    about 1.8x the ukernel's on an Intel Xeon with AMX (``moglm bench gemm-routes``, "weight gradient" rows), and
-    on the widths: on another Zen 4, the ukernel at H = 650, a tie or at::mm at 256 and 1024
-    (``benchmarks/weight_gradient_classes.py``)."""
+def weight_gradient_route(dtype: torch.dtype) -> int:
+    """The route of the weight-gradient products after the loop: oneDNN's ukernel (``brgemm``) or ``at::mm``
+    (MKL), whichever is faster here, probed once per machine (``weight_gradient_route_<dtype>.json``), unless
+    :func:`pinned_weight_gradient_route` pins one. Which wins depends on the CPU: the ukernel at about 1.6x MKL's
+    rate on an AMD EPYC (Zen 4), MKL at about 1.8x the ukernel's on an Intel Xeon with AMX (``moglm bench
+    gemm-routes``, "weight gradient" rows)."""
     pinned = _weight_gradient_pin.get()
     if pinned is not None:
         return pinned
-    index = weight_gradient_class(width)
-    if (dtype, index) not in _weight_gradient_routes:
+    if dtype not in _weight_gradient_routes:
         candidates = ["aten", "brgemm"] if "brgemm" in candidate_routes(dtype) else ["aten"]
-        hidden = WEIGHT_GRADIENT_CLASSES[index][1]
-        _weight_gradient_routes[dtype, index] = _probed_route(
-            _weight_gradient_kind(index), dtype, candidates,
-            lambda dtype, candidates: _probe_weight_gradients(dtype, candidates, hidden=hidden))
-    return _weight_gradient_routes[dtype, index][0]
+        _weight_gradient_routes[dtype] = _probed_route("weight_gradient_route", dtype, candidates,
+                                                       _probe_weight_gradients)
+    return _weight_gradient_routes[dtype][0]
 
 
-def stored_weight_gradient_routes(dtype: torch.dtype) -> dict[str, str]:
-    """The weight-gradient routes this machine has chosen so far, by class name (``{"width<=384": "aten", ...}``;
-    classes no layer has used yet are left out, not probed)."""
-    out = {}
-    candidates = ["aten", "brgemm"] if "brgemm" in candidate_routes(dtype) else ["aten"]
-    for index, (_, hidden) in enumerate(WEIGHT_GRADIENT_CLASSES):
-        if (dtype, index) in _weight_gradient_routes or \
-                _read_route(route_file(dtype, _weight_gradient_kind(index)), candidates) is not None:
-            # what a layer of the class takes now (a forced MOGLM_GEMM_ROUTE included), never a new probe
-            out[weight_gradient_class_name(index)] = route_name(weight_gradient_route(dtype, hidden))
-    return out
-
-
-def probe_seconds(dtype: torch.dtype, kind: str = "gemm_route", width: int | None = None) -> dict[str, float]:
+def probe_seconds(dtype: torch.dtype, kind: str = "gemm_route") -> dict[str, float]:
     """The probe's seconds per route behind :func:`gemm_route` (``kind="weight_gradient_route"``:
-    :func:`weight_gradient_route` for the class of a layer ``width`` wide, ``None``: the first class), ``{}`` where
-    it was forced or had one candidate."""
-    if kind == "gemm_route":
-        gemm_route(dtype)
-        return _routes[dtype][1]
-    weight_gradient_route(dtype, width)
-    return _weight_gradient_routes.get((dtype, weight_gradient_class(width)), (None, {}))[1]  # (none under a pin)
+    :func:`weight_gradient_route`), ``{}`` where it was forced or had one candidate."""
+    (gemm_route if kind == "gemm_route" else weight_gradient_route)(dtype)
+    return (_routes if kind == "gemm_route" else _weight_gradient_routes).get(dtype, (None, {}))[1]  # (pinned: none)
 
 
 #: the per-step route of the window being run, where ``backend="auto"`` chose one for the layer's shape class
