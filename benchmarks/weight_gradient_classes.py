@@ -44,15 +44,15 @@ def measure(name: str, hidden: int, batch: int, bptt: int, repeats: int) -> dict
             if timed:
                 seconds[route].append(took)
     ratios = [a / b for a, b in zip(seconds["aten"], seconds["brgemm"])]
-    interval = median_interval(ratios)
+    ratio, interval = statistics.median(ratios), median_interval(ratios)
     return {"model": name, "hidden": hidden,
             "aten_ms": 1e3 * statistics.median(seconds["aten"]),
             "brgemm_ms": 1e3 * statistics.median(seconds["brgemm"]),
-            "aten_over_brgemm": statistics.median(ratios),
+            "aten_over_brgemm": ratio,
             "interval": list(interval) if interval is not None else None,
             "machine_route": routes.route_name(routes.weight_gradient_route(torch.float32)),
             "probe_seconds": routes.probe_seconds(torch.float32, "weight_gradient_route"),
-            "faster_here": "brgemm" if statistics.median(ratios) > 1 else "aten", "seconds": seconds}
+            "faster_here": "brgemm" if ratio > 1 else "aten", "seconds": seconds}
 
 
 def markdown_table(rows: list[dict]) -> str:
